@@ -1,0 +1,115 @@
+"""What every schedule needs: the shard and chunk geometry, pooled buffers, and the
+codec-and-op arithmetic of one collective call.
+
+Shard ``k`` of ``size`` shards is owned by rank ``k``. Every rank computes the same
+geometry from the same arguments, so both ends of a message always agree on its size and
+no sizes travel on the wire.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coccl.arrays import accumulate_dtype
+from coccl.compressors import Compressor
+from coccl.pool import Block, BufferPool
+from coccl.reduction import combine, finalize
+
+Span = tuple[int, int]
+
+
+def aligned_shards(count: int, size: int, align: int) -> list[Span]:
+    """Split ``count`` elements into ``size`` contiguous shards whose boundaries fall on
+    multiples of ``align`` (the codec's group size), so no group straddles two owners.
+    Trailing shards may be short or empty (count 0, 1, fewer than ranks...)."""
+    per = -(-count // size) if size else 0
+    per = -(-per // align) * align
+    return [(min(k * per, count), min((k + 1) * per, count)) for k in range(size)]
+
+
+def even_shards(n: int, size: int) -> list[Span]:
+    """NCCL's ReduceScatter/AllGather layout: shard ``k`` is ``[k*n, (k+1)*n)``."""
+    return [(k * n, (k + 1) * n) for k in range(size)]
+
+
+@dataclass
+class Plan:
+    """One collective call's arguments, as the schedules see them.
+
+    Attributes:
+        rank, size: this rank and the rank count.
+        codec: the compressor on the wire.
+        dtype: the data's dtype (what payloads stand for).
+        op: the reduction op (ignored by AllGather).
+        chunk_elems: elements per chunk, a multiple of the codec's alignment.
+        pool: pooled buffers on the data's device (payloads and accumulators).
+        what: the collective's name, for labels and errors.
+    """
+
+    rank: int
+    size: int
+    codec: Compressor
+    dtype: np.dtype
+    op: str
+    chunk_elems: int
+    pool: BufferPool
+    what: str
+    _tags: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def acc_dtype(self) -> np.dtype:
+        return accumulate_dtype(self.dtype)
+
+    # ------------------------------------------------------------------ geometry
+    def nchunks(self, shards: list[Span]) -> int:
+        longest = max((b - a for a, b in shards), default=0)
+        return -(-longest // self.chunk_elems)
+
+    def chunk(self, shard: Span, c: int) -> Span:
+        start = min(shard[0] + c * self.chunk_elems, shard[1])
+        return start, min(start + self.chunk_elems, shard[1])
+
+    def next_tag(self) -> int:
+        """The tag of the next potential round (counted even if the round is empty, so
+        every rank numbers rounds alike)."""
+        return next(self._tags) % 32768
+
+    # ------------------------------------------------------------------- buffers
+    def payload(self, count: int) -> Block:
+        return self.pool.get(self.codec.encoded_nbytes(count, self.dtype))
+
+    def accumulator(self, count: int) -> tuple[Block, Any]:
+        block = self.pool.get(count * self.acc_dtype.itemsize)
+        return block, block.as_array(self.acc_dtype, count)
+
+    def zero_copy(self, arr: Any) -> Any:
+        """``arr``'s own bytes when they are exactly its payload (identity codec, same
+        dtype): then it is sent from, or received into, directly."""
+        if self.codec.lossless and arr.dtype == self.dtype:
+            return arr.view(np.uint8)
+        return None
+
+    # ---------------------------------------------------------------- arithmetic
+    def encode(self, src: Any, payload: Any) -> None:
+        self.codec.encode_into(src, payload, self.dtype)
+
+    def decode(self, payload: Any, dst: Any) -> None:
+        self.codec.decode_into(payload, dst, self.dtype, False)
+
+    def load(self, acc: Any, src: Any) -> None:
+        """Start an accumulator from this rank's own contribution."""
+        acc[...] = src
+
+    def reduce(self, acc: Any, payload: Any) -> None:
+        """``acc = acc (op) decode(payload)``: the fused decode-accumulate for sums."""
+        if self.op in ("sum", "avg"):
+            self.codec.decode_into(payload, acc, self.dtype, True)
+        else:  # max/min/prod: identity only (checked before any byte moved)
+            combine(acc, payload.view(self.dtype), self.op)
+
+    def finalize(self, acc: Any) -> None:
+        finalize(acc, self.op, self.size)

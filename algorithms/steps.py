@@ -1,0 +1,120 @@
+"""Building blocks shared by the ring and two-shot schedules: the compute of one chunk
+(encode own data, reduce received payloads, finish a reduced chunk) and the hand-over of
+a payload from the round that produces it to the round that consumes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from coccl.pipeline import Round
+from coccl.pool import Block
+
+from .plan import Plan
+
+
+@dataclass
+class Pending:
+    """A payload one round produces and a later round consumes.
+
+    ``block`` is a reference taken for the consumer (None for a view of user memory);
+    the consumer holds it, so the buffer lives until the consumer finishes.
+    """
+
+    round: Round | None
+    data: Any
+    block: Block | None
+
+    def hand_to(self, consumer: Round) -> Any:
+        if self.round is not None:
+            consumer.deps = [*consumer.deps, self.round]
+        if self.block is not None:
+            consumer.holds.append(self.block)
+        return self.data
+
+
+def new_round(plan: Plan, label: str) -> Round:
+    return Round(label=f"{plan.what} {label}", tag=plan.next_tag())
+
+
+def send_own(plan: Plan, rnd: Round, src: Any) -> Any:
+    """The payload of this rank's own data ``src``, sent by ``rnd``: a view of ``src`` for
+    the identity codec, else a pooled buffer that ``rnd``'s pre encodes into."""
+    view = plan.zero_copy(src)
+    if view is not None:
+        return view
+    block = plan.payload(src.size)
+    rnd.holds.append(block)
+    return _Encode(plan, src, block.data)
+
+
+class _Encode:
+    """A deferred encode of ``src`` into ``data`` (run as part of a round's pre)."""
+
+    __slots__ = ("plan", "src", "data")
+
+    def __init__(self, plan: Plan, src: Any, data: Any) -> None:
+        self.plan, self.src, self.data = plan, src, data
+
+    def __call__(self) -> None:
+        self.plan.encode(self.src, self.data)
+
+
+def payload_of(item: Any) -> Any:
+    return item.data if isinstance(item, _Encode) else item
+
+
+def encodes(items: list[Any]) -> list[_Encode]:
+    return [item for item in items if isinstance(item, _Encode)]
+
+
+def run_all(*fns: Any) -> Any:
+    """One callable running ``fns`` in order (None when there is nothing to run)."""
+    todo = [fn for fn in fns if fn is not None]
+    if not todo:
+        return None
+    if len(todo) == 1:
+        return todo[0]
+
+    def run() -> None:
+        for fn in todo:
+            fn()
+
+    return run
+
+
+def result_payload(plan: Plan, dst: Any, want: bool, rnd: Round) -> Pending | None:
+    """Where a reduced chunk's payload goes when every rank must decode it (AllReduce):
+    ``dst`` itself for identity, else a pooled buffer referenced for the consumer."""
+    if not want:
+        return None
+    view = plan.zero_copy(dst)
+    if view is not None:
+        return Pending(rnd, view, None)
+    block = plan.payload(dst.size)
+    rnd.holds.append(block)
+    return Pending(rnd, block.data, block.retain())
+
+
+def finish(plan: Plan, acc: Any, dst: Any, result: Pending | None) -> None:
+    """``acc`` holds a fully reduced chunk: apply avg's division, then write ``dst``.
+
+    For an AllReduce the chunk is encoded once and the owner decodes its own payload,
+    so it holds bitwise what every other rank will decode.
+    """
+    plan.finalize(acc)
+    if result is None or result.block is None:  # no payload, or the payload is dst itself
+        dst[...] = acc
+        return
+    plan.encode(acc, result.data)
+    plan.decode(result.data, dst)
+
+
+def reduce_chunk(
+    plan: Plan, acc: Any, own: Any, payloads: list[Any], dst: Any, result: Pending | None
+) -> None:
+    """``dst = own (op) decode(p) for p in payloads``, reduced in ``acc``, in order."""
+    plan.load(acc, own)
+    for payload in payloads:
+        plan.reduce(acc, payload)
+    finish(plan, acc, dst, result)

@@ -1,0 +1,343 @@
+"""The Communicator: coccl's public face for collectives.
+
+It validates every argument before any byte moves (on every rank alike), picks the
+schedule, and runs it over the transport with the chunk pipeline. Host (numpy, CPU torch)
+data always travels over MPI; device data travels over the communicator's backend:
+NCCL, or MPI (directly if CUDA-aware, else through pinned host staging).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from coccl import algorithms
+from coccl.arrays import Flat, as_flat, dtype_name
+from coccl.compressors import Compressor, get_compressor
+from coccl.config import settings
+from coccl.device import DeviceContext
+from coccl.errors import CocclError
+from coccl.mpi_transport import MpiTransport
+from coccl.pipeline import CpuExecutor, GpuExecutor, run_polling, run_streamed
+from coccl.pool import BufferPool, host_pool
+from coccl.reduction import check_op
+
+BACKENDS = ("auto", "mpi", "nccl")
+
+
+class Communicator:
+    """A group of ranks that run collectives together (build it with ``coccl.init``).
+
+    Attributes:
+        rank: this process's rank.
+        size: the number of ranks.
+        backend: ``"mpi"`` or ``"nccl"``, the transport for device arrays (host arrays
+            always travel over MPI).
+    """
+
+    def __init__(self, mpi_comm: Any, backend: str, nccl: Any = None) -> None:
+        env = settings()
+        self._settings = env
+        self._mpi = MpiTransport(mpi_comm, cuda_aware=env.mpi_cuda_aware)
+        self._nccl = nccl
+        self.rank: int = self._mpi.rank
+        self.size: int = self._mpi.size
+        self.backend: str = backend
+        self._host_pool = host_pool()
+        self._cpu: CpuExecutor | None = None
+        self._devices: dict[int, DeviceContext] = {}
+        self._closed = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"rank={self.rank}, size={self.size}"
+        return f"Communicator({state}, backend={self.backend!r})"
+
+    def close(self) -> None:
+        """Free the communicator's MPI duplicate, NCCL communicator and worker thread."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._cpu is not None:
+            self._cpu.close()
+        if self._nccl is not None:
+            self._nccl.close()
+        self._mpi.close()
+
+    def barrier(self) -> None:
+        """Block until every rank has called ``barrier``."""
+        self._check_open()
+        self._mpi.barrier()
+
+    # -------------------------------------------------------------- collectives
+    def allreduce(
+        self,
+        x: Any,
+        out: Any = None,
+        *,
+        op: str = "sum",
+        algorithm: str = "auto",
+        compressor: str | dict | Compressor = "identity",
+        chunk_bytes: int | None = None,
+    ) -> Any:
+        """Reduce ``x`` across ranks; every rank gets the (bitwise identical) result.
+
+        Args:
+            x: contiguous numpy/CuPy/numba-device array or torch tensor, any shape.
+            out: optional output of ``x``'s size, dtype and device; may be ``x``.
+            op: ``"sum"``, ``"avg"``, or with the identity codec ``"max"``, ``"min"``,
+                ``"prod"``.
+            algorithm: ``"ring"``, ``"two_shot"``, ``"native"`` or ``"auto"``.
+            compressor: a codec name, config dict or Compressor.
+            chunk_bytes: pipeline chunk size (default ``COCCL_CHUNK_BYTES``).
+
+        Returns:
+            ``out``, or a new array of ``x``'s kind, shape, dtype and device.
+        """
+        return self._collective("allreduce", x, out, op, algorithm, compressor, chunk_bytes)
+
+    def reduce_scatter(
+        self,
+        x: Any,
+        out: Any = None,
+        *,
+        op: str = "sum",
+        algorithm: str = "auto",
+        compressor: str | dict | Compressor = "identity",
+        chunk_bytes: int | None = None,
+    ) -> Any:
+        """Reduce ``x`` (``size * n`` elements) and keep shard ``rank`` (``n`` elements),
+        as ``ncclReduceScatter``. A new result has shape ``(x.shape[0] // size,
+        *x.shape[1:])`` when the first dimension divides, else ``(n,)``."""
+        return self._collective("reduce_scatter", x, out, op, algorithm, compressor, chunk_bytes)
+
+    def allgather(
+        self,
+        x: Any,
+        out: Any = None,
+        *,
+        algorithm: str = "auto",
+        compressor: str | dict | Compressor = "identity",
+        chunk_bytes: int | None = None,
+    ) -> Any:
+        """Gather every rank's ``x`` (``n`` elements) into ``size * n`` elements, rank
+        ``r``'s at offset ``r * n``, as ``ncclAllGather``. A new result has shape
+        ``(size * x.shape[0], *x.shape[1:])`` (``(size,)`` for a 0-d ``x``)."""
+        return self._collective("allgather", x, out, "sum", algorithm, compressor, chunk_bytes)
+
+    # ---------------------------------------------------------------- internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CocclError("this communicator is closed")
+
+    def _result_shape(self, collective: str, src: Flat) -> tuple[int, ...]:
+        shape, n = src.shape, self.size
+        if collective == "allreduce":
+            return shape
+        if collective == "reduce_scatter":
+            if shape and shape[0] % n == 0:
+                return (shape[0] // n, *shape[1:])
+            return (src.size // n,)
+        return (n * shape[0], *shape[1:]) if shape else (n,)
+
+    def _output(self, collective: str, src: Flat, out: Any) -> Flat:
+        count = src.size if collective == "allreduce" else (
+            src.size // self.size if collective == "reduce_scatter" else src.size * self.size
+        )
+        if out is None:
+            data, obj = src.new(self._result_shape(collective, src))
+            return Flat(data, obj, src.kind, tuple(getattr(obj, "shape", ())), src.new)
+        dst = as_flat(out, "out")
+        if dst.dtype != src.dtype:
+            raise TypeError(
+                f"out has dtype {dtype_name(dst.dtype)}, x has {dtype_name(src.dtype)}"
+            )
+        if dst.size != count:
+            raise ValueError(f"out has {dst.size} elements; {collective} needs {count}")
+        if dst.xp is not src.xp or dst.device_id != src.device_id:
+            raise ValueError("out must be on the same device as x")
+        return dst
+
+    def _collective(
+        self,
+        collective: str,
+        x: Any,
+        out: Any,
+        op: str,
+        algorithm: str,
+        compressor: Any,
+        chunk_bytes: int | None,
+    ) -> Any:
+        # --- every check before any byte moves -------------------------------------
+        self._check_open()
+        op = check_op(op)
+        algorithm = algorithms.check_algorithm(algorithm)
+        codec = get_compressor(compressor)
+        src = as_flat(x, "x")
+        codec.check_dtype(src.dtype)
+        if collective != "allgather":
+            codec.check_op(op)
+        if algorithm == "native" and not codec.lossless:
+            raise ValueError(
+                "algorithm 'native' is the transport's own collective and takes "
+                f"compressor='identity', not {codec.codec_id!r}"
+            )
+        if collective == "reduce_scatter" and src.size % self.size:
+            raise ValueError(
+                f"reduce_scatter needs a multiple of the rank count ({self.size}) elements, "
+                f"x has {src.size}"
+            )
+        chunk = self._settings.chunk_bytes if chunk_bytes is None else chunk_bytes
+        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+            raise ValueError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
+        dst = self._output(collective, src, out)
+        on_device = src.xp is not np
+        transport = self._nccl if (on_device and self._nccl is not None) else self._mpi
+
+        if algorithm == "auto":
+            algorithm, codec = algorithms.choose(
+                collective, src.size * src.dtype.itemsize, codec, transport.name, on_device,
+                self.size,
+            )
+            if algorithm == "native" and not transport.has_native(collective, src.dtype, op):
+                algorithm = "ring"
+        elif algorithm == "native" and not transport.has_native(collective, src.dtype, op):
+            raise TypeError(
+                f"the {transport.name} transport has no native {collective} of "
+                f"{dtype_name(src.dtype)} with op {op!r}; use algorithm='ring' or 'two_shot'"
+            )
+        # --- run -------------------------------------------------------------------
+        if on_device:
+            ctx = self._device(src.device_id)
+            with ctx.device:
+                caller = ctx.enter()
+                try:
+                    self._run(collective, src, dst, op, algorithm, codec, int(chunk), transport, ctx)
+                finally:
+                    ctx.leave(caller)
+        else:
+            self._run(collective, src, dst, op, algorithm, codec, int(chunk), transport, None)
+        return dst.obj
+
+    def _device(self, device_id: int | None) -> DeviceContext:
+        assert device_id is not None  # only called for device data
+        if device_id not in self._devices:
+            self._devices[device_id] = DeviceContext.create(device_id)
+        return self._devices[device_id]
+
+    def _executor(self, ctx: DeviceContext | None) -> Any:
+        if ctx is not None:
+            return GpuExecutor(ctx.compute)
+        if self._cpu is None:
+            self._cpu = CpuExecutor(self._settings.cpu_threads)
+        return self._cpu
+
+    def pools(self) -> list[BufferPool]:
+        """Every buffer pool this communicator uses (for memory statistics)."""
+        pools = [self._host_pool, *self._mpi.pools()]
+        pools += [ctx.pool for ctx in self._devices.values()]
+        if self._nccl is not None:
+            pools += self._nccl.pools()
+        return pools
+
+    def _run(
+        self,
+        collective: str,
+        src: Flat,
+        dst: Flat,
+        op: str,
+        algorithm: str,
+        codec: Compressor,
+        chunk_bytes: int,
+        transport: Any,
+        ctx: DeviceContext | None,
+    ) -> None:
+        if algorithm == "native":
+            if ctx is not None:
+                with ctx.compute:
+                    algorithms.native.run(transport, collective, src.data, dst.data, op)
+            else:
+                algorithms.native.run(transport, collective, src.data, dst.data, op)
+            return
+        align = codec.alignment
+        chunk_elems = max(align, (chunk_bytes // src.dtype.itemsize) // align * align)
+        plan = algorithms.Plan(
+            rank=self.rank,
+            size=self.size,
+            codec=codec,
+            dtype=src.dtype,
+            op=op,
+            chunk_elems=chunk_elems,
+            pool=self._host_pool if ctx is None else ctx.pool,
+            what=f"{collective} ({algorithm}, {codec.codec_id})",
+        )
+        rounds = algorithms.schedule(algorithm, collective)(plan, src.data, dst.data)
+        depth = self._depth(plan, algorithm, ctx is not None)
+        if transport.name == "nccl":
+            run_streamed(
+                rounds, transport, ctx, depth=depth, timeout_s=self._settings.timeout_s,
+                what=plan.what,
+            )
+            return
+        executor = self._executor(ctx)
+        if ctx is not None:
+            with ctx.compute:
+                run_polling(
+                    rounds, transport, executor, depth=depth,
+                    timeout_s=self._settings.timeout_s, what=plan.what,
+                )
+        else:
+            run_polling(
+                rounds, transport, executor, depth=depth,
+                timeout_s=self._settings.timeout_s, what=plan.what,
+            )
+
+    def _depth(self, plan: algorithms.Plan, algorithm: str, on_device: bool) -> int:
+        """The pipeline depth, lowered if needed so the rounds in flight stay within
+        COCCL_STAGING_LIMIT_BYTES (staging memory is set by chunk size and depth, never
+        by message size)."""
+        messages = 2 if algorithm == "ring" else 2 * max(1, self.size - 1)
+        per_round = messages * plan.codec.encoded_nbytes(plan.chunk_elems, plan.dtype)
+        per_round += plan.chunk_elems * plan.acc_dtype.itemsize
+        if on_device and not self._mpi.cuda_aware:
+            per_round *= 2  # pinned host copies of every payload
+        fits = max(1, self._settings.staging_limit_bytes // max(1, per_round))
+        return max(1, min(self._settings.pipeline_depth, fits))
+
+
+def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:
+    """Create a Communicator over an MPI communicator (default ``MPI.COMM_WORLD``).
+
+    Args:
+        mpi_comm: an ``mpi4py.MPI.Comm``.
+        backend: ``"mpi"``, ``"nccl"`` or ``"auto"`` (NCCL when every rank has a GPU of
+            its own, else MPI). Host arrays always travel over MPI.
+
+    Raises:
+        ValueError: unknown backend. TypeError: ``mpi_comm`` is not an MPI communicator.
+        CocclError: the NCCL backend cannot run here (no CuPy/GPU, or ranks share a GPU).
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    if mpi_comm is None:
+        mpi_comm = MPI.COMM_WORLD
+    if not isinstance(mpi_comm, MPI.Comm):
+        raise TypeError(f"mpi_comm must be an mpi4py.MPI.Comm, got {type(mpi_comm).__name__}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; coccl takes {', '.join(BACKENDS)}")
+    from coccl import nccl_transport  # noqa: PLC0415
+
+    resolved, device_id, reason = nccl_transport.decide(mpi_comm, backend)
+    if backend == "nccl" and resolved != "nccl":
+        raise CocclError(f"backend='nccl' cannot run here: {reason}")
+    nccl = None
+    if resolved == "nccl":
+        nccl = nccl_transport.NcclTransport(mpi_comm, device_id)
+    return Communicator(mpi_comm, resolved, nccl)

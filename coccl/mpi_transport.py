@@ -1,0 +1,242 @@
+"""MPI transport: nonblocking point-to-point byte messages over mpi4py, plus MPI's own
+collectives as the ``native`` baseline.
+
+Host (numpy) buffers go to MPI directly. Device (CuPy) buffers go directly when the MPI
+library is CUDA-aware; otherwise they travel through pinned host staging buffers: a send
+copies device -> pinned on the current (compute) stream and posts ``Isend`` only once that
+copy's event has completed; a receive lands in pinned memory and, once MPI reports it
+complete, is copied pinned -> device on the current stream, so every later kernel on that
+stream sees the data. The transport knows no schedule: it moves the bytes it is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from coccl.arrays import FLOAT_DTYPES, array_module, is_device_array
+from coccl.errors import CocclError
+from coccl.pool import Block, BufferPool, pinned_pool
+from coccl.reduction import finalize
+
+_MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+_MPI_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def mpi_cuda_aware() -> bool:
+    """Whether this MPI library accepts device pointers (MPIX_Query_cuda_support)."""
+    query = getattr(MPI, "Query_cuda_support", None)
+    if query is None:
+        return False
+    try:
+        return bool(query())
+    except Exception:  # an MPI without the extension
+        return False
+
+
+class Handle:
+    """One nonblocking message. ``test()`` advances it and says whether it is complete."""
+
+    __slots__ = ("peer", "kind", "nbytes", "_req", "_done")
+
+    def __init__(self, peer: int, kind: str, nbytes: int, req: MPI.Request | None) -> None:
+        self.peer = peer
+        self.kind = kind
+        self.nbytes = nbytes
+        self._req = req
+        self._done = req is None
+
+    def test(self) -> bool:
+        if not self._done:
+            try:
+                self._done = bool(self._req.Test())
+            except MPI.Exception as exc:
+                raise CocclError(f"MPI {self.kind} with rank {self.peer} failed: {exc}") from exc
+        return self._done
+
+
+class _StagedSend(Handle):
+    """Device buffer -> pinned host (on the compute stream) -> MPI Isend once copied."""
+
+    __slots__ = ("_comm", "_block", "_event", "_tag")
+
+    def __init__(self, comm: MPI.Comm, buf: Any, peer: int, tag: int, pool: BufferPool) -> None:
+        import cupy as cp  # noqa: PLC0415
+
+        super().__init__(peer, "send", int(buf.size), None)
+        self._done = False
+        self._comm, self._tag = comm, tag
+        self._block = pool.get(int(buf.size))
+        buf.get(out=self._block.data, blocking=False)
+        self._event = cp.cuda.Event(block=False, disable_timing=True)
+        self._event.record()
+
+    def test(self) -> bool:
+        if self._req is None:
+            if not self._event.done:
+                return False
+            self._req = self._comm.Isend([self._block.data, MPI.BYTE], self.peer, self._tag)
+        if super().test():
+            if self._block is not None:
+                self._block.release()
+                self._block = None
+            return True
+        return False
+
+
+class _StagedRecv(Handle):
+    """MPI Irecv into pinned host -> device copy on the compute stream once received."""
+
+    __slots__ = ("_buf", "_block", "_transport")
+
+    def __init__(self, transport: MpiTransport, buf: Any, peer: int, tag: int) -> None:
+        self._transport = transport
+        self._buf = buf
+        self._block = transport._pinned.get(int(buf.size))
+        req = transport.comm.Irecv([self._block.data, MPI.BYTE], peer, tag)
+        super().__init__(peer, "recv", int(buf.size), req)
+        self._done = False
+
+    def test(self) -> bool:
+        if self._block is None:
+            return True
+        if not super().test():
+            return False
+        import cupy as cp  # noqa: PLC0415
+
+        self._buf.set(self._block.data, stream=cp.cuda.get_current_stream())
+        event = cp.cuda.Event(block=False, disable_timing=True)
+        event.record()
+        # The pinned block must outlive the asynchronous copy: release it later.
+        self._transport._deferred.append((event, self._block))
+        self._block = None
+        return True
+
+
+class MpiTransport:
+    """Point-to-point bytes over an MPI communicator (a private duplicate of the caller's).
+
+    Args:
+        comm: the MPI communicator; coccl duplicates it so its messages never match the
+            caller's own.
+        cuda_aware: hand device buffers to MPI directly (None: ask the library).
+    """
+
+    name = "mpi"
+
+    def __init__(self, comm: MPI.Comm, cuda_aware: bool | None = None) -> None:
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
+        self._pinned_pool: BufferPool | None = None
+        self._deferred: list[tuple[Any, Block]] = []
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def _pinned(self) -> BufferPool:
+        if self._pinned_pool is None:
+            self._pinned_pool = pinned_pool()
+        return self._pinned_pool
+
+    def pools(self) -> list[BufferPool]:
+        return [] if self._pinned_pool is None else [self._pinned_pool]
+
+    def _reap(self, wait: bool = False) -> None:
+        keep = []
+        for event, block in self._deferred:
+            if wait:
+                event.synchronize()
+            if wait or event.done:
+                block.release()
+            else:
+                keep.append((event, block))
+        self._deferred = keep
+
+    def _staged(self, buf: Any) -> bool:
+        return is_device_array(buf) and not self.cuda_aware
+
+    # ----------------------------------------------------------- point to point
+    def isend(self, buf: Any, peer: int, tag: int) -> Handle:
+        """Start sending the uint8 array ``buf`` to ``peer``. A device buffer must already
+        be complete on the current stream's timeline (the engine ensures it)."""
+        self._reap()
+        if self._staged(buf):
+            return _StagedSend(self.comm, buf, peer, tag, self._pinned)
+        return Handle(peer, "send", int(buf.size), self.comm.Isend([buf, MPI.BYTE], peer, tag))
+
+    def irecv(self, buf: Any, peer: int, tag: int) -> Handle:
+        """Start receiving into the uint8 array ``buf`` from ``peer``."""
+        if self._staged(buf):
+            return _StagedRecv(self, buf, peer, tag)
+        return Handle(peer, "recv", int(buf.size), self.comm.Irecv([buf, MPI.BYTE], peer, tag))
+
+    def finish(self) -> None:
+        """Release staging buffers whose copies are still in flight (end of a collective)."""
+        self._reap(wait=True)
+
+    @staticmethod
+    def has_native(collective: str, dtype: Any, op: str) -> bool:
+        """MPI reduces every coccl dtype (16-bit floats via float32)."""
+        return True
+
+    # ------------------------------------------------------- native collectives
+    def _for_mpi(self, x: Any) -> Any:
+        """x where MPI can read it: a host copy of device data unless MPI is CUDA-aware."""
+        if not is_device_array(x):
+            return x
+        if self.cuda_aware:
+            import cupy as cp  # noqa: PLC0415
+
+            cp.cuda.get_current_stream().synchronize()
+            return x
+        return x.get()
+
+    def _reducible(self, x: Any) -> Any:
+        """bfloat16/float16 reduce in float32: MPI has no such types."""
+        dtype = np.dtype(x.dtype)
+        if dtype in FLOAT_DTYPES and dtype not in _MPI_NATIVE_DTYPES:
+            return x.astype(np.float32)
+        return x
+
+    @staticmethod
+    def _store(result: Any, out: Any) -> None:
+        if result.dtype != out.dtype:
+            result = result.astype(out.dtype)
+        if is_device_array(out) and not is_device_array(result):
+            out.set(result)
+        else:
+            out[...] = result
+
+    def native_allreduce(self, x: Any, out: Any, op: str) -> None:
+        """MPI_Allreduce (bfloat16/float16 are reduced in float32)."""
+        send = self._reducible(self._for_mpi(x))
+        recv = array_module(send).empty_like(send)
+        self.comm.Allreduce(send, recv, op=_MPI_OPS[op])
+        finalize(recv, op, self.size)
+        self._store(recv, out)
+
+    def native_reduce_scatter(self, x: Any, out: Any, op: str) -> None:
+        """MPI_Reduce_scatter_block (NCCL layout: shard ``rank`` of ``size`` shards)."""
+        send = self._reducible(self._for_mpi(x))
+        recv = array_module(send).empty(send.size // self.size, dtype=send.dtype)
+        self.comm.Reduce_scatter_block(send, recv, op=_MPI_OPS[op])
+        finalize(recv, op, self.size)
+        self._store(recv, out)
+
+    def native_allgather(self, x: Any, out: Any) -> None:
+        """MPI_Allgather (rank r's data at offset r * n); moves bytes, any dtype."""
+        send = self._for_mpi(x).view(np.uint8)
+        recv = array_module(send).empty(send.size * self.size, dtype=np.uint8)
+        self.comm.Allgather([send, MPI.BYTE], [recv, MPI.BYTE])
+        self._store(recv.view(out.dtype), out)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def close(self) -> None:
+        if self.comm != MPI.COMM_NULL:
+            self._reap(wait=True)
+            self.comm.Free()

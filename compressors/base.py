@@ -1,0 +1,260 @@
+"""The compressor contract, and the registry that maps names to compressors.
+
+A compressor (codec) turns a flat array into one self-contained, little-endian ``uint8``
+payload and back. It knows nothing about ranks or wires: the algorithms call it on each
+chunk they send, and a user can call it alone on one process.
+
+Contract, for every codec (in the spirit of numcodecs' ``Codec``):
+
+* ``codec_id`` names it in the registry; ``get_config()`` returns a JSON-serialisable dict
+  ``{"id": codec_id, **options}`` and ``from_config(config)`` rebuilds an equal codec;
+  ``==``, ``hash`` and ``repr`` come from the config.
+* ``dtypes`` and ``ops`` declare what it supports; the Communicator refuses anything else
+  before a byte moves. ``lossless`` says whether decode(encode(x)) == x.
+* ``alignment`` is the element multiple that chunk boundaries should fall on (the group
+  size), so that chunking never changes which elements share a group.
+* ``encoded_nbytes(count, dtype)`` is the exact payload size, known before encoding, so
+  buffers can be preallocated.
+* ``encode(x, out=None, *, dtype=None)`` returns the payload on ``x``'s device. ``dtype``
+  is the element type the payload stands for (default ``x.dtype``): the lossless
+  ``identity`` codec stores that type, lossy codecs ignore it (their payload does not
+  depend on it), so an algorithm can encode a float32 partial sum of bfloat16 data.
+* ``decode(buf, out=None, *, count, dtype, accumulate=False)`` writes ``count`` values
+  into ``out`` (allocated with ``dtype`` when None); with ``accumulate=True`` it adds them
+  into ``out`` instead: the fused decode-reduce of a ReduceScatter.
+* ``rel_error_bound`` bounds the relative L2 error of one encode/decode roundtrip of any
+  one group whose values lie in the codec's normal range; ``rel_error_typical`` is the
+  error to expect on Gaussian data. Tests and error models use these, nothing else.
+
+Payloads encoded on the CPU decode on the GPU and the other way round: one wire format.
+The internal entry points ``encode_into``/``decode_into`` take flat numpy or CuPy arrays
+that the caller has already validated; the public ``encode``/``decode`` check and adapt.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from coccl.arrays import FLOAT_DTYPES, as_flat, dtype_name
+
+SUM_OPS = frozenset({"sum", "avg"})
+ALL_OPS = frozenset({"sum", "avg", "max", "min", "prod"})
+
+
+class Compressor(abc.ABC):
+    """Base class of every codec; see the module docstring for the contract."""
+
+    codec_id: ClassVar[str]
+    dtypes: ClassVar[tuple[np.dtype, ...]] = FLOAT_DTYPES
+    ops: ClassVar[frozenset[str]] = SUM_OPS
+    lossless: ClassVar[bool] = False
+    rel_error_bound: float = 0.0
+    rel_error_typical: float = 0.0
+
+    # ----------------------------------------------------------------- configuration
+    @abc.abstractmethod
+    def get_config(self) -> dict[str, Any]:
+        """``{"id": codec_id, **options}``, JSON-serialisable."""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Compressor:
+        """Build a codec from ``get_config()``'s output."""
+        options = dict(config)
+        codec_id = options.pop("id", cls.codec_id)
+        if codec_id != cls.codec_id:
+            raise ValueError(f"config id {codec_id!r} is not {cls.codec_id!r}")
+        return cls(**options)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Compressor) and self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.get_config(), sort_keys=True))
+
+    def __repr__(self) -> str:
+        options = {k: v for k, v in self.get_config().items() if k != "id"}
+        args = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        return f"{type(self).__name__}({args})"
+
+    # ------------------------------------------------------------------- properties
+    @property
+    def alignment(self) -> int:
+        """Element multiple that chunk boundaries should fall on."""
+        return 1
+
+    @abc.abstractmethod
+    def encoded_nbytes(self, count: int, dtype: Any) -> int:
+        """Exact size in bytes of the payload of ``count`` elements of ``dtype``."""
+
+    def check_dtype(self, dtype: Any) -> np.dtype:
+        """Return ``dtype`` as np.dtype, or raise TypeError if this codec refuses it."""
+        dtype = np.dtype(dtype)
+        if dtype not in self.dtypes:
+            names = ", ".join(dtype_name(d) for d in self.dtypes)
+            raise TypeError(
+                f"compressor {self.codec_id!r} does not support dtype {dtype_name(dtype)} "
+                f"(it takes {names})"
+            )
+        return dtype
+
+    def check_op(self, op: str) -> None:
+        """Raise ValueError if this codec cannot carry a reduction with ``op``."""
+        if op not in self.ops:
+            raise ValueError(
+                f"compressor {self.codec_id!r} does not support op {op!r} "
+                f"(it takes {', '.join(sorted(self.ops))})"
+            )
+
+    # ------------------------------------------------------------- internal kernels
+    @abc.abstractmethod
+    def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
+        """Encode flat ``x`` (numpy or CuPy) into ``payload`` (uint8, exact size, same
+        device). ``x`` may be a float32/float64 accumulator standing for ``dtype`` data.
+        On the GPU the kernels run on CuPy's current stream."""
+
+    @abc.abstractmethod
+    def decode_into(self, payload: Any, out: Any, dtype: np.dtype, accumulate: bool) -> None:
+        """Decode ``payload`` (encoded from ``out.size`` elements standing for ``dtype``)
+        into flat ``out``, or add into it when ``accumulate``. ``out`` may be of ``dtype``
+        or a float32/float64 accumulator."""
+
+    # ------------------------------------------------------------------ public API
+    def encode(self, x: Any, out: Any = None, *, dtype: Any = None) -> Any:
+        """Encode an array into one payload.
+
+        Args:
+            x: contiguous numpy/CuPy/numba-device array or torch tensor.
+            out: optional preallocated uint8 payload of ``encoded_nbytes`` bytes.
+            dtype: the element type the payload stands for (default ``x.dtype``).
+
+        Returns:
+            The payload: a uint8 array of the caller's kind, on ``x``'s device.
+        """
+        src = as_flat(x, "x")
+        dtype = self.check_dtype(src.dtype if dtype is None else dtype)
+        if src.dtype not in FLOAT_DTYPES and src.dtype != dtype:
+            raise TypeError(f"cannot encode {dtype_name(src.dtype)} data as {dtype_name(dtype)}")
+        nbytes = self.encoded_nbytes(src.size, dtype)
+        if out is None:
+            payload, obj = src.new((nbytes,), np.uint8)
+        else:
+            dst = as_flat(out, "out")
+            _check_payload(dst, nbytes, src, "out")
+            payload, obj = dst.data, dst.obj
+        self.encode_into(src.data, payload, dtype)
+        return obj
+
+    def decode(
+        self,
+        buf: Any,
+        out: Any = None,
+        *,
+        count: int,
+        dtype: Any,
+        accumulate: bool = False,
+    ) -> Any:
+        """Decode one payload.
+
+        Args:
+            buf: a payload from ``encode`` (uint8, exactly ``encoded_nbytes`` bytes).
+            out: optional destination of ``count`` elements; required with ``accumulate``.
+            count: how many elements the payload holds.
+            dtype: the element type the payload stands for; a new ``out`` gets it.
+            accumulate: add the decoded values into ``out`` instead of overwriting it.
+
+        Returns:
+            ``out``, or a new numpy/CuPy array on ``buf``'s device.
+        """
+        count = _check_count(count)
+        dtype = self.check_dtype(dtype)
+        src = as_flat(buf, "buf")
+        _check_payload(src, self.encoded_nbytes(count, dtype), None, "buf")
+        if out is None:
+            if accumulate:
+                raise ValueError("accumulate=True needs an out array to add into")
+            xp = src.xp
+            if xp is np:
+                data = np.empty(count, dtype=dtype)
+            else:
+                with src.data.device:
+                    data = xp.empty(count, dtype=dtype)
+            obj = data
+        else:
+            dst = as_flat(out, "out")
+            if dst.size != count:
+                raise ValueError(f"out has {dst.size} elements, expected count={count}")
+            if dst.xp is not src.xp:
+                raise ValueError("out and buf must be on the same kind of device")
+            if dst.dtype != dtype and dst.dtype not in (np.float32, np.float64):
+                raise TypeError(
+                    f"out has dtype {dtype_name(dst.dtype)}; expected {dtype_name(dtype)} "
+                    "or a float32/float64 accumulator"
+                )
+            data, obj = dst.data, dst.obj
+        self.decode_into(src.data, data, dtype, accumulate)
+        return obj
+
+
+def _check_count(count: Any) -> int:
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+    return int(count)
+
+
+def _check_payload(p: Any, nbytes: int, like: Any, name: str) -> None:
+    if p.dtype != np.uint8:
+        raise TypeError(f"{name} must be a uint8 payload, got {dtype_name(p.dtype)}")
+    if p.size != nbytes:
+        raise ValueError(f"{name} holds {p.size} bytes; the payload is {nbytes} bytes")
+    if like is not None and p.xp is not like.xp:
+        raise ValueError(f"{name} must be on the same kind of device as x")
+
+
+# ---------------------------------------------------------------------- registry
+_REGISTRY: dict[str, type[Compressor]] = {}
+
+
+def register_compressor(cls: type[Compressor]) -> type[Compressor]:
+    """Register a Compressor subclass under its ``codec_id`` (usable as a decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Compressor)):
+        raise TypeError("register_compressor takes a Compressor subclass")
+    codec_id = getattr(cls, "codec_id", None)
+    if not isinstance(codec_id, str) or not codec_id:
+        raise ValueError(f"{cls.__name__} needs a non-empty string codec_id")
+    _REGISTRY[codec_id] = cls
+    return cls
+
+
+def available_compressors() -> list[str]:
+    """Names of the registered compressors."""
+    return sorted(_REGISTRY)
+
+
+def get_compressor(spec: str | Mapping[str, Any] | Compressor, **options: Any) -> Compressor:
+    """Return a codec from a name (with options), a config dict, or a codec itself.
+
+    ``get_compressor("taco", group_size=128)`` and
+    ``get_compressor({"id": "taco", "group_size": 128})`` are the same codec.
+    """
+    if isinstance(spec, Compressor):
+        if options:
+            raise ValueError("options cannot be given together with a compressor instance")
+        return spec
+    if isinstance(spec, Mapping):
+        config = {**spec, **options}
+        name = config.get("id")
+    elif isinstance(spec, str):
+        name, config = spec, {"id": spec, **options}
+    else:
+        raise ValueError(f"compressor must be a name, a config dict or a Compressor, got {spec!r}")
+    cls = _REGISTRY.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(
+            f"unknown compressor {name!r}; available: {', '.join(available_compressors())}"
+        )
+    return cls.from_config(config)

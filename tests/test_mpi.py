@@ -1,0 +1,17 @@
+"""Run the multi-rank test files of tests/mpi/ on 1, 2, 3 and 4 ranks, one case each."""
+
+from pathlib import Path
+
+import pytest
+
+from mpi_launch import run_ranks
+
+FILES = sorted(p.name for p in (Path(__file__).parent / "mpi").glob("test_*.py"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("name", FILES)
+def test_on_ranks(name: str, nranks: int, tmp_path: Path) -> None:
+    code, logs = run_ranks(nranks, [f"tests/mpi/{name}"], tmp_path)
+    assert code == 0, f"{name} failed on {nranks} ranks:\n{logs}"
