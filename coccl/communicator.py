@@ -8,6 +8,7 @@ NCCL, or MPI (directly if CUDA-aware, else through pinned host staging).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,21 @@ from coccl.config import settings
 from coccl.device import DeviceContext
 from coccl.errors import CocclError
 from coccl.mpi_transport import MpiTransport
-from coccl.pipeline import CpuExecutor, GpuExecutor, run_polling, run_streamed
+from coccl.overlap import NullTransport, WireOnlyCodec
+from coccl.pipeline import (
+    CpuExecutor,
+    GpuExecutor,
+    InlineExecutor,
+    run_polling,
+    run_streamed,
+)
 from coccl.pool import BufferPool, host_pool
 from coccl.reduction import check_op
 
 BACKENDS = ("auto", "mpi", "nccl")
+# Below this chunk size, CPU compute runs on the polling thread itself: a worker thread's
+# wake-up would cost more than the overlap it buys.
+INLINE_CHUNK_BYTES = 64 << 10
 
 
 class Communicator:
@@ -47,6 +58,8 @@ class Communicator:
         self._host_pool = host_pool()
         self._cpu: CpuExecutor | None = None
         self._devices: dict[int, DeviceContext] = {}
+        self._cpu_threads = _cpu_threads(mpi_comm, env.cpu_threads)
+        _set_numba_threads(self._cpu_threads)
         self._closed = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -174,6 +187,7 @@ class Communicator:
         algorithm: str,
         compressor: Any,
         chunk_bytes: int | None,
+        variant: str = "normal",
     ) -> Any:
         # --- every check before any byte moves -------------------------------------
         self._check_open()
@@ -214,6 +228,10 @@ class Communicator:
                 f"{dtype_name(src.dtype)} with op {op!r}; use algorithm='ring' or 'two_shot'"
             )
         # --- run -------------------------------------------------------------------
+        if variant == "codec_only":
+            transport = NullTransport(self.rank, self.size)
+        elif variant == "transport_only":
+            codec = WireOnlyCodec(codec)
         if on_device:
             ctx = self._device(src.device_id)
             with ctx.device:
@@ -226,17 +244,68 @@ class Communicator:
             self._run(collective, src, dst, op, algorithm, codec, int(chunk), transport, None)
         return dst.obj
 
+    def overlap_profile(
+        self,
+        collective: str,
+        x: Any,
+        *,
+        algorithm: str,
+        compressor: str | dict | Compressor,
+        chunk_bytes: int | None = None,
+        iters: int = 5,
+        op: str = "sum",
+    ) -> dict[str, float]:
+        """Time one pipelined collective against its two halves, in this process.
+
+        Runs the call three ways with the same schedule and chunks: pipelined (normal),
+        codec-only (messages complete at once, nothing moves) and transport-only (the
+        real payload sizes, no encoding or decoding). Collective: every rank must call
+        it. Times are the median of ``iters`` runs, the slowest rank's.
+
+        Returns:
+            ``{"pipelined_s", "codec_only_s", "transport_only_s", "overlap_efficiency"}``
+            with ``overlap_efficiency = max(codec_only, transport_only) / pipelined``.
+        """
+        import time  # noqa: PLC0415
+
+        if collective not in ("allreduce", "reduce_scatter", "allgather"):
+            raise ValueError(f"unknown collective {collective!r}")
+        if algorithm not in ("ring", "two_shot"):
+            raise ValueError("overlap_profile takes algorithm='ring' or 'two_shot'")
+        if not isinstance(iters, int) or iters < 1:
+            raise ValueError(f"iters must be a positive integer, got {iters!r}")
+        times: dict[str, float] = {}
+        for variant in ("pipelined", "codec_only", "transport_only"):
+            samples = []
+            for i in range(iters + 1):  # the first run warms up
+                self._mpi.barrier()
+                start = time.perf_counter()
+                self._collective(
+                    collective, x, None, op, algorithm, compressor, chunk_bytes,
+                    "normal" if variant == "pipelined" else variant,
+                )
+                _synchronize(x)
+                if i:
+                    samples.append(time.perf_counter() - start)
+            local = float(np.median(samples))
+            times[f"{variant}_s"] = self._mpi.comm.allreduce(local, op=_mpi_max())
+        longest_half = max(times["codec_only_s"], times["transport_only_s"])
+        times["overlap_efficiency"] = longest_half / times["pipelined_s"]
+        return times
+
     def _device(self, device_id: int | None) -> DeviceContext:
         assert device_id is not None  # only called for device data
         if device_id not in self._devices:
             self._devices[device_id] = DeviceContext.create(device_id)
         return self._devices[device_id]
 
-    def _executor(self, ctx: DeviceContext | None) -> Any:
+    def _executor(self, ctx: DeviceContext | None, chunk_nbytes: int) -> Any:
         if ctx is not None:
             return GpuExecutor(ctx.compute)
+        if chunk_nbytes <= INLINE_CHUNK_BYTES:
+            return InlineExecutor()
         if self._cpu is None:
-            self._cpu = CpuExecutor(self._settings.cpu_threads)
+            self._cpu = CpuExecutor(self._cpu_threads)
         return self._cpu
 
     def pools(self) -> list[BufferPool]:
@@ -246,6 +315,27 @@ class Communicator:
         if self._nccl is not None:
             pools += self._nccl.pools()
         return pools
+
+    def stats(self) -> dict[str, int]:
+        """Counters for benchmarks: payload bytes this rank sent point to point (native
+        collectives not counted), and the peak extra memory the pipeline's pools held in
+        use (host, pinned host, device), since the last ``reset_stats``."""
+        transports = [self._mpi] + ([self._nccl] if self._nccl is not None else [])
+        peaks = {"host": 0, "pinned": 0, "device": 0}
+        for pool in self.pools():
+            peaks[pool.kind] += pool.peak_in_use_bytes
+        return {
+            "bytes_sent": sum(t.bytes_sent for t in transports),
+            **{f"peak_{kind}_bytes": value for kind, value in peaks.items()},
+            "pool_allocated_bytes": sum(p.allocated_bytes for p in self.pools()),
+        }
+
+    def reset_stats(self) -> None:
+        """Zero the counters of ``stats``."""
+        for t in [self._mpi] + ([self._nccl] if self._nccl is not None else []):
+            t.bytes_sent = 0
+        for pool in self.pools():
+            pool.reset_peak()
 
     def _run(
         self,
@@ -286,7 +376,7 @@ class Communicator:
                 what=plan.what,
             )
             return
-        executor = self._executor(ctx)
+        executor = self._executor(ctx, chunk_elems * src.dtype.itemsize)
         if ctx is not None:
             with ctx.compute:
                 run_polling(
@@ -310,6 +400,41 @@ class Communicator:
             per_round *= 2  # pinned host copies of every payload
         fits = max(1, self._settings.staging_limit_bytes // max(1, per_round))
         return max(1, min(self._settings.pipeline_depth, fits))
+
+
+def _synchronize(x: Any) -> None:
+    """Wait for the device work of a call on ``x``'s device (no-op for host data)."""
+    if as_flat(x, "x").xp is not np:
+        import cupy as cp  # noqa: PLC0415
+
+        cp.cuda.get_current_stream().synchronize()
+
+
+def _mpi_max() -> Any:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    return MPI.MAX
+
+
+def _cpu_threads(mpi_comm: Any, requested: int | None) -> int:
+    """Threads for the CPU codec kernels: COCCL_CPU_THREADS, else this node's cores
+    divided among its ranks. Oversubscribed numba threads spin against each other and
+    against MPI's polling (seen: 100x slower collectives with 4 ranks on 2 cores)."""
+    if requested is not None:
+        return requested
+    from mpi4py import MPI  # noqa: PLC0415
+
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_size = local.Get_size()
+    local.Free()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // local_size)
+
+
+def _set_numba_threads(threads: int) -> None:
+    import numba  # noqa: PLC0415
+
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
 
 
 def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:

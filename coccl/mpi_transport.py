@@ -50,10 +50,20 @@ class Handle:
 
     def test(self) -> bool:
         if not self._done:
+            status = MPI.Status()
             try:
-                self._done = bool(self._req.Test())
+                self._done = bool(self._req.Test(status))
             except MPI.Exception as exc:
-                raise CocclError(f"MPI {self.kind} with rank {self.peer} failed: {exc}") from exc
+                raise CocclError(
+                    f"MPI {self.kind} with rank {self.peer} failed: {exc}; do all ranks call "
+                    "the same collective with the same count, dtype and options?"
+                ) from exc
+            if self._done and self.kind == "recv" and status.Get_count(MPI.BYTE) != self.nbytes:
+                raise CocclError(
+                    f"rank {self.peer} sent {status.Get_count(MPI.BYTE)} bytes where "
+                    f"{self.nbytes} were expected: do all ranks call the same collective "
+                    "with the same count, dtype and options?"
+                )
         return self._done
 
 
@@ -133,6 +143,7 @@ class MpiTransport:
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
         self._pinned_pool: BufferPool | None = None
         self._deferred: list[tuple[Any, Block]] = []
+        self.bytes_sent = 0  # payload bytes handed to isend (statistics)
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -163,6 +174,7 @@ class MpiTransport:
         """Start sending the uint8 array ``buf`` to ``peer``. A device buffer must already
         be complete on the current stream's timeline (the engine ensures it)."""
         self._reap()
+        self.bytes_sent += int(buf.size)
         if self._staged(buf):
             return _StagedSend(self.comm, buf, peer, tag, self._pinned)
         return Handle(peer, "send", int(buf.size), self.comm.Isend([buf, MPI.BYTE], peer, tag))

@@ -120,6 +120,7 @@ class NcclTransport:
         with cp.cuda.Device(device_id):
             self.comm = self._call("ncclCommInitRank", nccl.NcclCommunicator, self.size, uid, self.rank)
         self._closed = False
+        self.bytes_sent = 0  # payload bytes sent point to point (statistics)
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
         try:
@@ -137,6 +138,7 @@ class NcclTransport:
     def group_exchange(self, sends: list[tuple[int, Any]], recvs: list[tuple[int, Any]], stream: Any) -> None:
         """Post sends and receives of uint8 buffers as one NCCL group on ``stream``."""
         nccl = self._nccl
+        self.bytes_sent += sum(int(buf.size) for _, buf in sends)
         self._call("groupStart", nccl.groupStart)
         try:
             for peer, buf in sends:

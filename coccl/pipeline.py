@@ -114,14 +114,34 @@ class CpuExecutor:
     def submit(self, fn: Callable[[], None] | None) -> Any:
         return DONE if fn is None else self._pool.submit(fn)
 
-    @staticmethod
-    def idle(active: Iterable[Round]) -> None:
-        # Let the worker thread have the GIL for its Python glue; keep polling MPI often,
-        # since shared-memory MPI only progresses while some rank calls into it.
-        time.sleep(20e-6)
+    idle = staticmethod(lambda spins: _backoff(spins))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+class InlineExecutor:
+    """Runs compute on the calling thread at once: for small chunks, where handing work
+    to a worker thread costs more (a wake-up, on a busy machine a scheduler slice) than
+    the work itself. FIFO by construction."""
+
+    @staticmethod
+    def submit(fn: Callable[[], None] | None) -> Any:
+        if fn is not None:
+            fn()
+        return DONE
+
+    idle = staticmethod(lambda spins: _backoff(spins))
+
+
+def _backoff(spins: int) -> None:
+    """Wait a little after ``spins`` polls that made no progress: spin first (a message
+    on shared memory lands in microseconds), then yield the GIL to the worker thread,
+    then sleep, so ranks that share cores still progress. Shared-memory MPI only moves
+    data while some rank calls into it, so the wait stays short."""
+    if spins < 64:
+        return
+    time.sleep(0 if spins < 256 else 50e-6)
 
 
 class _EventHandle:
@@ -154,9 +174,7 @@ class GpuExecutor:
             event.record(self.stream)
         return _EventHandle(event)
 
-    @staticmethod
-    def idle(active: Iterable[Round]) -> None:
-        time.sleep(5e-6)
+    idle = staticmethod(lambda spins: _backoff(spins))
 
     def close(self) -> None:
         pass
@@ -168,7 +186,7 @@ def _describe_wait(what: str, active: Iterable[Round], timeout_s: float) -> str:
         if pending:
             peers = ", ".join(str(h.peer) for h in pending)
             return (
-                f"{what}: timed out after {timeout_s:g} s in {rnd.label} waiting to receive "
+                f"{rnd.label}: timed out after {timeout_s:g} s waiting to receive "
                 f"from rank {peers} (COCCL_TIMEOUT_S); do all ranks call the same "
                 "collective with the same count, dtype and options?"
             )
@@ -177,7 +195,7 @@ def _describe_wait(what: str, active: Iterable[Round], timeout_s: float) -> str:
             if pending:
                 peers = ", ".join(str(h.peer) for h in pending)
                 return (
-                    f"{what}: timed out after {timeout_s:g} s in {rnd.label} waiting for "
+                    f"{rnd.label}: timed out after {timeout_s:g} s waiting for "
                     f"rank {peers} to take a message (COCCL_TIMEOUT_S)"
                 )
     return f"{what}: timed out after {timeout_s:g} s waiting for local compute (COCCL_TIMEOUT_S)"
@@ -234,6 +252,7 @@ def run_polling(
     active: deque[Round] = deque()
     exhausted = False
     last_progress = time.monotonic()
+    spins = 0
     try:
         while True:
             while not exhausted and len(active) < depth:
@@ -250,13 +269,15 @@ def run_polling(
                 progressed |= _advance(rnd, transport, executor)
             while active and active[0].finished:
                 active.popleft().release()
-            now = time.monotonic()
             if progressed:
-                last_progress = now
-            elif timeout_s is not None and now - last_progress > timeout_s:
-                raise CocclError(_describe_wait(what, active, timeout_s))
-            else:
-                executor.idle(active)
+                spins = 0
+                last_progress = time.monotonic()
+                continue
+            spins += 1
+            if timeout_s is not None and spins % 64 == 0:
+                if time.monotonic() - last_progress > timeout_s:
+                    raise CocclError(_describe_wait(what, active, timeout_s))
+            executor.idle(spins)
     finally:
         transport.finish()
 
@@ -295,7 +316,7 @@ def run_streamed(
             rnd.done_event,
             transport,
             deadline,
-            lambda: f"{what}: timed out after {timeout_s:g} s in {rnd.label} exchanging with "
+            lambda: f"{rnd.label}: timed out after {timeout_s:g} s exchanging with "
             f"rank {', '.join(map(str, peers))} (COCCL_TIMEOUT_S)",
         )
         rnd.release()

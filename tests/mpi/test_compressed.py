@@ -1,0 +1,145 @@
+"""Compressed collectives (int8, taco) on every schedule: error against an exact float64
+reduction close to what the quantization model predicts, every rank bitwise identical,
+chunking (pipelining) bitwise neutral, any count."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import all_equal_across_ranks, case_seed, rank_data
+
+import coccl
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+CODECS = [
+    "int8",
+    "taco",
+    {"id": "taco", "fp8_format": "e5m2"},
+    {"id": "taco", "group_size": 32},
+    {"id": "taco", "ash": False},
+    {"id": "taco", "dual_scale": False},
+]
+
+
+def codec_id(spec) -> str:
+    return spec if isinstance(spec, str) else "-".join(f"{v}" for v in spec.values())
+
+
+def quantizations(collective: str, algorithm: str, n: int) -> float:
+    """The model: how many independent quantization errors of relative size e (one
+    codec roundtrip) the result carries, in units of e^2 relative to the result.
+
+    two-shot: the n-1 foreign contributions are quantized once each (own data exact):
+    e^2 (n-1)/n for the sum; the reduced shard once more: + e^2.
+    ring: hop t carries a partial sum of t+1 contributions, quantized each hop:
+    e^2 sum_{k=1}^{n-1} k / n = e^2 (n-1)/2 relative to the n-term sum; the gather adds e^2.
+    """
+    if collective == "allgather":
+        return 1.0
+    reduce = (n - 1) / n if algorithm == "two_shot" else (n - 1) / 2
+    return reduce + (1.0 if collective == "allreduce" else 0.0)
+
+
+def rel_l2(y, ref) -> float:
+    return float(np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("codec", CODECS, ids=codec_id)
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_error_matches_model(comm, collective, algorithm, codec, dtype):
+    n = comm.size
+    c = coccl.get_compressor(codec)
+    count = 1 << 16 if collective == "allreduce" else (1 << 14) * n
+    local = count if collective != "allgather" else count // n
+    seed = case_seed(collective, algorithm, codec_id(codec), np.dtype(dtype).name)
+    parts = [rank_data(seed, r, local, dtype) for r in range(n)]
+    fn = getattr(comm, collective)
+    y = fn(parts[comm.rank], algorithm=algorithm, compressor=codec, chunk_bytes=16384)
+    if collective == "allgather":
+        ref = np.concatenate([p.astype(np.float64) for p in parts])
+    else:
+        ref = np.sum([p.astype(np.float64) for p in parts], axis=0)
+        if collective == "reduce_scatter":
+            m = count // n
+            ref = ref[comm.rank * m : (comm.rank + 1) * m]
+    err = rel_l2(y, ref)
+    model = c.rel_error_typical * math.sqrt(quantizations(collective, algorithm, n))
+    # bf16 output adds its own rounding (2^-9 relative) on top of the codec's error
+    slack = 0.004 if np.dtype(dtype) == BF16 else 0.0
+    assert 0.7 * model - slack <= err <= 1.3 * model + slack, (err, model)
+    if collective != "reduce_scatter":
+        assert all_equal_across_ranks(y)
+
+
+@pytest.mark.parametrize("count_index", range(7))
+@pytest.mark.parametrize("codec", ["int8", "taco"])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+def test_any_count(comm, algorithm, codec, count_index):
+    n = comm.size
+    count = [0, 1, n - 1, n + 1, 127, 129, 1000][count_index]
+    parts = [rank_data(case_seed("count", algorithm, codec, count), r, count, np.float32) for r in range(n)]
+    y = comm.allreduce(parts[comm.rank], algorithm=algorithm, compressor=codec, chunk_bytes=512)
+    assert y.shape == (count,) and y.dtype == np.float32
+    ref = np.sum([p.astype(np.float64) for p in parts], axis=0)
+    if count:
+        bound = coccl.get_compressor(codec).rel_error_bound * (n + 1)  # worst case: linear
+        assert rel_l2(y, ref) <= bound
+    assert all_equal_across_ranks(y)
+
+
+@pytest.mark.parametrize("codec", ["int8", "taco"])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_pipelining_is_bitwise_neutral(comm, collective, algorithm, codec):
+    n = comm.size
+    count = 5000 * n + 37 * (collective == "allreduce")
+    x = rank_data(case_seed("pipe", collective, algorithm, codec), comm.rank, count, np.float32)
+    fn = getattr(comm, collective)
+    whole = fn(x, algorithm=algorithm, compressor=codec, chunk_bytes=1 << 30)
+    for chunk in (512, 4096, 65536):
+        piped = fn(x, algorithm=algorithm, compressor=codec, chunk_bytes=chunk)
+        np.testing.assert_array_equal(whole.view(np.uint32), piped.view(np.uint32))
+
+
+@pytest.mark.parametrize("codec", ["int8", "taco"])
+def test_avg_divides_once(comm, codec):
+    parts = [rank_data(21, r, 4096, np.float32) for r in range(comm.size)]
+    s = comm.allreduce(parts[comm.rank], op="sum", algorithm="two_shot", compressor=codec)
+    a = comm.allreduce(parts[comm.rank], op="avg", algorithm="two_shot", compressor=codec)
+    ref = np.mean([p.astype(np.float64) for p in parts], axis=0)
+    assert rel_l2(a, ref) <= 2 * coccl.get_compressor(codec).rel_error_typical
+    assert rel_l2(a * comm.size, s) <= 2 * coccl.get_compressor(codec).rel_error_typical
+
+
+def test_nan_and_inf_stay_visible(comm):
+    """A non-finite value spoils its group and nothing else."""
+    n, count = comm.size, 128 * 8 * comm.size
+    x = rank_data(5, comm.rank, count, np.float32)
+    if comm.rank == 0:
+        x[3] = np.nan
+        x[128 * 5 + 1] = np.inf
+    for algorithm in ("ring", "two_shot"):
+        for codec in ("int8", "taco"):
+            y = comm.allreduce(x, algorithm=algorithm, compressor=codec)
+            bad = ~np.isfinite(y)
+            assert bad[3] and bad[128 * 5 + 1]
+            # at most the two groups of 128 in which they sit
+            assert bad.sum() <= 2 * 128
+            assert np.isfinite(y[128:128 * 5]).all()
+            assert all_equal_across_ranks(y)
+    del n
+
+
+@pytest.mark.parametrize("codec", ["int8", "taco"])
+def test_in_place_and_out(comm, codec):
+    x = rank_data(9, comm.rank, 3000, np.float32)
+    y = comm.allreduce(x, algorithm="two_shot", compressor=codec)
+    out = np.full_like(x, np.nan)
+    comm.allreduce(x, out, algorithm="two_shot", compressor=codec)
+    np.testing.assert_array_equal(out, y)
+    z = x.copy()
+    comm.allreduce(z, z, algorithm="two_shot", compressor=codec)
+    np.testing.assert_array_equal(z, y)
