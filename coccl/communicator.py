@@ -376,7 +376,7 @@ class Communicator:
                 what=plan.what,
             )
             return
-        executor = self._executor(ctx, chunk_elems * src.dtype.itemsize)
+        executor = self._executor(ctx, min(chunk_elems, src.size) * src.dtype.itemsize)
         if ctx is not None:
             with ctx.compute:
                 run_polling(

@@ -1,0 +1,219 @@
+"""``coccl-bench``: the command-line entry point and its registry of subcommands.
+
+A subcommand is a function ``run(args) -> exit status`` registered with ``@command``,
+which also names a function adding its own arguments to its parser. Subcommands live
+in their own modules; a module joins the tool by being listed in ``COMMAND_MODULES``
+(one line). Commands marked ``mpi=True`` run on every rank of an MPI job and take
+``--np N`` to launch that job themselves (see ``coccl.bench.launch``).
+
+    coccl-bench allreduce --np 4 -b 8 -e 64M -f 4 --algorithm ring,two_shot
+    mpiexec -n 4 coccl-bench reduce_scatter -b 1K -e 1M --compressor identity,taco
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from . import launch
+
+# Modules whose import registers subcommands (each decorates its runners with @command).
+COMMAND_MODULES: tuple[str, ...] = ("coccl.bench.collective",)
+
+ArgumentAdder = Callable[[argparse.ArgumentParser], None]
+Runner = Callable[[argparse.Namespace], int]
+Validator = Callable[[argparse.Namespace], str | None]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A registered subcommand.
+
+    Attributes:
+        name: the subcommand as typed (``allreduce``).
+        help: one line for ``coccl-bench --help``.
+        add_arguments: adds the subcommand's options to its parser.
+        run: runs it; returns the process exit status.
+        mpi: whether it runs on MPI ranks (then it also takes ``--np N``).
+        validate: checks the parsed arguments together; returns what is wrong, if
+            anything, and ``coccl-bench`` exits with that as a usage error.
+    """
+
+    name: str
+    help: str
+    add_arguments: ArgumentAdder
+    run: Runner
+    mpi: bool
+    validate: Validator | None
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(
+    name: str,
+    *,
+    help: str,
+    arguments: ArgumentAdder,
+    mpi: bool = True,
+    validate: Validator | None = None,
+) -> Callable[[Runner], Runner]:
+    """Register the decorated ``run(args) -> int`` as subcommand ``name``.
+
+    Args:
+        name: the subcommand's name.
+        help: one-line description.
+        arguments: ``arguments(parser)`` adds the subcommand's options.
+        mpi: the command runs on MPI ranks and accepts ``--np N`` to launch them.
+        validate: ``validate(args)`` returns a message for inconsistent arguments.
+
+    Raises:
+        ValueError: ``name`` is registered already.
+    """
+
+    def register(run: Runner) -> Runner:
+        if name in COMMANDS:
+            raise ValueError(f"coccl-bench subcommand {name!r} is registered twice")
+        COMMANDS[name] = Command(name, help, arguments, run, mpi, validate)
+        return run
+
+    return register
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A byte count with an optional binary suffix, as nccl-tests reads it:
+    ``8``, ``1K`` = 1024, ``64M``, ``1G``, also ``4KiB`` / ``2MB`` (binary too).
+
+    Raises:
+        argparse.ArgumentTypeError: not a non-negative size.
+    """
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use a byte count with an optional K, M or G suffix"
+        )
+    value = float(match.group(1)) * _SCALE[match.group(2).lower()]
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: not a whole number of bytes")
+    return int(value)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def comma_list(text: str) -> list[str]:
+    """argparse type: ``"ring, two_shot"`` -> ``["ring", "two_shot"]`` (repeats dropped)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"invalid list {text!r}: give comma-separated names")
+    return list(dict.fromkeys(items))
+
+
+# -d takes numpy's names and nccl-tests' (float, half, double, int).
+DTYPES = (
+    "float32", "float16", "bfloat16", "float64",
+    "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+)  # fmt: skip
+_DTYPE_ALIASES = {"float": "float32", "half": "float16", "double": "float64", "int": "int32"}
+
+
+def datatype(text: str) -> np.dtype:
+    """argparse type: a dtype name (``float32``, ``bfloat16``, ``half``...)."""
+    name = _DTYPE_ALIASES.get(text, text)
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"invalid datatype {text!r}: choose from {', '.join(DTYPES)}"
+        )
+    if name == "bfloat16":
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _load_commands() -> None:
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``coccl-bench`` parser with one subparser per registered command."""
+    _load_commands()
+    parser = argparse.ArgumentParser(
+        prog="coccl-bench",
+        description="Benchmarks of coccl's collectives and codecs (nccl-tests style).",
+        allow_abbrev=False,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    for cmd in COMMANDS.values():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, allow_abbrev=False)
+        cmd.add_arguments(p)
+        p.set_defaults(subparser=p)
+        if cmd.mpi:
+            p.add_argument(
+                "--np",
+                type=positive_int,
+                metavar="N",
+                help="launch N ranks with mpiexec (instead of running under mpiexec)",
+            )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``coccl-bench``; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cmd = COMMANDS[args.command]
+    problem = cmd.validate(args) if cmd.validate is not None else None
+    if problem:
+        args.subparser.error(problem)
+    if cmd.mpi and args.np is not None:
+        if launch.under_mpiexec():
+            parser.error("--np starts its own mpiexec; leave it out under mpiexec")
+        return launch.relaunch(args.np, argv)
+    args.argv = argv  # what the record calls the command
+    if not cmd.mpi:
+        return cmd.run(args)
+    return _run_on_ranks(cmd, args)
+
+
+def _run_on_ranks(cmd: Command, args: argparse.Namespace) -> int:
+    """Run an MPI command; an exception on one rank aborts the whole job (as
+    ``python -m mpi4py`` does), so that the other ranks do not wait for it forever."""
+    try:
+        return cmd.run(args)
+    except Exception:
+        from mpi4py import MPI  # noqa: PLC0415
+
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            traceback.print_exc()
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
+        raise
+
+
+if __name__ == "__main__":
+    # Run as a script (``python -m coccl.bench.cli``), this file is ``__main__``, a second
+    # copy of the module; commands register into the importable ``coccl.bench.cli``.
+    from coccl.bench.cli import main as _main
+
+    sys.exit(_main())

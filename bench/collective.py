@@ -1,0 +1,732 @@
+"""The collective sweeps: ``coccl-bench allreduce | reduce_scatter | allgather``.
+
+At each message size, the native baseline and every (algorithm, compressor) asked for run
+on the same rank-seeded data: one checked call (bytes on the wire, error against an exact
+float64 reduction that every rank computes itself from every rank's data, as mpi4py's
+tests do), the warm-up calls, then ``iters`` timed calls out of place and ``iters`` in
+place, as nccl-tests does. A collective is a small ``Spec`` (counts, bus-bandwidth
+factor, the call); data, buffers and the sweep are the same code for all three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import coccl
+
+from . import launch, timing
+from .cli import comma_list, command, datatype, parse_size, positive_int
+from .table import (
+    Progress,
+    Row,
+    format_header,
+    format_row,
+    format_summary,
+    human_size,
+    provenance,
+    write_json,
+)
+
+OPS = ("sum", "avg", "max", "min", "prod")
+SEED = 20240917  # of the rank-seeded input data
+EXIT_USAGE = 2  # as argparse: the request itself cannot run
+
+
+class UsageError(Exception):
+    """A request that every rank refuses alike (unknown compressor, unsupported dtype...)."""
+
+
+# --------------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class Spec:
+    """What distinguishes one collective (nccl-tests' per-collective struct).
+
+    ``count`` is always nccl-tests' count: the elements of the whole buffer (AllReduce:
+    each rank's; ReduceScatter: each rank's input; AllGather: each rank's output), so
+    ``size = count * itemsize`` and ``algbw = size / time`` for all three.
+
+    Attributes:
+        name: the ``Communicator`` method and the subcommand.
+        reduces: takes an op (AllGather does not).
+        sharded: counts must be multiples of the rank count (each rank owns count/n).
+        bus_factor: ``busbw = algbw * bus_factor(nranks)``.
+    """
+
+    name: str
+    reduces: bool
+    sharded: bool
+    bus_factor: Callable[[int], float]
+
+    def call(self, comm: Any, x: Any, out: Any, op: str, **options: Any) -> Any:
+        """Run the collective (``options``: algorithm, compressor, chunk_bytes)."""
+        if self.reduces:
+            return getattr(comm, self.name)(x, out, op=op, **options)
+        return getattr(comm, self.name)(x, out, **options)
+
+
+ALLREDUCE = Spec("allreduce", reduces=True, sharded=False, bus_factor=lambda n: 2 * (n - 1) / n)
+REDUCE_SCATTER = Spec(
+    "reduce_scatter", reduces=True, sharded=True, bus_factor=lambda n: (n - 1) / n
+)
+ALLGATHER = Spec("allgather", reduces=False, sharded=True, bus_factor=lambda n: (n - 1) / n)
+SPECS = {spec.name: spec for spec in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER)}
+
+
+def sweep_sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    """``minbytes``, ``minbytes * factor``, ... up to ``maxbytes`` (nccl-tests' -b -e -f)."""
+    sizes, size = [], minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        if factor < 2 or size < 1:
+            break
+        size *= factor
+    return sizes
+
+
+def sweep_counts(
+    spec: Spec, sizes: list[int], itemsize: int, nranks: int
+) -> tuple[list[int], list[int]]:
+    """The element counts of ``sizes``, rounded down to valid counts (multiples of the
+    rank count for ReduceScatter/AllGather) without repeats; and the sizes skipped
+    because they hold less than one element (per rank)."""
+    unit = nranks if spec.sharded else 1
+    counts: list[int] = []
+    skipped: list[int] = []
+    for size in sizes:
+        count = size // itemsize // unit * unit
+        if count == 0:
+            skipped.append(size)
+        elif count not in counts:
+            counts.append(count)
+    return counts, skipped
+
+
+# ---------------------------------------------------------------------------- data
+def rank_data(rank: int, count: int, dtype: np.dtype) -> np.ndarray:
+    """Rank ``rank``'s input of ``count`` elements, the same on every rank that makes it.
+
+    Floats are standard normal; integers small (-2..2, unsigned 0..2), so that sums and
+    products over many ranks stay exact in the type.
+    """
+    rng = np.random.default_rng([SEED, rank, count])
+    if dtype.kind in "iu":
+        return rng.integers(0 if dtype.kind == "u" else -2, 3, size=count, dtype=dtype)
+    draw = np.float64 if dtype == np.float64 else np.float32
+    return rng.standard_normal(count, dtype=draw).astype(dtype)
+
+
+def exact_reduction(
+    parts: Iterable[np.ndarray], op: str, dtype: np.dtype, nranks: int
+) -> np.ndarray:
+    """``op`` over ``parts`` in float64 (int64 for integers, then wrapped to ``dtype``
+    as MPI and NCCL wrap; ``avg`` of integers truncates toward zero, as ncclAvg does).
+    ``parts`` may be a generator: one part is held at a time."""
+    acc_type = np.int64 if dtype.kind in "iu" else np.float64
+    acc: np.ndarray | None = None
+    for part in parts:
+        values = part.astype(acc_type)
+        if acc is None:
+            acc = values
+        elif op in ("sum", "avg"):
+            acc += values
+        elif op == "max":
+            np.maximum(acc, values, out=acc)
+        elif op == "min":
+            np.minimum(acc, values, out=acc)
+        else:
+            acc *= values
+    if acc is None:
+        raise ValueError("exact_reduction needs at least one part")
+    if op == "avg" and acc_type is np.float64:
+        acc /= nranks
+    elif op == "avg":
+        acc = np.sign(acc) * (np.abs(acc) // nranks)
+    return acc.astype(dtype).astype(np.float64) if acc_type is np.int64 else acc
+
+
+@dataclass
+class Buffers:
+    """One rank's buffers at one size.
+
+    Attributes:
+        x: this rank's input (never written).
+        out: the out-of-place output.
+        ip_in, ip_out: the in-place input and output, laid out as in nccl-tests (one
+            buffer; ReduceScatter's output and AllGather's input at this rank's offset).
+        ref: the exact expected output of this rank (float64), or None (no check).
+    """
+
+    x: Any
+    out: Any
+    ip_in: Any
+    ip_out: Any
+    ref: np.ndarray | None
+
+    def restore(self) -> None:
+        """Put ``x`` back into ``ip_in`` (an in-place call overwrote it)."""
+        self.ip_in[...] = self.x
+
+
+def make_buffers(
+    spec: Spec, count: int, dtype: np.dtype, op: str, rank: int, nranks: int, xp: Any, check: bool
+) -> Buffers:
+    """This rank's input (and, with ``check``, the reference computed from every rank's
+    input) and the out-of-place and in-place buffers, on ``xp``'s device."""
+    shard = count // nranks
+    n_in = shard if spec.name == "allgather" else count
+    ref = None
+    if check and spec.name == "allgather":
+        ref = np.concatenate([rank_data(r, n_in, dtype) for r in range(nranks)])
+        ref = ref.astype(np.float64)
+    elif check:  # a generator: one rank's input at a time, not n of them
+        window = slice(rank * shard, (rank + 1) * shard) if spec.sharded else slice(None)
+        parts = (rank_data(r, n_in, dtype)[window] for r in range(nranks))
+        ref = exact_reduction(parts, op, dtype, nranks)
+    x = xp.asarray(rank_data(rank, n_in, dtype))
+    if spec.name == "allreduce":
+        out, work = xp.empty_like(x), xp.empty_like(x)
+        return Buffers(x, out, work, work, ref)
+    if spec.name == "reduce_scatter":
+        out, work = xp.empty(shard, dtype=x.dtype), xp.empty_like(x)
+        return Buffers(x, out, work, work[rank * shard : (rank + 1) * shard], ref)
+    out, work = xp.empty(count, dtype=x.dtype), xp.empty(count, dtype=x.dtype)
+    return Buffers(x, out, work[rank * shard : (rank + 1) * shard], work, ref)
+
+
+def rel_error(y: Any, ref: np.ndarray) -> float:
+    """``||y - ref|| / ||ref||`` in float64 (``||y - ref||`` when ``ref`` is all zero)."""
+    host = y.get() if hasattr(y, "get") else np.asarray(y)
+    diff = float(np.linalg.norm(host.astype(np.float64) - ref))
+    norm = float(np.linalg.norm(ref))
+    return diff / norm if norm > 0 else diff
+
+
+def worst(errors: list[float | None]) -> float | None:
+    """The worst error: NaN if any is NaN (``max`` would drop it), None if none."""
+    present = [e for e in errors if e is not None]
+    if any(math.isnan(e) for e in present):
+        return math.nan
+    return max(present, default=None)
+
+
+# ------------------------------------------------------------------------ measuring
+@dataclass
+class Measurement:
+    """One (algorithm, compressor) at one size, combined over ranks.
+
+    Attributes:
+        time_s, time_s_inplace: the slowest rank's median time of one call.
+        bytes_sent: payload bytes all ranks sent in one out-of-place call.
+        rel_err: the worst error of any rank, out of place or in place.
+        peak_staging_bytes: the largest peak pool memory of any rank.
+    """
+
+    time_s: float
+    time_s_inplace: float
+    bytes_sent: int
+    rel_err: float | None
+    peak_staging_bytes: int
+
+
+@dataclass
+class Sweep:
+    """What every measurement of one run shares."""
+
+    spec: Spec
+    comm: Any  # coccl.Communicator
+    mpi: Any  # mpi4py communicator, to combine figures over ranks
+    xp: Any  # numpy or cupy
+    dtype: np.dtype
+    op: str
+    iters: int
+    warmup: int
+    check: bool
+    chunk_bytes: int | None
+    sync: Callable[[], None]
+
+    def caller(self, algorithm: str, codec: Any, x: Any, out: Any) -> Callable[[], Any]:
+        """A no-argument function that runs the collective once on ``x`` into ``out``."""
+
+        def call() -> Any:
+            return self.spec.call(
+                self.comm,
+                x,
+                out,
+                self.op,
+                algorithm=algorithm,
+                compressor=codec,
+                chunk_bytes=self.chunk_bytes,
+            )
+
+        return call
+
+    def measure(self, bufs: Buffers, algorithm: str, codec: Any) -> Measurement:
+        """A checked call, the warm-up, then timed out-of-place and in-place calls."""
+        from mpi4py import MPI  # noqa: PLC0415
+
+        oop = self.caller(algorithm, codec, bufs.x, bufs.out)
+        inplace = self.caller(algorithm, codec, bufs.ip_in, bufs.ip_out)
+        barrier = self.comm.barrier
+        self.comm.reset_stats()
+        timing.timed_call(oop, barrier, self.sync)  # also absorbs one-time costs (JIT)
+        sent = self.comm.stats()["bytes_sent"]
+        errors = [rel_error(bufs.out, bufs.ref)] if bufs.ref is not None else []
+        for _ in range(self.warmup):
+            oop()
+        times = timing.time_calls(oop, self.iters, barrier, self.sync)
+        bufs.restore()
+        timing.timed_call(inplace, barrier, self.sync)
+        if bufs.ref is not None:
+            errors.append(rel_error(bufs.ip_out, bufs.ref))
+        times_ip = timing.time_calls(inplace, self.iters, barrier, self.sync, bufs.restore)
+        stats = self.comm.stats()
+        peak = sum(stats[f"peak_{kind}_bytes"] for kind in ("host", "pinned", "device"))
+        return Measurement(
+            time_s=timing.slowest_median(self.mpi, times),
+            time_s_inplace=timing.slowest_median(self.mpi, times_ip),
+            bytes_sent=int(self.mpi.allreduce(sent, op=MPI.SUM)),
+            rel_err=worst(self.mpi.allgather(worst(errors))),
+            peak_staging_bytes=int(self.mpi.allreduce(peak, op=MPI.MAX)),
+        )
+
+    def bytes_sent_once(self, bufs: Buffers, algorithm: str, codec: Any) -> int:
+        """Payload bytes all ranks send in one out-of-place call."""
+        from mpi4py import MPI  # noqa: PLC0415
+
+        self.comm.reset_stats()
+        self.caller(algorithm, codec, bufs.x, bufs.out)()
+        self.sync()
+        return int(self.mpi.allreduce(self.comm.stats()["bytes_sent"], op=MPI.SUM))
+
+    def row(
+        self,
+        count: int,
+        algorithm: str,
+        compressor: str,
+        m: Measurement,
+        native: Measurement | None,
+        identity_bytes: int | None,
+    ) -> Row:
+        """The table row of a measurement (sizes, bandwidths, ratio, speedup)."""
+        size = count * self.dtype.itemsize
+        factor = self.spec.bus_factor(self.mpi.Get_size())
+        algbw, algbw_ip = size / m.time_s / 1e9, size / m.time_s_inplace / 1e9
+        if algorithm == "native":
+            ratio: float | None = 1.0
+        else:  # None when nothing went on the wire (one rank)
+            ratio = m.bytes_sent / identity_bytes if identity_bytes else None
+        return Row(
+            size=size,
+            count=count,
+            type=self.dtype.name,
+            redop=self.op if self.spec.reduces else "none",
+            algorithm=algorithm,
+            compressor=compressor,
+            time_us=m.time_s * 1e6,
+            algbw=algbw,
+            busbw=algbw * factor,
+            time_us_inplace=m.time_s_inplace * 1e6,
+            algbw_inplace=algbw_ip,
+            busbw_inplace=algbw_ip * factor,
+            ratio=ratio,
+            rel_err=m.rel_err,
+            native_time_us=None if native is None else native.time_s * 1e6,
+            speedup=None if native is None else native.time_s / m.time_s,
+            peak_staging_bytes=m.peak_staging_bytes,
+        )
+
+    def run_size(
+        self,
+        count: int,
+        variants: list[tuple[str, str]],
+        codecs: dict[str, Any],
+        native_ok: bool,
+        progress: Callable[[str], None],
+    ) -> list[Row]:
+        """Measure the native baseline and every variant at ``count`` elements."""
+        rank, nranks = self.mpi.Get_rank(), self.mpi.Get_size()
+        bufs = make_buffers(
+            self.spec, count, self.dtype, self.op, rank, nranks, self.xp, self.check
+        )
+        identity = codecs["identity"]
+        progress("native")
+        native = self.measure(bufs, "native", identity) if native_ok else None
+        measured: dict[tuple[str, str], Measurement] = {}
+        for algorithm, name in variants:
+            progress(f"{algorithm}/{name}")
+            if algorithm == "native" and native is not None:
+                measured[algorithm, name] = native
+            else:
+                measured[algorithm, name] = self.measure(bufs, algorithm, codecs[name])
+        identity_bytes: dict[str, int] = {}
+        for algorithm, _ in variants:
+            if algorithm != "native" and algorithm not in identity_bytes:
+                m = measured.get((algorithm, "identity"))
+                identity_bytes[algorithm] = (
+                    m.bytes_sent if m else self.bytes_sent_once(bufs, algorithm, identity)
+                )
+        return [
+            self.row(count, alg, name, m, native, identity_bytes.get(alg))
+            for (alg, name), m in measured.items()
+        ]
+
+
+# ---------------------------------------------------------------------- the commands
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """nccl-tests' flags, then coccl's."""
+    add = parser.add_argument
+    # fmt: off
+    add("-b", "--minbytes", type=parse_size, default=parse_size("32M"),
+        help="smallest size in bytes, K/M/G suffixes are binary (default 32M)")
+    add("-e", "--maxbytes", type=parse_size, default=parse_size("32M"),
+        help="largest size in bytes (default 32M)")
+    add("-f", "--stepfactor", type=positive_int, default=2,
+        help="size multiplier from one step to the next (default 2)")
+    add("-n", "--iters", type=positive_int, default=20, help="timed calls per size (default 20)")
+    add("-w", "--warmup_iters", type=int, default=5, help="warm-up calls per size (default 5)")
+    add("-c", "--check", type=int, choices=(0, 1), default=1,
+        help="1: measure rel_err against an exact float64 reduction (default 1)")
+    add("-d", "--datatype", type=datatype, default=np.dtype(np.float32),
+        help="float32 (float), float16 (half), bfloat16, float64 (double), int8, ..., "
+             "uint64 (default float32)")
+    add("-o", "--op", choices=OPS, default="sum", help="reduction op (default sum)")
+    add("--backend", choices=("auto", "mpi", "nccl"), default="auto",
+        help="coccl.init backend: the transport of device data (default auto)")
+    add("--algorithm", type=comma_list, default=["ring", "two_shot"],
+        help="comma-separated algorithms to compare (default ring,two_shot)")
+    add("--compressor", type=comma_list, default=["identity"],
+        help="comma-separated compressors to compare, e.g. identity,taco,int8")
+    add("--chunk-bytes", type=parse_size, default=None,
+        help="pipeline chunk size (default: COCCL_CHUNK_BYTES)")
+    add("--device", choices=("cpu", "gpu"), default="cpu",
+        help="cpu: numpy buffers; gpu: CuPy buffers on GPU (local rank %% GPUs)")
+    add("--json", metavar="PATH", help="write the results as JSON")
+    add("--plot", metavar="PATH", help="draw busbw and latency against size (PNG)")
+    add("--no-progress", action="store_true", help="no progress line on the terminal")
+    # fmt: on
+
+
+def validate(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags taken together, if anything."""
+    if args.minbytes < 1:
+        return f"-b/--minbytes must be at least 1 byte, got {args.minbytes}"
+    if args.minbytes > args.maxbytes:
+        return f"-b/--minbytes {args.minbytes} is larger than -e/--maxbytes {args.maxbytes}"
+    if args.warmup_iters < 0:
+        return f"-w/--warmup_iters must be >= 0, got {args.warmup_iters}"
+    if args.chunk_bytes is not None and args.chunk_bytes < 1:
+        return "--chunk-bytes must be at least 1"
+    return None
+
+
+def _register(spec: Spec, perf: str) -> None:
+    @command(
+        spec.name,
+        help=f"{spec.name} sweep (as nccl-tests' {perf})",
+        arguments=add_arguments,
+        validate=validate,
+    )
+    def sweep(args: argparse.Namespace) -> int:
+        return run(spec, args)
+
+
+_register(ALLREDUCE, "all_reduce_perf")
+_register(REDUCE_SCATTER, "reduce_scatter_perf")
+_register(ALLGATHER, "all_gather_perf")
+
+
+def run(spec: Spec, args: argparse.Namespace) -> int:
+    """One sweep, on every rank; rank 0 prints the table and writes the files."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    mpi = MPI.COMM_WORLD
+    comm = None
+    try:
+        xp, sync, device = _select_device(mpi, args.device)
+        comm = coccl.init(mpi, backend=args.backend)
+        codecs = _codecs(args.compressor)
+        variants, notes = _variants(args.algorithm, args.compressor)
+        sweep = Sweep(
+            spec,
+            comm,
+            mpi,
+            xp,
+            args.datatype,
+            args.op if spec.reduces else "sum",
+            args.iters,
+            args.warmup_iters,
+            bool(args.check),
+            args.chunk_bytes,
+            sync,
+        )
+        native_ok = _probe(sweep, variants, codecs)
+        _preflight(mpi, args)
+    except (UsageError, coccl.CocclError) as exc:
+        return _refuse(mpi, comm, str(exc))
+    try:
+        _sweep(sweep, args, variants, codecs, native_ok, notes, _metadata(sweep, args, device))
+    finally:
+        comm.close()
+    return 0
+
+
+def _sweep(
+    sweep: Sweep,
+    args: argparse.Namespace,
+    variants: list[tuple[str, str]],
+    codecs: dict[str, Any],
+    native_ok: bool,
+    notes: list[str],
+    meta: dict[str, Any],
+) -> None:
+    nranks, rank0 = sweep.mpi.Get_size(), sweep.mpi.Get_rank() == 0
+    sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    counts, skipped = sweep_counts(sweep.spec, sizes, sweep.dtype.itemsize, nranks)
+    if skipped:
+        per_rank = " per rank" if sweep.spec.sharded else ""
+        skipped_text = ", ".join(f"{s} B" for s in skipped)
+        notes.append(f"skipped sizes below one element{per_rank}: {skipped_text}")
+    # Work of a size ~ calls x (bytes + a fixed cost per call): what the progress counts.
+    steps = len(variants) + 1
+    calls = (2 * sweep.iters + sweep.warmup + 2) * steps
+    work = [(count * sweep.dtype.itemsize + 65536) * calls for count in counts]
+    where = "none" if args.no_progress or not rank0 else launch.progress_stream()
+    stream = sys.stdout if where == "stdout" else sys.stderr
+    progress = Progress(sum(work), enabled=where != "none", stream=stream)
+    say = _Say(rank0, progress)
+    _print_preamble(say, sweep, meta, notes)
+    rows: list[Row] = []
+    done = 0.0
+    for count, step in zip(counts, work, strict=True):
+        label = f"{sweep.spec.name} {human_size(count * sweep.dtype.itemsize)}"
+        tick = _ticker(progress, done, step / steps, label)
+        for row in sweep.run_size(count, variants, codecs, native_ok, tick):
+            rows.append(row)
+            say(format_row(row))
+        done += step
+    say(format_summary(rows))
+    if rank0 and args.json:
+        write_json(args.json, meta, rows)
+        say(f"# JSON written to {args.json}")
+    if rank0 and args.plot:
+        from .plot import plot_sweep  # noqa: PLC0415
+
+        plot_sweep(args.plot, meta, rows)
+        say(f"# plot written to {args.plot}")
+
+
+def _ticker(progress: Progress, start: float, step: float, label: str) -> Callable[[str], None]:
+    """``tick(what)``: one more measurement of a size starts (``step`` work each)."""
+    started = 0
+
+    def tick(what: str) -> None:
+        nonlocal started
+        progress.update(start + step * started, f"{label} {what}")
+        started += 1
+
+    return tick
+
+
+# ---------------------------------------------------------------------- set-up steps
+def _select_device(mpi: Any, device: str) -> tuple[Any, Callable[[], None], dict[str, Any]]:
+    """``(xp, sync, description)``. For ``gpu`` the rank's GPU (local rank % GPUs) is
+    made current before ``coccl.init``, so that coccl and CuPy agree on it."""
+    if device == "cpu":
+        return np, timing.no_sync, {"gpu": None}
+    problem = ""
+    try:
+        import cupy as cp  # noqa: PLC0415
+
+        ndev = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no CuPy, no driver
+        ndev, problem = 0, f": {type(exc).__name__}: {exc}"
+    missing = mpi.allreduce(int(ndev == 0))
+    if missing:
+        raise UsageError(
+            f"--device gpu needs CuPy and a CUDA GPU; {missing} rank(s) have none{problem}"
+        )
+    from mpi4py import MPI  # noqa: PLC0415
+
+    local = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    device_id = local.Get_rank() % ndev
+    local.Free()
+    cp.cuda.Device(device_id).use()
+    name = cp.cuda.runtime.getDeviceProperties(device_id)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return cp, timing.device_sync(), {"gpu": name, "gpu_id": device_id}
+
+
+def _codecs(names: list[str]) -> dict[str, Any]:
+    """Each named compressor (and identity, the reference of the ratio), built once."""
+    codecs = {}
+    for name in dict.fromkeys(["identity", *names]):
+        try:
+            codecs[name] = coccl.get_compressor(name)
+        except Exception as exc:  # unknown, or its module failed to import
+            raise UsageError(f"compressor {name!r} is not available: {exc}") from None
+    return codecs
+
+
+def _variants(
+    algorithms: list[str], compressors: list[str]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (algorithm, compressor) pairs to run, and notes on pairs left out."""
+    variants, notes = [], []
+    for algorithm in algorithms:
+        for name in compressors:
+            if algorithm == "native" and name != "identity":
+                notes.append(f"native takes identity only: native/{name} left out")
+            else:
+                variants.append((algorithm, name))
+    if not variants:
+        raise UsageError("no (algorithm, compressor) pair left to run")
+    return variants, notes
+
+
+def _probe(sweep: Sweep, variants: list[tuple[str, str]], codecs: dict[str, Any]) -> bool:
+    """Run every pair on an empty buffer, so that an unknown algorithm or an unsupported
+    dtype/op is refused before the sweep starts (coccl refuses before any byte moves,
+    on every rank alike). Returns whether the native baseline runs with this dtype/op."""
+    x = sweep.xp.empty(0, dtype=sweep.dtype)
+
+    def problem(algorithm: str, codec: Any) -> str | None:
+        try:
+            sweep.caller(algorithm, codec, x, None)()
+        except (ValueError, TypeError) as exc:
+            return str(exc)
+        return None
+
+    for algorithm, name in variants:
+        message = problem(algorithm, codecs[name])
+        if message is not None:
+            raise UsageError(f"--algorithm {algorithm} --compressor {name}: {message}")
+    return problem("native", codecs["identity"]) is None
+
+
+def _preflight(mpi: Any, args: argparse.Namespace) -> None:
+    """Rank 0 checks that it can write its outputs before a long sweep starts."""
+    problem = None
+    if mpi.Get_rank() == 0:
+        for path in (args.json, args.plot):
+            parent = os.path.dirname(os.path.abspath(path)) if path else None
+            if parent and not os.path.isdir(parent):
+                problem = f"cannot write {path}: {parent} is not a directory"
+        if args.plot and problem is None:
+            try:
+                import matplotlib  # noqa: F401, PLC0415
+            except ImportError:
+                problem = "--plot needs matplotlib (pip install matplotlib)"
+    problem = mpi.bcast(problem, root=0)
+    if problem:
+        raise UsageError(problem)
+
+
+def _refuse(mpi: Any, comm: Any, message: str) -> int:
+    """End a request that every rank refuses alike: rank 0 says why and every rank
+    returns 2. MPI is finalized here so that ``python -m mpi4py`` ends the job quietly
+    rather than aborting it as it does for an error on one rank."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    if mpi.Get_rank() == 0:
+        print(f"coccl-bench: error: {message}", file=sys.stderr, flush=True)
+    if comm is not None:
+        comm.close()
+    mpi.Barrier()
+    sys.stdout.flush()
+    MPI.Finalize()
+    return EXIT_USAGE
+
+
+# -------------------------------------------------------------------------- output
+def _metadata(sweep: Sweep, args: argparse.Namespace, device: dict[str, Any]) -> dict[str, Any]:
+    """The JSON record's header (a collective call; only rank 0's is filled in)."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    mpi = sweep.mpi
+    here = provenance(coccl.__file__)
+    ranks = mpi.gather(
+        {
+            "rank": mpi.Get_rank(),
+            "hostname": here["hostname"],
+            "pid": os.getpid(),
+            "cpu": here["cpu"],
+            **device,
+        },
+        root=0,
+    )
+    if mpi.Get_rank() != 0:
+        return {}
+    command_line, launcher = launch.invocation(args.argv)
+    return {
+        "collective": sweep.spec.name,
+        "nranks": mpi.Get_size(),
+        "backend": sweep.comm.backend,
+        "device": args.device,
+        "command": command_line,
+        "launcher": launcher,
+        **here,
+        "gpu": device["gpu"],
+        "datatype": sweep.dtype.name,
+        "op": sweep.op if sweep.spec.reduces else "none",
+        "iters": sweep.iters,
+        "warmup_iters": sweep.warmup,
+        "check": int(sweep.check),
+        "chunk_bytes": sweep.chunk_bytes,
+        "bus_factor": sweep.spec.bus_factor(mpi.Get_size()),
+        "algorithms": args.algorithm,
+        "compressors": {name: coccl.get_compressor(name).get_config() for name in args.compressor},
+        "coccl_version": coccl.__version__,
+        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "environment": {
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith("COCCL_") and not k.startswith("COCCL_BENCH_")
+        },
+        "ranks": ranks,
+    }
+
+
+class _Say:
+    """Rank 0's printer: a line to stdout, the progress line erased first."""
+
+    def __init__(self, enabled: bool, progress: Progress) -> None:
+        self.enabled = enabled
+        self.progress = progress
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            self.progress.clear()
+            print(text, flush=True)
+
+
+def _print_preamble(say: _Say, sweep: Sweep, meta: dict[str, Any], notes: list[str]) -> None:
+    if not say.enabled:
+        return
+    chunk = sweep.chunk_bytes if sweep.chunk_bytes is not None else "default"
+    dirty = " (with uncommitted changes)" if meta["commit_dirty"] else ""
+    say(
+        f"# coccl-bench {meta['collective']}: nranks {meta['nranks']}, backend "
+        f"{meta['backend']}, device {meta['device']}, datatype {meta['datatype']}, "
+        f"op {meta['op']}"
+    )
+    say(
+        f"# iters {sweep.iters}, warmup {sweep.warmup}, check {int(sweep.check)}, "
+        f"chunk_bytes {chunk}; time = median of each rank, slowest rank"
+    )
+    say(f"# command: {meta['command']}")
+    say(f"# commit {meta['commit']}{dirty}, {meta['date']}")
+    for r in meta["ranks"]:
+        where = f"gpu {r['gpu_id']} {r['gpu']}" if r.get("gpu") else f"cpu {r['cpu']}"
+        say(f"#  Rank {r['rank']:2d} Pid {r['pid']:7d} on {r['hostname']} {where}")
+    for note in notes:
+        say(f"# note: {note}")
+    say("#")
+    say(format_header())

@@ -1,0 +1,473 @@
+"""Tests of ``coccl-bench``: argument parsing, byte counts and bus factors, the table and
+JSON writers on fake rows, the plot, and end-to-end sweeps launched with ``--np``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from coccl.bench import cli, launch
+from coccl.bench.collective import (
+    ALLGATHER,
+    ALLREDUCE,
+    REDUCE_SCATTER,
+    exact_reduction,
+    rank_data,
+    sweep_counts,
+    sweep_sizes,
+    worst,
+)
+from coccl.bench.table import (
+    Progress,
+    Row,
+    format_header,
+    format_row,
+    format_table,
+    to_record,
+    write_json,
+)
+
+ROW_FIELDS = {
+    "size",
+    "count",
+    "type",
+    "redop",
+    "algorithm",
+    "compressor",
+    "time_us",
+    "algbw",
+    "busbw",
+    "time_us_inplace",
+    "algbw_inplace",
+    "busbw_inplace",
+    "ratio",
+    "rel_err",
+    "native_time_us",
+    "speedup",
+    "peak_staging_bytes",
+}
+META_FIELDS = {
+    "collective",
+    "nranks",
+    "backend",
+    "device",
+    "command",
+    "date",
+    "commit",
+    "hostname",
+    "cpu",
+    "gpu",
+    "rows",
+}
+
+
+# ---------------------------------------------------------------------- parsing
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8", 8),
+        ("0", 0),
+        ("1K", 1024),
+        ("1k", 1024),
+        ("64M", 64 << 20),
+        ("2G", 2 << 30),
+        ("4KiB", 4096),
+        ("16MB", 16 << 20),
+        ("1.5K", 1536),
+        (" 32M ", 32 << 20),
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert cli.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "K", "8X", "-1", "1.3", "1e3", "1KK"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.parse_size(text)
+
+
+def test_comma_list_and_datatype() -> None:
+    assert cli.comma_list("ring, two_shot,ring") == ["ring", "two_shot"]
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.comma_list(" , ")
+    assert cli.datatype("half") == np.float16
+    assert cli.datatype("float") == np.float32
+    assert cli.datatype("bfloat16").name == "bfloat16"
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.datatype("complex64")
+
+
+def test_subcommands_registered() -> None:
+    parser = cli.build_parser()
+    assert {"allreduce", "reduce_scatter", "allgather"} <= set(cli.COMMANDS)
+    args = parser.parse_args(
+        [
+            "allreduce",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "4",
+            "-n",
+            "3",
+            "-w",
+            "0",
+            "-c",
+            "0",
+            "-d",
+            "bfloat16",
+            "-o",
+            "avg",
+            "--algorithm",
+            "ring,two_shot",
+            "--compressor",
+            "identity,taco",
+            "--chunk-bytes",
+            "64K",
+            "--np",
+            "2",
+        ]
+    )
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (1024, 65536, 4)
+    assert (args.iters, args.warmup_iters, args.check, args.op) == (3, 0, 0, "avg")
+    assert args.algorithm == ["ring", "two_shot"]
+    assert args.compressor == ["identity", "taco"]
+    assert (args.chunk_bytes, args.np) == (65536, 2)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["allreduce", "-o", "xor"],
+        ["allreduce", "-c", "2"],
+        ["allreduce", "-n", "0"],
+        ["allreduce", "-b", "1M", "-e", "1K"],
+        ["allreduce", "-b", "0"],
+        ["allreduce", "--np", "0"],
+        ["allreduce", "--device", "tpu"],
+        ["nonsense"],
+    ],
+)
+def test_bad_flags_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+
+
+def test_command_registry() -> None:
+    def add(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--x", type=int, default=1)
+
+    @cli.command("_test_cmd", help="a test", arguments=add, mpi=False)
+    def run(args: argparse.Namespace) -> int:
+        return args.x + 40
+
+    try:
+        assert cli.main(["_test_cmd", "--x", "2"]) == 42
+        with pytest.raises(ValueError, match="registered twice"):
+            cli.command("_test_cmd", help="again", arguments=add)(run)
+        with pytest.raises(SystemExit):  # not an MPI command: no --np
+            cli.main(["_test_cmd", "--np", "2"])
+    finally:
+        del cli.COMMANDS["_test_cmd"]
+
+
+def test_strip_np() -> None:
+    argv = ["allreduce", "--np", "4", "-b", "8", "--np=2", "--json", "x.json"]
+    assert launch.strip_np(argv) == ["allreduce", "-b", "8", "--json", "x.json"]
+
+
+# ---------------------------------------------------------- sizes and bandwidth
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 8])
+def test_bus_factors(nranks: int) -> None:
+    n = nranks
+    assert ALLREDUCE.bus_factor(n) == pytest.approx(2 * (n - 1) / n)
+    assert REDUCE_SCATTER.bus_factor(n) == pytest.approx((n - 1) / n)
+    assert ALLGATHER.bus_factor(n) == pytest.approx((n - 1) / n)
+
+
+def test_sweep_sizes() -> None:
+    assert sweep_sizes(8, 64, 2) == [8, 16, 32, 64]
+    assert sweep_sizes(8, 100, 4) == [8, 32]
+    assert sweep_sizes(1 << 20, 1 << 20, 2) == [1 << 20]
+
+
+def test_sweep_counts_round_and_skip() -> None:
+    sizes = sweep_sizes(1, 64, 2)  # 1, 2, 4, ..., 64 bytes
+    counts, skipped = sweep_counts(ALLREDUCE, sizes, 4, 3)
+    assert counts == [1, 2, 4, 8, 16] and skipped == [1, 2]
+    counts, skipped = sweep_counts(REDUCE_SCATTER, sizes, 4, 3)
+    assert counts == [3, 6, 15] and skipped == [1, 2, 4, 8]  # 16 B = 4 elems -> 3
+    assert all(c % 3 == 0 for c in counts)
+    counts, _ = sweep_counts(ALLGATHER, [24, 28, 48], 4, 3)
+    assert counts == [6, 12]  # 24 B and 28 B both round to 6 elements: measured once
+
+
+# ----------------------------------------------------------------------- data
+def test_rank_data_is_deterministic() -> None:
+    a = rank_data(1, 1000, np.dtype(np.float32))
+    assert np.array_equal(a, rank_data(1, 1000, np.dtype(np.float32)))
+    assert not np.array_equal(a, rank_data(2, 1000, np.dtype(np.float32)))
+    ints = rank_data(0, 1000, np.dtype(np.int8))
+    assert ints.dtype == np.int8 and ints.min() >= -2 and ints.max() <= 2
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
+def test_exact_reduction(op: str) -> None:
+    parts = [np.array([1.5, -2.0, 3.0]), np.array([0.5, 4.0, -1.0])]
+    f = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+    expected = f[op](parts[0], parts[1]) / (2 if op == "avg" else 1)
+    got = exact_reduction(iter(parts), op, np.dtype(np.float32), 2)
+    assert got.dtype == np.float64 and np.array_equal(got, expected)
+
+
+def test_exact_reduction_integer_avg_truncates_toward_zero() -> None:
+    parts = [np.array([-3, 3, 2], np.int32), np.array([0, 0, 1], np.int32)]
+    got = exact_reduction(parts, "avg", np.dtype(np.int32), 2)
+    assert got.tolist() == [-1.0, 1.0, 1.0]
+
+
+def test_worst_keeps_nan() -> None:
+    assert worst([1e-3, None, 2e-3]) == 2e-3
+    assert math.isnan(worst([1e-3, math.nan]))
+    assert worst([None, None]) is None
+
+
+# ----------------------------------------------------------- table and JSON
+def fake_row(**changes: object) -> Row:
+    row = Row(
+        size=1 << 20,
+        count=1 << 18,
+        type="float32",
+        redop="sum",
+        algorithm="two_shot",
+        compressor="taco",
+        time_us=812.5,
+        algbw=1.29,
+        busbw=1.94,
+        time_us_inplace=799.0,
+        algbw_inplace=1.31,
+        busbw_inplace=1.97,
+        ratio=0.2656,
+        rel_err=3.1e-3,
+        native_time_us=1500.0,
+        speedup=1.846,
+        peak_staging_bytes=4 << 20,
+    )
+    for key, value in changes.items():
+        setattr(row, key, value)
+    return row
+
+
+def test_table_lines_align() -> None:
+    header = format_header().splitlines()
+    assert len(header) == 3 and all(line.startswith("#") for line in header)
+    for title in ("size", "count", "redop", "algbw", "busbw", "ratio", "rel_err", "speedup"):
+        assert title in header[1]
+    assert "out-of-place" in header[0] and "in-place" in header[0]
+    line = format_row(fake_row())
+    assert len(line) == len(header[1])
+    assert line.split() == [
+        "1048576",
+        "262144",
+        "float32",
+        "sum",
+        "two_shot",
+        "taco",
+        "812.50",
+        "1.29",
+        "1.94",
+        "799.00",
+        "1.31",
+        "1.97",
+        "0.266",
+        "3.10e-03",
+        "1500.00",
+        "1.85",
+    ]
+
+
+def test_table_missing_values() -> None:
+    line = format_row(fake_row(ratio=None, rel_err=None, native_time_us=None, speedup=None))
+    assert line.split()[-4:] == ["N/A", "N/A", "N/A", "N/A"]
+    huge = format_row(fake_row(time_us=123456789.0))
+    assert "123456789" in huge
+    table = format_table([fake_row(), fake_row(algorithm="ring", busbw=1.0)])
+    assert table.splitlines()[-1].startswith("# Avg bus bandwidth")
+    assert "two_shot/taco 1.940" in table and "ring/taco 1.000" in table
+
+
+def test_write_json(tmp_path: Path) -> None:
+    meta = {"collective": "allreduce", "nranks": 4}
+    path = tmp_path / "out.json"
+    write_json(path, meta, [fake_row(), fake_row(rel_err=math.nan, ratio=None)])
+    record = json.loads(path.read_text())
+    assert record["collective"] == "allreduce" and len(record["rows"]) == 2
+    assert set(record["rows"][0]) == ROW_FIELDS
+    assert record["rows"][1]["rel_err"] == "nan"  # a divergence stays visible
+    assert record["rows"][1]["ratio"] is None
+    assert to_record(meta, [])["rows"] == []
+
+
+def test_progress(tmp_path: Path) -> None:
+    quiet = (tmp_path / "quiet").open("w")
+    Progress(10, enabled=False, stream=quiet).update(5, "x")
+    quiet.close()
+    assert (tmp_path / "quiet").read_text() == ""
+    path = tmp_path / "shown"
+    with path.open("w", newline="") as stream:
+        progress = Progress(10, enabled=True, stream=stream, delay_s=0)
+        progress.update(5, "allreduce 1 MiB ring/taco")
+        progress.clear()
+    text = path.read_bytes().decode()
+    assert "50%" in text and "ring/taco" in text and text.endswith("\r\033[K")
+
+
+def test_plot_fake_rows(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from coccl.bench.plot import plot_sweep
+
+    rows = [
+        fake_row(size=s, algorithm=a, busbw=s / 1e6, time_us=10 + s / 1e3)
+        for s in (8, 1024, 1 << 20, 16 << 20)
+        for a in ("ring", "two_shot")
+    ]
+    path = tmp_path / "plot.png"
+    plot_sweep(path, {"collective": "allreduce", "nranks": 4, "bus_factor": 1.5}, rows)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------- end to end
+def bench_command() -> list[str]:
+    script = Path(sys.executable).parent / "coccl-bench"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("coccl-bench")
+    return [found] if found else [sys.executable, "-m", "coccl.bench.cli"]
+
+
+def run_bench(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COCCL_BENCH_")}
+    for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
+        env.pop(name, None)  # a test run under mpiexec still launches its own job
+    return subprocess.run(
+        [*bench_command(), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def check_record(record: dict, collective: str, nranks: int, variants: set[tuple]) -> None:
+    assert META_FIELDS <= set(record)
+    assert record["collective"] == collective and record["nranks"] == nranks
+    assert record["backend"] == "mpi" and record["device"] == "cpu"
+    assert "--np" in record["command"] and "--np" in record["launcher"]
+    rows = record["rows"]
+    assert rows and all(set(row) == ROW_FIELDS for row in rows)
+    assert {(r["algorithm"], r["compressor"]) for r in rows} == variants
+    factor = 2 * (nranks - 1) / nranks if collective == "allreduce" else (nranks - 1) / nranks
+    for row in rows:
+        assert row["count"] % (1 if collective == "allreduce" else nranks) == 0
+        assert row["size"] == row["count"] * 4
+        assert row["time_us"] > 0 and row["time_us_inplace"] > 0
+        assert row["algbw"] == pytest.approx(row["size"] / row["time_us"] / 1e3)
+        assert row["busbw"] == pytest.approx(row["algbw"] * factor)
+        assert row["native_time_us"] > 0
+        assert row["speedup"] == pytest.approx(row["native_time_us"] / row["time_us"])
+        assert row["rel_err"] < 1e-6  # identity: float32 rounding of the sum only
+        if row["compressor"] == "identity":
+            assert row["ratio"] == pytest.approx(1.0)
+
+
+@pytest.mark.mpi
+def test_allreduce_end_to_end(tmp_path: Path) -> None:
+    proc = run_bench(
+        [
+            "allreduce",
+            "--np",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--algorithm",
+            "ring,two_shot",
+            "--compressor",
+            "identity",
+            "--json",
+            "tmp.json",
+            "--plot",
+            "tmp.png",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((tmp_path / "tmp.json").read_text())
+    check_record(record, "allreduce", 2, {("ring", "identity"), ("two_shot", "identity")})
+    assert [r["size"] for r in record["rows"][::2]] == [1 << k for k in range(10, 17)]
+    assert (tmp_path / "tmp.png").read_bytes()[:4] == b"\x89PNG"
+    lines = proc.stdout.splitlines()
+    assert any("out-of-place" in line for line in lines)
+    assert sum(not line.startswith("#") for line in lines) == 14  # rank 0 prints, once
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_sharded_collectives_end_to_end(collective: str, tmp_path: Path) -> None:
+    proc = run_bench(
+        [
+            collective,
+            "--np",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "4K",
+            "-f",
+            "8",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--algorithm",
+            "ring,two_shot,native",
+            "--json",
+            "out.json",
+            "--no-progress",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((tmp_path / "out.json").read_text())
+    variants = {("ring", "identity"), ("two_shot", "identity"), ("native", "identity")}
+    check_record(record, collective, 2, variants)
+    assert sorted({r["size"] for r in record["rows"]}) == [8, 64, 512, 4096]
+
+
+@pytest.mark.mpi
+def test_unknown_compressor_fails_cleanly(tmp_path: Path) -> None:
+    proc = run_bench(
+        ["allreduce", "--np", "2", "-b", "8", "-e", "8", "--compressor", "identity,nope"],
+        tmp_path,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "compressor 'nope' is not available" in proc.stderr
+    assert proc.stderr.count("coccl-bench: error") == 1  # said once, by rank 0
