@@ -251,6 +251,7 @@ class Sweep:
     check: bool
     chunk_bytes: int | None
     sync: Callable[[], None]
+    overlap_min: int = 0  # measure overlap efficiency from this size on (0: never)
 
     def caller(self, algorithm: str, codec: Any, x: Any, out: Any) -> Callable[[], Any]:
         """A no-argument function that runs the collective once on ``x`` into ``out``."""
@@ -373,10 +374,29 @@ class Sweep:
                 identity_bytes[algorithm] = (
                     m.bytes_sent if m else self.bytes_sent_once(bufs, algorithm, identity)
                 )
-        return [
+        rows = [
             self.row(count, alg, name, m, native, identity_bytes.get(alg))
             for (alg, name), m in measured.items()
         ]
+        if self.overlap_min and count * self.dtype.itemsize >= self.overlap_min:
+            for row in rows:
+                if row.algorithm in ("ring", "two_shot") and row.compressor != "identity":
+                    progress(f"overlap {row.algorithm}/{row.compressor}")
+                    row.overlap_efficiency = self.overlap(bufs, row.algorithm, codecs[row.compressor])
+        return rows
+
+    def overlap(self, bufs: Buffers, algorithm: str, codec: Any) -> float:
+        """Overlap efficiency of the pipelined call (see Communicator.overlap_profile)."""
+        profile = self.comm.overlap_profile(
+            self.spec.name,
+            bufs.x,
+            algorithm=algorithm,
+            compressor=codec,
+            chunk_bytes=self.chunk_bytes,
+            iters=max(3, min(self.iters, 5)),
+            op=self.op,
+        )
+        return float(profile["overlap_efficiency"])
 
 
 # ---------------------------------------------------------------------- the commands
@@ -411,6 +431,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--json", metavar="PATH", help="write the results as JSON")
     add("--plot", metavar="PATH", help="draw busbw and latency against size (PNG)")
     add("--no-progress", action="store_true", help="no progress line on the terminal")
+    add("--overlap-min", type=parse_size, default=0,
+        help="from this size on, also measure each compressed schedule's overlap "
+             "efficiency: max(codec-only, transport-only) / pipelined time (default: off)")
     # fmt: on
 
 
@@ -466,6 +489,7 @@ def run(spec: Spec, args: argparse.Namespace) -> int:
             bool(args.check),
             args.chunk_bytes,
             sync,
+            args.overlap_min,
         )
         native_ok = _probe(sweep, variants, codecs)
         _preflight(mpi, args)

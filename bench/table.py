@@ -45,6 +45,8 @@ class Row:
         speedup: ``native_time_us / time_us``.
         peak_staging_bytes: peak extra pool memory (host + pinned + device) a rank's
             pipeline held during this row's calls, largest over ranks.
+        overlap_efficiency: ``max(codec-only, transport-only) / pipelined`` time from
+            ``Communicator.overlap_profile`` (None unless measured: ``--overlap-min``).
     """
 
     size: int
@@ -64,6 +66,7 @@ class Row:
     native_time_us: float | None
     speedup: float | None
     peak_staging_bytes: int
+    overlap_efficiency: float | None = None
 
 
 # (title, unit, width) of each column, in order; the first two lines of the header.
@@ -84,6 +87,7 @@ _COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("rel_err", "", 9),
     ("native", "(us)", 11),
     ("speedup", "", 7),
+    ("overlap", "", 7),
 )
 _GROUPS = (("out-of-place", 6, 9), ("in-place", 9, 12))  # (title, first col, end col)
 
@@ -139,6 +143,7 @@ def format_row(row: Row) -> str:
         rel_err,
         _num(row.native_time_us, 2, 11),
         _num(row.speedup, 2, 7),
+        "-" if row.overlap_efficiency is None else _num(row.overlap_efficiency, 2, 7),
     ]
     return " " + _line(cells)
 

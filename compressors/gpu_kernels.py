@@ -1,0 +1,316 @@
+"""CUDA kernels of the ``taco`` and ``int8`` codecs, for CuPy arrays.
+
+The GPU twin of ``cpu_kernels``: the same four functions with the same signatures, on flat
+contiguous CuPy arrays, producing payloads and decoded values that are bitwise identical
+to the CPU kernels' (FORMAT.md's canonical float32 arithmetic). The CUDA source is
+``codec_kernels.cu`` beside this file; each variant (operation, group size, dtype, FP8
+format, switches) is compiled on first use by NVRTC through ``cupy.RawModule`` with
+``-D`` defines, cached per device in this process and on disk by CuPy. Kernels run on
+CuPy's current stream of the arrays' device.
+
+Importing this module touches neither CuPy nor the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["int8_decode", "int8_encode", "taco_decode", "taco_encode"]
+
+_SOURCE_PATH = Path(__file__).with_name("codec_kernels.cu")
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2}
+_FMT = {"e4m3": 0, "e5m2": 1}
+_TACO_GROUPS = (32, 64, 128, 256, 512)
+_INT8_FAST_GROUPS = (32, 64, 128, 256, 512, 1024)
+_TILE = 1024  # elements one warp handles per step in the fast kernels
+
+_OP_TACO_ENC, _OP_TACO_DEC, _OP_INT8_ENC, _OP_INT8_DEC = 1, 2, 3, 4
+_OP_INT8_ENC_ANY, _OP_INT8_DEC_ANY = 5, 6
+
+# Launch tuning, per kernel kind (encode, decode, accumulate = decode-accumulate).
+# ``resident``: threads per SM that the register budget is sized for (``__launch_bounds__``
+# min blocks = resident // threads): 1024 keeps encode and plain decode at 64 registers
+# without spills, 512 gives decode-accumulate its ~120 registers. ``stage``: 1 stages
+# global accesses through shared memory so that they are fully coalesced, 0 lets each
+# lane access its own 32 elements directly. ``prefetch`` (encode only): load the next tile
+# while computing this one. bench/NOTES.md records the measurements behind the defaults.
+_TUNING: dict[str, Any] = {
+    "threads": 256,
+    "stage": {"encode": 0, "decode": 1, "accumulate": 1},
+    "prefetch": {"encode": 1, "decode": 0, "accumulate": 0},
+    "resident": {"encode": 768, "decode": 1024, "accumulate": 512},
+    "blocks_per_sm": 16,
+    "sw_cvt": 0,
+}
+_KINDS = ("encode", "decode", "accumulate")
+
+_lock = threading.Lock()
+_kernels: dict[tuple, Any] = {}
+_sm_counts: dict[int, int] = {}
+_source: list[str] = []
+_last_kernel: list[Any] = [None]
+
+
+# ----------------------------------------------------------------------- public API
+def taco_encode(
+    x: Any, payload: Any, *, group_size: int, fp8_format: str, ash: bool, dual_scale: bool
+) -> None:
+    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size)."""
+    cp = _cupy()
+    G = _taco_group(group_size)
+    fmt = _fp8_format(fp8_format)
+    xt = _element_type(cp, x, "x")
+    count = int(x.size)
+    K = -(-count // G)
+    _check_payload(cp, payload, _taco_nbytes(K, G, ash, dual_scale), x)
+    if count == 0:
+        return
+    defs = {
+        "OP": _OP_TACO_ENC,
+        "GS": G,
+        "XT": xt,
+        "FMT": fmt,
+        "ASH": int(bool(ash)),
+        "DUAL": int(bool(dual_scale)),
+        "CINV_BITS": _inv_sqrt_bits(G),
+    }
+    _launch(cp, defs, "encode", x, payload, count, K, warps=-(-K * G // _TILE))
+
+
+def taco_decode(
+    payload: Any,
+    out: Any,
+    *,
+    group_size: int,
+    fp8_format: str,
+    ash: bool,
+    dual_scale: bool,
+    accumulate: bool,
+) -> None:
+    """Decode ``payload`` into flat ``out`` (float32/float16/bfloat16); with
+    ``accumulate`` add into ``out`` (float32 only)."""
+    cp = _cupy()
+    G = _taco_group(group_size)
+    fmt = _fp8_format(fp8_format)
+    xt = _element_type(cp, out, "out")
+    _check_accumulate(out, accumulate)
+    count = int(out.size)
+    K = -(-count // G)
+    _check_payload(cp, payload, _taco_nbytes(K, G, ash, dual_scale), out)
+    if count == 0:
+        return
+    defs = {
+        "OP": _OP_TACO_DEC,
+        "GS": G,
+        "XT": xt,
+        "FMT": fmt,
+        "ASH": int(bool(ash)),
+        "DUAL": int(bool(dual_scale)),
+        "ACC": int(bool(accumulate)),
+        "CINV_BITS": _inv_sqrt_bits(G),
+    }
+    kind = "accumulate" if accumulate else "decode"
+    _launch(cp, defs, kind, payload, out, count, K, warps=-(-count // _TILE))
+
+
+def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
+    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size)."""
+    cp = _cupy()
+    G = _int8_group(group_size)
+    xt = _element_type(cp, x, "x")
+    count = int(x.size)
+    K = -(-count // G)
+    _check_payload(cp, payload, count + 4 * K, x)
+    if count == 0:
+        return
+    if G in _INT8_FAST_GROUPS:
+        defs = {"OP": _OP_INT8_ENC, "GS": G, "XT": xt}
+        warps = -(-count // _TILE)
+    else:
+        defs = {"OP": _OP_INT8_ENC_ANY, "GS": G, "XT": xt}
+        warps = K
+    _launch(cp, defs, "encode", x, payload, count, K, warps=warps)
+
+
+def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) -> None:
+    """Decode ``payload`` into flat ``out`` (float32/float16/bfloat16); with
+    ``accumulate`` add into ``out`` (float32 only)."""
+    cp = _cupy()
+    G = _int8_group(group_size)
+    xt = _element_type(cp, out, "out")
+    _check_accumulate(out, accumulate)
+    count = int(out.size)
+    K = -(-count // G)
+    _check_payload(cp, payload, count + 4 * K, out)
+    if count == 0:
+        return
+    op = _OP_INT8_DEC if G in _INT8_FAST_GROUPS else _OP_INT8_DEC_ANY
+    defs = {"OP": op, "GS": G, "XT": xt, "ACC": int(bool(accumulate))}
+    warps = -(-count // (_TILE if op == _OP_INT8_DEC else 32))
+    kind = "accumulate" if accumulate else "decode"
+    _launch(cp, defs, kind, payload, out, count, K, warps=warps)
+
+
+# ------------------------------------------------------------------ validation
+def _cupy() -> Any:
+    try:
+        import cupy  # noqa: PLC0415
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        raise RuntimeError("the GPU codec kernels need CuPy") from exc
+    return cupy
+
+
+def _taco_group(group_size: Any) -> int:
+    G = _as_int(group_size, "group_size")
+    if G not in _TACO_GROUPS:
+        raise ValueError(f"taco group_size must be one of {_TACO_GROUPS}, got {group_size!r}")
+    return G
+
+
+def _int8_group(group_size: Any) -> int:
+    G = _as_int(group_size, "group_size")
+    if G < 1:
+        raise ValueError(f"int8 group_size must be a positive integer, got {group_size!r}")
+    return G
+
+
+def _as_int(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    return int(v)
+
+
+def _fp8_format(fmt: Any) -> int:
+    if fmt not in _FMT:
+        raise ValueError(f"fp8_format must be 'e4m3' or 'e5m2', got {fmt!r}")
+    return _FMT[fmt]
+
+
+def _element_type(cp: Any, a: Any, name: str) -> int:
+    if not isinstance(a, cp.ndarray):
+        raise TypeError(f"{name} must be a cupy.ndarray, got {type(a).__name__}")
+    dtype = np.dtype(a.dtype)
+    if dtype not in _XT:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dtype.name}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return _XT[dtype]
+
+
+def _check_accumulate(out: Any, accumulate: bool) -> None:
+    if accumulate and np.dtype(out.dtype) != np.float32:
+        raise TypeError(f"accumulate=True needs a float32 out, got {np.dtype(out.dtype).name}")
+
+
+def _check_payload(cp: Any, payload: Any, nbytes: int, like: Any) -> None:
+    if not isinstance(payload, cp.ndarray):
+        raise TypeError(f"payload must be a cupy.ndarray, got {type(payload).__name__}")
+    if np.dtype(payload.dtype) != np.uint8:
+        raise TypeError(f"payload must be uint8, got {np.dtype(payload.dtype).name}")
+    if not payload.flags.c_contiguous:
+        raise ValueError("payload must be C-contiguous")
+    if int(payload.size) != nbytes:
+        raise ValueError(f"payload holds {payload.size} bytes; the payload is {nbytes} bytes")
+    if payload.device.id != like.device.id:
+        raise ValueError("payload and data must be on the same device")
+
+
+def _taco_nbytes(K: int, G: int, ash: bool, dual_scale: bool) -> int:
+    return K * G + 4 * K * (int(bool(ash)) + int(bool(dual_scale)))
+
+
+def _inv_sqrt_bits(G: int) -> str:
+    # FORMAT.md: (float)(1 / sqrt(G)), computed in double and rounded once.
+    return f"{int(np.float32(1.0 / math.sqrt(G)).view(np.uint32)):#010x}u"
+
+
+# ---------------------------------------------------------------- compile, launch
+def _read_source() -> str:
+    if not _source:
+        _source.append(_SOURCE_PATH.read_text())
+    return _source[0]
+
+
+def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
+    threads = int(_TUNING["threads"])
+    out = dict(defs)
+    out["THREADS"] = threads
+    out["STAGE"] = int(_TUNING["stage"][kind])
+    out["PREFETCH"] = int(_TUNING["prefetch"][kind])
+    out["MIN_BLOCKS"] = max(1, int(_TUNING["resident"][kind]) // threads)
+    if _TUNING["sw_cvt"]:
+        out["SW_CVT"] = 1
+    return out
+
+
+def _get_kernel(cp: Any, defs: dict[str, Any]) -> Any:
+    key = (cp.cuda.Device().id, tuple(sorted(defs.items())))
+    kern = _kernels.get(key)
+    if kern is None:
+        with _lock:
+            kern = _kernels.get(key)
+            if kern is None:
+                # CuPy adds -arch for the current device (sm_90 on an H200) and -ftz=true;
+                # the kernels do every float operation in inline PTX without .ftz, so the
+                # flag cannot flush subnormals, and --fmad=false keeps anything else from
+                # being contracted.
+                options = ("-std=c++17", "--fmad=false") + tuple(
+                    f"-D{k}={v}" for k, v in sorted(defs.items())
+                )
+                module = cp.RawModule(code=_read_source(), options=options)
+                kern = module.get_function("coccl_codec")
+                _kernels[key] = kern
+    return kern
+
+
+def _sm_count(cp: Any) -> int:
+    dev = cp.cuda.Device()
+    n = _sm_counts.get(dev.id)
+    if n is None:
+        n = int(dev.attributes["MultiProcessorCount"])
+        _sm_counts[dev.id] = n
+    return n
+
+
+def _launch(
+    cp: Any, defs: dict[str, Any], kind: str, src: Any, dst: Any, count: int, K: int, warps: int
+) -> None:
+    with src.device:
+        full = _variant_defines(defs, kind)
+        kern = _get_kernel(cp, full)
+        threads = full["THREADS"]
+        per_block = threads // 32
+        blocks = max(1, min(-(-warps // per_block), _sm_count(cp) * int(_TUNING["blocks_per_sm"])))
+        kern((blocks,), (threads,), (src, dst, np.int64(count), np.int64(K)))
+        _last_kernel[0] = kern
+
+
+# ------------------------------------------------------------- benchmarks' hooks
+def _set_tuning(**changes: Any) -> dict[str, Any]:
+    """Change the launch tuning (threads, stage, resident, blocks_per_sm, sw_cvt: use the
+    software FP8/bf16/f16 conversions instead of the hardware ones); returns the
+    previous values so that a benchmark can restore them."""
+    unknown = set(changes) - set(_TUNING)
+    if unknown:
+        raise ValueError(f"unknown tuning keys {sorted(unknown)}")
+    old = {k: _TUNING[k] for k in changes}
+    for key in ("stage", "prefetch"):  # a single value applies to every kernel kind
+        if key in changes and not isinstance(changes[key], dict):
+            changes[key] = {kind: int(changes[key]) for kind in _KINDS}
+    if "threads" in changes and (changes["threads"] % 32 or not 32 <= changes["threads"] <= 1024):
+        raise ValueError("threads must be a multiple of 32 in 32..1024")
+    _TUNING.update(changes)
+    return old
+
+
+def _last_kernel_attributes() -> dict[str, Any]:
+    """Registers, local memory and shared memory of the last kernel launched."""
+    kern = _last_kernel[0]
+    return {} if kern is None else dict(kern.attributes)

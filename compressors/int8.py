@@ -1,0 +1,95 @@
+"""The int8 codec: per-group absmax scaling to 8-bit integers.
+
+Per group of ``G`` elements, ``scale = absmax / 127`` (float32) and
+``q = round_half_even(x / scale)`` clamped to ±127; the payload is
+``[count int8 q][K float32 scale]`` with ``K = ceil(count / G)`` (FORMAT.md pins the
+float32 arithmetic). A group holding NaN or ±Inf decodes to NaN as a whole.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _dispatch
+from .base import Compressor, register_compressor
+
+GROUP_SIZES = (32, 64, 128, 256, 512)
+
+
+class Int8Layout(NamedTuple):
+    """Where the parts of an int8 payload lie (byte offsets)."""
+
+    groups: int  # K = ceil(count / G)
+    scale_offset: int  # the K float32 scales start here (= count; not 4-aligned in general)
+    nbytes: int  # the whole payload
+
+
+def int8_layout(count: int, group_size: int) -> Int8Layout:
+    """The layout of the int8 payload of ``count`` elements in groups of ``group_size``."""
+    groups = -(-int(count) // int(group_size))
+    return Int8Layout(groups, int(count), int(count) + 4 * groups)
+
+
+def check_group_size(group_size: Any) -> int:
+    """Validate a ``group_size`` option: an int power of two in 32..512."""
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+        raise TypeError(f"group_size must be an int, got {group_size!r}")
+    if int(group_size) not in GROUP_SIZES:
+        raise ValueError(f"group_size must be a power of two in 32..512, got {group_size!r}")
+    return int(group_size)
+
+
+@register_compressor
+class Int8Compressor(Compressor):
+    """INT8 with one float32 absmax scale per group of ``group_size`` elements.
+
+    About 1.03 bytes per element at ``group_size=128``. Not lossless; sums and averages.
+
+    Args:
+        group_size: elements per scale, a power of two from 32 to 512.
+    """
+
+    codec_id = "int8"
+
+    def __init__(self, *, group_size: int = 128) -> None:
+        self.group_size = check_group_size(group_size)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id, "group_size": self.group_size}
+
+    @property
+    def alignment(self) -> int:
+        return self.group_size
+
+    @property
+    def rel_error_bound(self) -> float:  # type: ignore[override]
+        """Worst-case relative L2 error of one group (normal float32 range).
+
+        Each element is off by at most half a step, ``scale / 2 = amax / 254``, so a group's
+        error norm is at most ``sqrt(G) * amax / 254`` while its norm is at least ``amax``.
+        The factor covers the float32 roundings of ``x * (1/scale)``, ``scale`` and the
+        decode product (each ~2^-24 relative).
+        """
+        return math.sqrt(self.group_size) / 254.0 * (1.0 + 1e-4)
+
+    @property
+    def rel_error_typical(self) -> float:  # type: ignore[override]
+        """Relative L2 roundtrip error on Gaussian data (measured, 2^22 samples)."""
+        return _TYPICAL[self.group_size]
+
+    def encoded_nbytes(self, count: int, dtype: Any) -> int:
+        return int8_layout(count, self.group_size).nbytes
+
+    def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
+        _dispatch.encode("int8_encode", x, payload, group_size=self.group_size)
+
+    def decode_into(self, payload: Any, out: Any, dtype: np.dtype, accumulate: bool) -> None:
+        _dispatch.decode("int8_decode", payload, out, accumulate, group_size=self.group_size)
+
+
+# Relative L2 error of one roundtrip on Gaussian N(0, 1) data, 2^22 elements, seed 0, per
+# group size (int8's error grows with a group's expected absmax).
+_TYPICAL = {32: 0.0053, 64: 0.0059, 128: 0.0065, 256: 0.0070, 512: 0.0074}

@@ -1,0 +1,203 @@
+"""An independent float64 reference of the int8 and taco codecs, for the tests.
+
+Written from DESIGN.md's math, not from the kernels: explicit Sylvester Hadamard
+matrices and matrix products, float64 arithmetic, and ml_dtypes for the FP8 rounding.
+The kernels compute in float32 with FORMAT.md's operation order, so the two agree up to
+float32 rounding: scales within a few float32 ulps, FP8 codes equal except, rarely, one
+code step apart where a value lies within float32 rounding of a rounding boundary.
+
+Also here: payload parsers (from FORMAT.md's layouts, independent of the codecs' own
+layout functions) and small helpers shared by the codec tests.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from functools import cache
+
+import ml_dtypes
+import numpy as np
+
+FP8_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+QMAX = {"e4m3": 448.0, "e5m2": 57344.0}
+LAMBDA = 1e-6
+NAN_CODE = 0x7F
+
+
+# ------------------------------------------------------------------------- helpers
+def seed_for(request) -> int:
+    """A seed that differs per test (and per parameter set) but is stable across runs."""
+    return zlib.crc32(request.node.nodeid.encode())
+
+
+def rel_l2(approx: np.ndarray, exact: np.ndarray) -> float:
+    """||approx - exact|| / ||exact|| in float64 (0 when both are zero)."""
+    a = np.asarray(approx, dtype=np.float64)
+    e = np.asarray(exact, dtype=np.float64)
+    norm = np.linalg.norm(e)
+    diff = np.linalg.norm(a - e)
+    return float(diff / norm) if norm > 0 else float(diff)
+
+
+def padded_groups(x: np.ndarray, group_size: int) -> np.ndarray:
+    """x (converted to float32, then float64) as a (K, G) array, the last row zero-padded."""
+    x = np.asarray(x).astype(np.float32).astype(np.float64)
+    k = -(-x.size // group_size)
+    out = np.zeros(k * group_size, dtype=np.float64)
+    out[: x.size] = x
+    return out.reshape(k, group_size)
+
+
+@cache
+def hadamard(n: int) -> np.ndarray:
+    """The n x n Sylvester Hadamard matrix (entries ±1, H @ H = n I), n a power of two."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    h.setflags(write=False)
+    return h
+
+
+def fp8_values(codes: np.ndarray, fmt: str) -> np.ndarray:
+    """The float64 values of fp8 codes, by ml_dtypes."""
+    return np.asarray(codes, dtype=np.uint8).view(FP8_DTYPES[fmt]).astype(np.float64)
+
+
+def fp8_ordinal(codes: np.ndarray) -> np.ndarray:
+    """Signed position of each code on the fp8 number line (±0 both 0), so that codes one
+    rounding step apart differ by exactly 1."""
+    c = np.asarray(codes, dtype=np.int64)
+    return np.where(c & 0x80, -(c & 0x7F), c & 0x7F)
+
+
+def f32_from_bits(bits: int) -> np.float32:
+    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+
+# ---------------------------------------------------------------------------- taco
+@dataclass
+class TacoParts:
+    """The parts of a taco payload (or of the reference's encoding)."""
+
+    codes: np.ndarray  # (K, G) uint8
+    s: np.ndarray  # (K,) scales (ones when the payload has none)
+    alpha: np.ndarray  # (K,) pre-rotation scales (ones when the payload has none)
+
+
+def taco_encode_ref(
+    x: np.ndarray, group_size: int, fp8_format: str, ash: bool, dual_scale: bool
+) -> TacoParts:
+    """DESIGN.md's taco encoding in float64 (scales as float64, codes by ml_dtypes)."""
+    qmax = QMAX[fp8_format]
+    g = group_size
+    xg = padded_groups(x, g)
+    bad = ~np.isfinite(xg).all(axis=1)
+    xg[bad] = 0.0
+    if ash:
+        energy = np.mean(xg * xg, axis=1)
+        alpha = np.clip(qmax / np.sqrt(energy + LAMBDA), 1e-3, 1e3)
+        y = (alpha[:, None] * xg) @ hadamard(g) / np.sqrt(g)
+    else:
+        alpha = np.ones(xg.shape[0])
+        y = xg
+    if dual_scale:
+        s = np.clip(np.maximum(np.abs(y).max(axis=1, initial=0.0), 1e-12) / qmax, 1e-12, 1e6)
+    else:
+        s = np.ones(xg.shape[0])
+    scaled = np.clip(y / s[:, None], -qmax, qmax)
+    codes = scaled.astype(FP8_DTYPES[fp8_format]).view(np.uint8)
+    codes[bad] = NAN_CODE
+    s = np.where(bad, np.nan, s)
+    alpha = np.where(bad, np.nan, alpha)
+    return TacoParts(codes, s, alpha)
+
+
+def taco_decode_ref(
+    parts: TacoParts, count: int, group_size: int, fp8_format: str, ash: bool
+) -> np.ndarray:
+    """DESIGN.md's taco decoding in float64: H (q s) / sqrt(G) / max(alpha, 1e-12)."""
+    w = fp8_values(parts.codes, fp8_format) * parts.s[:, None]
+    if ash:
+        with np.errstate(invalid="ignore"):
+            w = w @ hadamard(group_size) / np.sqrt(group_size)
+        w = w / np.maximum(parts.alpha, 1e-12)[:, None]
+        # A NaN code must poison its whole group, which H @ does already; keep it explicit.
+        w[np.isnan(parts.alpha)] = np.nan
+    return w.reshape(-1)[:count]
+
+
+def split_taco_payload(
+    payload: np.ndarray, count: int, group_size: int, ash: bool, dual_scale: bool
+) -> TacoParts:
+    """Parse ``[K*G codes][K f32 s if dual_scale][K f32 alpha if ash]`` (FORMAT.md)."""
+    k = -(-count // group_size)
+    nbytes = k * group_size + 4 * k * (int(ash) + int(dual_scale))
+    assert payload.size == nbytes, (payload.size, nbytes)
+    codes = payload[: k * group_size].reshape(k, group_size).copy()
+    offset = k * group_size
+    s = np.ones(k)
+    alpha = np.ones(k)
+    if dual_scale:
+        s = payload[offset : offset + 4 * k].copy().view("<f4").astype(np.float64)
+        offset += 4 * k
+    if ash:
+        alpha = payload[offset : offset + 4 * k].copy().view("<f4").astype(np.float64)
+    return TacoParts(codes, s, alpha)
+
+
+# ---------------------------------------------------------------------------- int8
+@dataclass
+class Int8Parts:
+    q: np.ndarray  # (count,) int8
+    scale: np.ndarray  # (K,) float32 values as float64
+
+
+def int8_encode_ref(x: np.ndarray, group_size: int) -> Int8Parts:
+    """DESIGN.md's int8 encoding: scale = f32(absmax / 127), q = rne(x / scale) in ±127."""
+    n = np.asarray(x).size
+    xg = padded_groups(x, group_size)
+    bad = ~np.isfinite(xg).all(axis=1)
+    xg[bad] = 0.0
+    amax = np.abs(xg).max(axis=1, initial=0.0)
+    scale = (amax / 127.0).astype(np.float32).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scale[:, None] > 0, np.rint(xg / scale[:, None]), 0.0)
+    q = np.clip(q, -127, 127).astype(np.int8)
+    q[bad] = 0
+    scale = np.where(bad, np.nan, scale)
+    return Int8Parts(q.reshape(-1)[:n], scale)
+
+
+def int8_decode_ref(parts: Int8Parts, count: int, group_size: int) -> np.ndarray:
+    """q * scale, in float64 (exact: an 8-bit times a 24-bit significand)."""
+    scale = np.repeat(parts.scale, group_size)[:count]
+    return parts.q.astype(np.float64) * scale
+
+
+def split_int8_payload(payload: np.ndarray, count: int, group_size: int) -> Int8Parts:
+    """Parse ``[count int8 q][K float32 scale]`` (FORMAT.md)."""
+    k = -(-count // group_size)
+    assert payload.size == count + 4 * k, (payload.size, count + 4 * k)
+    q = payload[:count].copy().view(np.int8)
+    scale = payload[count:].copy().view("<f4").astype(np.float64)
+    return Int8Parts(q, scale)
+
+
+def grouped_gaussian(
+    rng: np.random.Generator, count: int, group_size: int, lo: float = -3.0, hi: float = 3.0
+) -> np.ndarray:
+    """float32 Gaussian data whose groups have magnitudes log-uniform in 10^lo .. 10^hi,
+    with a few outliers (x20) so that absmax and energy differ from group to group."""
+    k = -(-count // group_size) if count else 0
+    mags = np.repeat(10.0 ** rng.uniform(lo, hi, k), group_size)[:count]
+    x = rng.standard_normal(count) * mags
+    outliers = rng.random(count) < 0.01
+    x[outliers] *= 20.0
+    return x.astype(np.float32)
+
+
+def group_max(values: np.ndarray, group_size: int) -> np.ndarray:
+    """Per element, max |value| over its group (NaN-free input)."""
+    g = padded_groups(values, group_size)
+    return np.repeat(np.abs(g).max(axis=1), group_size)[: np.asarray(values).size]

@@ -1,0 +1,468 @@
+"""GPU codec kernels (compressors/gpu_kernels.py) against the CPU kernels, bit for bit.
+
+Payload bytes must be identical, and decoded values identical bit for bit except that
+NaNs are compared as NaN-ness only: the GPU's arithmetic returns its canonical NaN where
+the CPU propagates the payload of the NaN it got, and FORMAT.md fixes only the NaN bits
+stored in payloads (0x7F codes, 0x7FC00000 scales), which are compared exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+try:
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError("no CUDA device")
+except Exception as exc:  # ImportError, no driver, no device
+    pytest.skip(f"needs CuPy and a CUDA GPU ({exc})", allow_module_level=True)
+
+from coccl.compressors import gpu_kernels as gk  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+if importlib.util.find_spec("coccl.compressors.cpu_kernels") is not None:
+    ck = importlib.import_module("coccl.compressors.cpu_kernels")
+else:  # written by another engineer; the comparison tests wait for it
+    ck = None
+needs_cpu = pytest.mark.skipif(ck is None, reason="compressors/cpu_kernels.py not available")
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BF16]
+COUNTS = [0, 1, 31, 127, 128, 129, 1000, 100003]
+TACO_GROUPS = [32, 64, 128, 256, 512]
+
+
+# ------------------------------------------------------------------------ helpers
+def to_dev(a: np.ndarray) -> cupy.ndarray:
+    try:
+        return cupy.asarray(a)
+    except Exception:
+        if a.dtype != BF16:
+            raise
+        return cupy.asarray(a.view(np.uint16)).view(BF16)
+
+
+def to_host(d: cupy.ndarray) -> np.ndarray:
+    try:
+        return cupy.asnumpy(d)
+    except Exception:
+        if np.dtype(d.dtype) != BF16:
+            raise
+        return cupy.asnumpy(d.view(cupy.uint16)).view(BF16)
+
+
+def dev_empty(n: int, dtype, fill_byte: int, offset_bytes: int = 0) -> cupy.ndarray:
+    """n elements of dtype, every byte fill_byte, starting offset_bytes past 256-aligned."""
+    dtype = np.dtype(dtype)
+    raw = cupy.full(n * dtype.itemsize + offset_bytes, fill_byte, dtype=cupy.uint8)
+    view = raw[offset_bytes:]
+    if dtype == np.uint8:
+        return view
+    try:
+        return view.view(dtype)
+    except Exception:
+        if dtype != BF16:
+            raise
+        return view.view(cupy.uint16).view(BF16)
+
+
+def make_data(n: int, dtype, rng: np.random.Generator, G: int) -> np.ndarray:
+    """Gaussian groups of random magnitude (1e-30..1e30; 1e-6..1e3 for float16), plus
+    groups that are all zero, subnormal, hold NaN, +Inf or -Inf, one spike, a constant,
+    one lone subnormal, or mix tiny and huge values."""
+    dtype = np.dtype(dtype)
+    K = max(1, -(-n // G))
+    x = rng.standard_normal(n)
+    lo, hi = (-6, 3) if dtype == np.float16 else (-30, 30)
+    x *= np.repeat(10.0 ** rng.uniform(lo, hi, K), G)[:n]
+    tiny = {np.dtype(np.float16): 3e-6, BF16: 3e-39, np.dtype(np.float32): 3e-40}[dtype]
+    kinds = ["zero", "sub", "nan", "inf", "ninf", "spike", "const", "mixed", "sub1"]
+    for i, kind in enumerate(kinds):
+        g = 1 + 3 * i
+        if g >= K:
+            break
+        sl = slice(g * G, min(n, (g + 1) * G))
+        m = sl.stop - sl.start
+        if kind == "zero":
+            x[sl] = 0.0
+        elif kind == "sub":
+            x[sl] = rng.standard_normal(m) * tiny
+        elif kind == "sub1":
+            x[sl] = 0.0
+            x[sl.start] = -tiny
+        elif kind == "nan":
+            x[sl.start + m // 2] = np.nan
+        elif kind == "inf":
+            x[sl.start] = np.inf
+        elif kind == "ninf":
+            x[sl.stop - 1] = -np.inf
+        elif kind == "spike":
+            x[sl] = rng.standard_normal(m) * 1e-3
+            x[sl.start + m // 3] = 1e4
+        elif kind == "const":
+            x[sl] = -2.5
+        elif kind == "mixed":
+            big, small = (1e4, 1e-6) if dtype == np.float16 else (1e20, 1e-20)
+            x[sl] = rng.standard_normal(m) * np.where(rng.random(m) < 0.5, small, big)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(dtype)
+
+
+def assert_values_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Bitwise equality, NaNs compared as NaN-ness."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    gf, wf = got.astype(np.float32), want.astype(np.float32)
+    gn, wn = np.isnan(gf), np.isnan(wf)
+    uint = {2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
+    diff = (gn != wn) | (~wn & (got.view(uint) != want.view(uint)))
+    if diff.any():
+        idx = np.nonzero(diff)[0][:8]
+        pytest.fail(
+            f"{what}: {int(diff.sum())} values differ, first at {idx}: "
+            f"got {got[idx]} want {want[idx]}"
+        )
+
+
+def assert_bytes_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.shape == want.shape, what
+    diff = got != want
+    if diff.any():
+        idx = np.nonzero(diff)[0][:8]
+        pytest.fail(
+            f"{what}: {int(diff.sum())} bytes differ, first at {idx}: "
+            f"got {got[idx]} want {want[idx]}"
+        )
+
+
+def taco_nbytes(n: int, G: int, ash: bool, dual: bool) -> int:
+    K = -(-n // G)
+    return K * G + 4 * K * (int(ash) + int(dual))
+
+
+def int8_nbytes(n: int, G: int) -> int:
+    return n + 4 * (-(-n // G))
+
+
+def cpu_taco_encode(x, G, fmt, ash, dual):
+    p = np.empty(taco_nbytes(x.size, G, ash, dual), np.uint8)
+    ck.taco_encode(x, p, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual)
+    return p
+
+
+def cpu_taco_decode(p, n, dtype, G, fmt, ash, dual, acc=None):
+    out = np.empty(n, dtype) if acc is None else acc.copy()
+    ck.taco_decode(
+        p, out, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, accumulate=acc is not None
+    )
+    return out
+
+
+def cpu_int8_encode(x, G):
+    p = np.empty(int8_nbytes(x.size, G), np.uint8)
+    ck.int8_encode(x, p, group_size=G)
+    return p
+
+
+def cpu_int8_decode(p, n, dtype, G, acc=None):
+    out = np.empty(n, dtype) if acc is None else acc.copy()
+    ck.int8_decode(p, out, group_size=G, accumulate=acc is not None)
+    return out
+
+
+def gpu_taco_encode(x, G, fmt, ash, dual, fill=0xA5, x_off=0, p_off=0):
+    xd = dev_empty(x.size, x.dtype, 0, x_off)
+    xd[...] = to_dev(x)
+    pd = dev_empty(taco_nbytes(x.size, G, ash, dual), np.uint8, fill, p_off)
+    gk.taco_encode(xd, pd, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual)
+    return to_host(pd)
+
+
+def gpu_taco_decode(p, n, dtype, G, fmt, ash, dual, acc=None, fill=0xFF, o_off=0, p_off=0):
+    pd = dev_empty(p.size, np.uint8, 0, p_off)
+    pd[...] = to_dev(p)
+    if acc is None:
+        od = dev_empty(n, dtype, fill, o_off)
+    else:
+        od = dev_empty(n, np.float32, 0, o_off)
+        od[...] = to_dev(acc)
+    gk.taco_decode(
+        pd, od, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, accumulate=acc is not None
+    )
+    return to_host(od)
+
+
+def gpu_int8_encode(x, G, fill=0xA5, x_off=0, p_off=0):
+    xd = dev_empty(x.size, x.dtype, 0, x_off)
+    xd[...] = to_dev(x)
+    pd = dev_empty(int8_nbytes(x.size, G), np.uint8, fill, p_off)
+    gk.int8_encode(xd, pd, group_size=G)
+    return to_host(pd)
+
+
+def gpu_int8_decode(p, n, dtype, G, acc=None, fill=0xFF, o_off=0, p_off=0):
+    pd = dev_empty(p.size, np.uint8, 0, p_off)
+    pd[...] = to_dev(p)
+    if acc is None:
+        od = dev_empty(n, dtype, fill, o_off)
+    else:
+        od = dev_empty(n, np.float32, 0, o_off)
+        od[...] = to_dev(acc)
+    gk.int8_decode(pd, od, group_size=G, accumulate=acc is not None)
+    return to_host(od)
+
+
+def _taco_cases():
+    cases = []
+    for G in TACO_GROUPS:
+        for fmt in ("e4m3", "e5m2"):
+            for ash in (True, False):
+                for dual in (True, False):
+                    for dt in DTYPES:
+                        full = G in (32, 128, 512)
+                        if full or (dt == BF16 and ash and dual):
+                            cases.append(
+                                pytest.param(
+                                    G,
+                                    fmt,
+                                    ash,
+                                    dual,
+                                    dt,
+                                    id=(f"G{G}-{fmt}-ash{int(ash)}-ds{int(dual)}-{dt.name}"),
+                                )
+                            )
+    return cases
+
+
+# -------------------------------------------------------------------------- taco
+@needs_cpu
+@pytest.mark.parametrize("G,fmt,ash,dual,dtype", _taco_cases())
+def test_taco_bitwise_vs_cpu(G, fmt, ash, dual, dtype):
+    rng = np.random.default_rng(G * 7 + len(fmt) + 2 * ash + dual)
+    for n in COUNTS:
+        x = make_data(n, dtype, rng, G)
+        want = cpu_taco_encode(x, G, fmt, ash, dual)
+        for fill in (0xA5, 0x00):  # poisoned payloads: every byte must be written
+            got = gpu_taco_encode(x, G, fmt, ash, dual, fill=fill)
+            assert_bytes_equal(got, want, f"taco encode n={n} fill={fill:#x}")
+        # the CPU payload decodes on the GPU (and the GPU payload, identical, on the CPU)
+        want_d = cpu_taco_decode(want, n, dtype, G, fmt, ash, dual)
+        assert_values_equal(
+            cpu_taco_decode(got, n, dtype, G, fmt, ash, dual),
+            want_d,
+            f"cpu decode of gpu payload n={n}",
+        )
+        for fill in (0xFF, 0x11):  # poisoned outputs
+            got_d = gpu_taco_decode(want, n, dtype, G, fmt, ash, dual, fill=fill)
+            assert_values_equal(got_d, want_d, f"taco decode n={n} fill={fill:#x}")
+        acc = rng.standard_normal(n).astype(np.float32)
+        want_a = cpu_taco_decode(want, n, np.float32, G, fmt, ash, dual, acc=acc)
+        got_a = gpu_taco_decode(want, n, np.float32, G, fmt, ash, dual, acc=acc)
+        assert_values_equal(got_a, want_a, f"taco decode accumulate n={n}")
+
+
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("G", [32, 128, 512])
+def test_taco_unaligned_buffers(G, dtype):
+    """Views that start off the 16-byte (and 4-byte) boundaries take the slow paths."""
+    rng = np.random.default_rng(11)
+    item = np.dtype(dtype).itemsize
+    for n in (31, 1000, 4097, 20000):
+        x = make_data(n, dtype, rng, G)
+        want = cpu_taco_encode(x, G, "e4m3", True, True)
+        want_d = cpu_taco_decode(want, n, dtype, G, "e4m3", True, True)
+        for x_off, p_off in ((item, 0), (0, 1), (0, 2), (0, 3), (item, 4), (8, 8)):
+            got = gpu_taco_encode(x, G, "e4m3", True, True, x_off=x_off, p_off=p_off)
+            assert_bytes_equal(got, want, f"encode n={n} offsets {x_off},{p_off}")
+            got_d = gpu_taco_decode(want, n, dtype, G, "e4m3", True, True, o_off=x_off, p_off=p_off)
+            assert_values_equal(got_d, want_d, f"decode n={n} offsets {x_off},{p_off}")
+            acc = rng.standard_normal(n).astype(np.float32)
+            want_a = cpu_taco_decode(want, n, np.float32, G, "e4m3", True, True, acc=acc)
+            got_a = gpu_taco_decode(
+                want,
+                n,
+                np.float32,
+                G,
+                "e4m3",
+                True,
+                True,
+                acc=acc,
+                o_off=4 * (x_off > 0),
+                p_off=p_off,
+            )
+            assert_values_equal(got_a, want_a, f"accumulate n={n} offsets {x_off},{p_off}")
+
+
+@needs_cpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_taco_fp8_conversion_exhaustive_codes(fmt):
+    """Without ash and dual_scale the codes are fp8(x) itself: every fp8 value, the
+    midpoints between neighbours (ties to even), values past Qmax and subnormals."""
+    f8 = ml_dtypes.float8_e4m3fn if fmt == "e4m3" else ml_dtypes.float8_e5m2
+    vals = np.arange(256, dtype=np.uint8).view(f8).astype(np.float32)
+    vals = np.sort(vals[np.isfinite(vals)])
+    mids = (vals[:-1].astype(np.float64) + vals[1:]) / 2
+    near = np.concatenate([mids, np.nextafter(mids, 0), np.nextafter(mids, np.inf)])
+    rng = np.random.default_rng(5)
+    x = np.concatenate(
+        [
+            vals,
+            near.astype(np.float32),
+            np.float32([1e30, -1e30, 3e38]),
+            (rng.standard_normal(20000) * 10.0 ** rng.uniform(-45, 6, 20000)),
+        ]
+    )
+    x = x.astype(np.float32)
+    x = np.concatenate([x, np.zeros((-x.size) % 128, np.float32)])
+    for G in (32, 128):
+        want = cpu_taco_encode(x, G, fmt, False, False)
+        assert_bytes_equal(gpu_taco_encode(x, G, fmt, False, False), want, "fp8 codes")
+        old = gk._set_tuning(sw_cvt=1)  # the software converter on this GPU too
+        try:
+            assert_bytes_equal(gpu_taco_encode(x, G, fmt, False, False), want, "sw codes")
+            got_sw = gpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
+        finally:
+            gk._set_tuning(**old)
+        got_hw = gpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
+        want_d = cpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
+        assert_values_equal(got_hw, want_d, "fp8 decode")
+        assert_values_equal(got_sw, want_d, "sw fp8 decode")
+
+
+# -------------------------------------------------------------------------- int8
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("G", [32, 64, 128, 256, 512, 1024, 100])
+def test_int8_bitwise_vs_cpu(G, dtype):
+    rng = np.random.default_rng(G)
+    for n in COUNTS:
+        x = make_data(n, dtype, rng, G)
+        want = cpu_int8_encode(x, G)
+        for fill in (0xA5, 0x00):
+            got = gpu_int8_encode(x, G, fill=fill)
+            assert_bytes_equal(got, want, f"int8 encode n={n} fill={fill:#x}")
+        want_d = cpu_int8_decode(want, n, dtype, G)
+        assert_values_equal(cpu_int8_decode(got, n, dtype, G), want_d, f"cpu decode n={n}")
+        for fill in (0xFF, 0x11):
+            got_d = gpu_int8_decode(want, n, dtype, G, fill=fill)
+            assert_values_equal(got_d, want_d, f"int8 decode n={n} fill={fill:#x}")
+        acc = rng.standard_normal(n).astype(np.float32)
+        want_a = cpu_int8_decode(want, n, np.float32, G, acc=acc)
+        got_a = gpu_int8_decode(want, n, np.float32, G, acc=acc)
+        assert_values_equal(got_a, want_a, f"int8 decode accumulate n={n}")
+
+
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_int8_unaligned_buffers(dtype):
+    rng = np.random.default_rng(3)
+    item = np.dtype(dtype).itemsize
+    for n in (31, 1001, 4097, 20001):  # odd counts: the scales start unaligned
+        x = make_data(n, dtype, rng, 128)
+        want = cpu_int8_encode(x, 128)
+        want_d = cpu_int8_decode(want, n, dtype, 128)
+        for x_off, p_off in ((item, 0), (0, 1), (0, 3), (item, 2), (0, 0)):
+            assert_bytes_equal(
+                gpu_int8_encode(x, 128, x_off=x_off, p_off=p_off),
+                want,
+                f"encode n={n} offsets {x_off},{p_off}",
+            )
+            got_d = gpu_int8_decode(want, n, dtype, 128, o_off=x_off, p_off=p_off)
+            assert_values_equal(got_d, want_d, f"decode n={n} offsets {x_off},{p_off}")
+
+
+# ---------------------------------------------------------------- interface checks
+def test_count_zero_is_a_no_op():
+    x = cupy.empty(0, cupy.float32)
+    p = cupy.empty(0, cupy.uint8)
+    gk.taco_encode(x, p, group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+    gk.taco_decode(
+        p, x, group_size=128, fp8_format="e4m3", ash=True, dual_scale=True, accumulate=True
+    )
+    gk.int8_encode(x, p, group_size=128)
+    gk.int8_decode(p, x, group_size=128, accumulate=False)
+
+
+def test_argument_errors():
+    x = cupy.zeros(256, cupy.float16)
+    p = cupy.zeros(256 + 16, cupy.uint8)
+    kw = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+    with pytest.raises(TypeError):
+        gk.taco_decode(p, x, accumulate=True, **kw)  # accumulate needs float32
+    with pytest.raises(TypeError):
+        gk.int8_decode(cupy.zeros(256 + 8, cupy.uint8), x, group_size=128, accumulate=True)
+    with pytest.raises(ValueError):
+        gk.taco_encode(x, p[:-1], **kw)  # wrong payload size
+    with pytest.raises(ValueError):
+        gk.taco_encode(x, p, **{**kw, "group_size": 48})
+    with pytest.raises(ValueError):
+        gk.taco_encode(x, p, **{**kw, "fp8_format": "e3m4"})
+    with pytest.raises(TypeError):
+        gk.taco_encode(x.get(), p, **kw)  # numpy input
+    with pytest.raises(TypeError):
+        gk.taco_encode(x.astype(cupy.float64), p, **kw)
+    with pytest.raises(TypeError):
+        gk.int8_encode(x, p.astype(cupy.int8)[: 256 + 8], group_size=128)
+
+
+@needs_cpu
+def test_runs_on_the_current_stream():
+    rng = np.random.default_rng(9)
+    n = 1 << 20
+    x = make_data(n, BF16, rng, 128)
+    want = cpu_taco_encode(x, 128, "e4m3", True, True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        xd = to_dev(x)
+        pd = cupy.empty(want.size, cupy.uint8)
+        gk.taco_encode(xd, pd, group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+        out = cupy.zeros(n, cupy.float32)
+        gk.taco_decode(
+            pd, out, group_size=128, fp8_format="e4m3", ash=True, dual_scale=True, accumulate=True
+        )
+    stream.synchronize()
+    assert_bytes_equal(to_host(pd), want, "encode on a side stream")
+    want_a = cpu_taco_decode(
+        want, n, np.float32, 128, "e4m3", True, True, acc=np.zeros(n, np.float32)
+    )
+    assert_values_equal(to_host(out), want_a, "accumulate on a side stream")
+
+
+def test_payload_size_formula():
+    assert taco_nbytes(1000, 128, True, True) == 8 * 128 + 64
+    assert int8_nbytes(1000, 128) == 1000 + 32
+    assert math.isclose(taco_nbytes(1 << 20, 128, True, True) / (1 << 20), 1.0625)
+
+
+# ------------------------------------------------------------- through the codecs
+@needs_cpu
+@pytest.mark.parametrize("name", ["taco", "int8"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_codec_classes_gpu_match_cpu(name, dtype):
+    import coccl  # noqa: PLC0415
+
+    if name not in coccl.available_compressors():
+        pytest.skip(f"codec {name!r} is not registered yet")
+    codec = coccl.get_compressor(name)
+    rng = np.random.default_rng(21)
+    for n in (1, 1000, 100003):
+        x = make_data(n, dtype, rng, 128)
+        want = codec.encode(x)
+        got = codec.encode(to_dev(x))
+        assert isinstance(got, cupy.ndarray)
+        assert_bytes_equal(to_host(got), want, f"{name} encode n={n}")
+        want_d = codec.decode(want, count=n, dtype=dtype)
+        got_d = codec.decode(got, count=n, dtype=dtype)
+        assert_values_equal(to_host(got_d), want_d, f"{name} decode n={n}")
+        acc = rng.standard_normal(n).astype(np.float32)
+        want_a = codec.decode(want, acc.copy(), count=n, dtype=dtype, accumulate=True)
+        got_a = codec.decode(got, to_dev(acc), count=n, dtype=dtype, accumulate=True)
+        assert_values_equal(to_host(got_a), want_a, f"{name} accumulate n={n}")
