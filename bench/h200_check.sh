@@ -38,8 +38,9 @@ mpitests_all)
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k gpu 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -8 ;;
 sweeps)
   for dt in float32 bfloat16; do
+    maxb=1G; [ $dt = bfloat16 ] && maxb=256M
     step "4-rank MPI sweep on the GPU, $dt, with overlap"
-    timeout 200 coccl-bench allreduce --np 4 --device gpu -b 1M -e 1G -f 4 -n 4 -w 1 --no-progress \
+    timeout 170 coccl-bench allreduce --np 4 --device gpu -b 1M -e $maxb -f 4 -n 4 -w 1 --no-progress \
       --algorithm ring,two_shot --compressor identity,taco,int8 -d $dt --overlap-min 64M \
       --json "$JSONDIR/mpi4-$dt.json" 2>&1 | tee "$OUT/sweep-$dt.txt" | grep -v "^#  Rank" | tail -22
   done ;;
