@@ -14,7 +14,7 @@ info)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c "import cupy, numba, mpi4py, torch; print('cupy', cupy.__version__, 'numba', numba.__version__, 'mpi4py', mpi4py.__version__, 'torch', torch.__version__)"
   mpiexec --version | head -1
-  pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -2
   python3 -c "import coccl; print('coccl ok', coccl.__file__)" ;;
 codec)
   step codec kernels
@@ -27,7 +27,7 @@ mpitests)
   timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k "gpu and (2 or 4)" 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -25 ;;
 sweep)
   step 4-rank MPI sweep on the GPU
-  timeout 300 coccl-bench allreduce --np 4 --device gpu -b 1M -e 256M -f 4 -n 5 -w 2 --no-progress \
+  timeout 300 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e 256M -f 4 -n 5 -w 2 --no-progress \
     --algorithm ring,two_shot --compressor identity,taco,int8 -d float32 \
     --json "$OUT/mpi4.json" 2>&1 | tee "$OUT/sweep.txt" | tail -40 ;;
 tune)
@@ -40,13 +40,13 @@ sweeps)
   for dt in float32 bfloat16; do
     maxb=1G; [ $dt = bfloat16 ] && maxb=256M
     step "4-rank MPI sweep on the GPU, $dt, with overlap"
-    timeout 170 coccl-bench allreduce --np 4 --device gpu -b 1M -e $maxb -f 4 -n 4 -w 1 --no-progress \
+    timeout 150 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e $maxb -f 4 -n 4 -w 1 --no-progress \
       --algorithm ring,two_shot --compressor identity,taco,int8 -d $dt --overlap-min 64M \
       --json "$JSONDIR/mpi4-$dt.json" 2>&1 | tee "$OUT/sweep-$dt.txt" | grep -v "^#  Rank" | tail -22
   done ;;
 latency)
   step "4-rank latency sweep on the GPU (auto's table)"
-  timeout 120 coccl-bench allreduce --np 4 --device gpu -b 8 -e 4M -f 4 -n 10 -w 3 --no-progress \
+  timeout 60 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 8 -e 4M -f 4 -n 10 -w 3 --no-progress \
     --algorithm two_shot,auto --compressor identity,taco -d bfloat16 \
     --json "$JSONDIR/mpi4-latency.json" 2>&1 | grep -v "^#  Rank" | tail -30 ;;
 tp)
