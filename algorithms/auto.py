@@ -1,21 +1,33 @@
 """``algorithm="auto"``: below a minimum message size a codec's fixed cost does not pay,
-so auto runs the transport's own collective uncompressed; above it, the compressed
-two-shot schedule (two quantizations whatever the rank count).
+so auto runs the transport's own collective uncompressed (exact); from that size on, the
+compressed two-shot schedule (two quantizations whatever the rank count).
 
-The thresholds are measured with ``coccl-bench`` (see bench/NOTES.md for the command and
-the sweep); a threshold is the smallest message size from which the compressed schedule
-was at least as fast as native at every larger size measured.
+The table is measured with ``coccl-bench``; an entry is the smallest size from which the
+compressed two-shot schedule was faster than native at every larger size measured, or
+None where compression never paid in the measurements (auto then stays native):
+
+* ``("mpi", "gpu")``: H200, 4 ranks sharing the GPU over Open MPI 4.1.6 (pinned host
+  staging). taco/int8 two-shot beat native from 16 MiB on (4.9x at 16 MiB, 8.6x at
+  256 MiB, float32; 10.7x-14.4x bfloat16) and lost at 4 MiB and below.
+  ``bash bench/h200_check.sh "sweeps latency"`` -> bench/results/h200-mpi-4ranks.json
+  and h200-mpi-4ranks-latency.json (commit 596055b).
+* ``("mpi", "cpu")``: 2-core CPU ranks over shared memory. The numba codecs move fewer
+  bytes per second than the memory copies they save, so compression lost at every size
+  up to 32 MiB: ``coccl-bench allreduce --np 4 -b 8 -e 64M -f 4 --algorithm
+  ring,two_shot --compressor identity,taco,int8`` (bench/NOTES.md).
+* ``("nccl", "gpu")``: not measured across GPUs yet (no multi-GPU machine was lent):
+  native NCCL until it is.
 """
 
 from __future__ import annotations
 
 from coccl.compressors import Compressor, get_compressor
 
-# (transport, "cpu" | "gpu") -> bytes of input from which compression pays.
-MIN_COMPRESSED_BYTES: dict[tuple[str, str], int] = {
-    ("mpi", "cpu"): 1 << 20,
-    ("mpi", "gpu"): 1 << 20,
-    ("nccl", "gpu"): 64 << 20,
+# (transport, "cpu" | "gpu") -> input bytes from which compression pays (None: never).
+MIN_COMPRESSED_BYTES: dict[tuple[str, str], int | None] = {
+    ("mpi", "gpu"): 16 << 20,
+    ("mpi", "cpu"): None,
+    ("nccl", "gpu"): None,
 }
 
 
@@ -24,8 +36,8 @@ def choose(
 ) -> tuple[str, Compressor]:
     """Return ``(algorithm, codec)`` for an ``auto`` call of ``nbytes`` input bytes."""
     if codec.lossless or size == 1:
-        return "native", get_compressor("identity")
-    threshold = MIN_COMPRESSED_BYTES.get((transport, "gpu" if on_device else "cpu"), 1 << 20)
-    if nbytes < threshold:
+        return "native", codec if codec.lossless else get_compressor("identity")
+    threshold = MIN_COMPRESSED_BYTES.get((transport, "gpu" if on_device else "cpu"))
+    if threshold is None or nbytes < threshold:
         return "native", get_compressor("identity")
     return "two_shot", codec

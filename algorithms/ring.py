@@ -63,7 +63,9 @@ def _reduce_scatter_rounds(
                     acc_block, acc = plan.accumulator(b - a)
                     out_block = plan.payload(b - a)
                     rnd.holds += [acc_block, out_block]
-                    rnd.pre = partial(_reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data)
+                    rnd.pre = partial(
+                        _reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data
+                    )
                     rnd.sends.append((right, out_block.data))
             a, b = plan.chunk(shards[recv_shard], c)
             if b > a:
@@ -162,7 +164,9 @@ def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     if plan.size == 1:
         yield from _allreduce_local_rs(plan, x, out)
         return
-    for item in _reduce_scatter_rounds(plan, x, shards, lambda a, b: out[a - base : b - base], False):
+    for item in _reduce_scatter_rounds(
+        plan, x, shards, lambda a, b: out[a - base : b - base], False
+    ):
         if not isinstance(item, dict):
             yield item
 
@@ -184,9 +188,7 @@ def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
         yield from _allgather_rounds(plan, shards, out, own)
 
 
-def _own_payloads(
-    plan: Plan, x: Any, out: Any, shards: list[Span], keep: bool
-) -> Iterator[Round]:
+def _own_payloads(plan: Plan, x: Any, out: Any, shards: list[Span], keep: bool) -> Iterator[Round]:
     """Encode this rank's chunks once (a round each) and decode them into its own slot of
     ``out``, so the owner holds bitwise what the others decode. Returns chunk -> Pending
     (payloads kept for the sends when ``keep``)."""

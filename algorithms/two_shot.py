@@ -70,9 +70,7 @@ def _reduce_round(
     return rnd, result
 
 
-def _gather_round(
-    plan: Plan, shards: list[Span], c: int, out: Any, own: Pending | None
-) -> Round:
+def _gather_round(plan: Plan, shards: list[Span], c: int, out: Any, own: Pending | None) -> Round:
     """Chunk c of the direct AllGather: send our encoded chunk to every rank; receive
     every other owner's chunk and decode it into ``out``."""
     nch = plan.nchunks(shards)

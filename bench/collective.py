@@ -382,7 +382,9 @@ class Sweep:
             for row in rows:
                 if row.algorithm in ("ring", "two_shot") and row.compressor != "identity":
                     progress(f"overlap {row.algorithm}/{row.compressor}")
-                    row.overlap_efficiency = self.overlap(bufs, row.algorithm, codecs[row.compressor])
+                    row.overlap_efficiency = self.overlap(
+                        bufs, row.algorithm, codecs[row.compressor]
+                    )
         return rows
 
     def overlap(self, bufs: Buffers, algorithm: str, codec: Any) -> float:

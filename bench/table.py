@@ -143,7 +143,7 @@ def format_row(row: Row) -> str:
         rel_err,
         _num(row.native_time_us, 2, 11),
         _num(row.speedup, 2, 7),
-        "-" if row.overlap_efficiency is None else _num(row.overlap_efficiency, 2, 7),
+        _num(row.overlap_efficiency, 2, 7),
     ]
     return " " + _line(cells)
 

@@ -182,7 +182,9 @@ def _torch_flat(t: Any, name: str) -> Flat:
     device = t.device
 
     def new(shape: tuple[int, ...], dtype: Any = None) -> tuple[Any, Any]:
-        out = torch.empty(shape, dtype=t.dtype if dtype is None else torch_dtype(dtype), device=device)
+        out = torch.empty(
+            shape, dtype=t.dtype if dtype is None else torch_dtype(dtype), device=device
+        )
         return _torch_flat(out, name).data, out
 
     return Flat(data.reshape(-1), t, "torch", tuple(t.shape), new)

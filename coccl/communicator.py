@@ -161,17 +161,17 @@ class Communicator:
         return (n * shape[0], *shape[1:]) if shape else (n,)
 
     def _output(self, collective: str, src: Flat, out: Any) -> Flat:
-        count = src.size if collective == "allreduce" else (
-            src.size // self.size if collective == "reduce_scatter" else src.size * self.size
+        count = (
+            src.size
+            if collective == "allreduce"
+            else (src.size // self.size if collective == "reduce_scatter" else src.size * self.size)
         )
         if out is None:
             data, obj = src.new(self._result_shape(collective, src))
             return Flat(data, obj, src.kind, tuple(getattr(obj, "shape", ())), src.new)
         dst = as_flat(out, "out")
         if dst.dtype != src.dtype:
-            raise TypeError(
-                f"out has dtype {dtype_name(dst.dtype)}, x has {dtype_name(src.dtype)}"
-            )
+            raise TypeError(f"out has dtype {dtype_name(dst.dtype)}, x has {dtype_name(src.dtype)}")
         if dst.size != count:
             raise ValueError(f"out has {dst.size} elements; {collective} needs {count}")
         if dst.xp is not src.xp or dst.device_id != src.device_id:
@@ -217,7 +217,11 @@ class Communicator:
 
         if algorithm == "auto":
             algorithm, codec = algorithms.choose(
-                collective, src.size * src.dtype.itemsize, codec, transport.name, on_device,
+                collective,
+                src.size * src.dtype.itemsize,
+                codec,
+                transport.name,
+                on_device,
                 self.size,
             )
             if algorithm == "native" and not transport.has_native(collective, src.dtype, op):
@@ -237,7 +241,9 @@ class Communicator:
             with ctx.device:
                 caller = ctx.enter()
                 try:
-                    self._run(collective, src, dst, op, algorithm, codec, int(chunk), transport, ctx)
+                    self._run(
+                        collective, src, dst, op, algorithm, codec, int(chunk), transport, ctx
+                    )
                 finally:
                     ctx.leave(caller)
         else:
@@ -281,7 +287,13 @@ class Communicator:
                 self._mpi.barrier()
                 start = time.perf_counter()
                 self._collective(
-                    collective, x, None, op, algorithm, compressor, chunk_bytes,
+                    collective,
+                    x,
+                    None,
+                    op,
+                    algorithm,
+                    compressor,
+                    chunk_bytes,
                     "normal" if variant == "pipelined" else variant,
                 )
                 _synchronize(x)
@@ -372,7 +384,11 @@ class Communicator:
         depth = self._depth(plan, algorithm, ctx is not None)
         if transport.name == "nccl":
             run_streamed(
-                rounds, transport, ctx, depth=depth, timeout_s=self._settings.timeout_s,
+                rounds,
+                transport,
+                ctx,
+                depth=depth,
+                timeout_s=self._settings.timeout_s,
                 what=plan.what,
             )
             return
@@ -380,13 +396,21 @@ class Communicator:
         if ctx is not None:
             with ctx.compute:
                 run_polling(
-                    rounds, transport, executor, depth=depth,
-                    timeout_s=self._settings.timeout_s, what=plan.what,
+                    rounds,
+                    transport,
+                    executor,
+                    depth=depth,
+                    timeout_s=self._settings.timeout_s,
+                    what=plan.what,
                 )
         else:
             run_polling(
-                rounds, transport, executor, depth=depth,
-                timeout_s=self._settings.timeout_s, what=plan.what,
+                rounds,
+                transport,
+                executor,
+                depth=depth,
+                timeout_s=self._settings.timeout_s,
+                what=plan.what,
             )
 
     def _depth(self, plan: algorithms.Plan, algorithm: str, on_device: bool) -> int:

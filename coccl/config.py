@@ -28,7 +28,10 @@ _VARS: dict[str, tuple[str, str]] = {
         "auto",
         "'1' to hand device buffers to MPI directly, '0' to stage through pinned host memory",
     ),
-    "COCCL_CPU_THREADS": ("", "threads for the numba CPU codec kernels (default: cores / local ranks)"),
+    "COCCL_CPU_THREADS": (
+        "",
+        "threads for the numba CPU codec kernels (default: cores / local ranks)",
+    ),
 }
 
 

@@ -118,7 +118,9 @@ class NcclTransport:
         uid = nccl.get_unique_id() if self.rank == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
         with cp.cuda.Device(device_id):
-            self.comm = self._call("ncclCommInitRank", nccl.NcclCommunicator, self.size, uid, self.rank)
+            self.comm = self._call(
+                "ncclCommInitRank", nccl.NcclCommunicator, self.size, uid, self.rank
+            )
         self._closed = False
         self.bytes_sent = 0  # payload bytes sent point to point (statistics)
 
@@ -135,7 +137,9 @@ class NcclTransport:
     def pools(self) -> list[Any]:
         return []
 
-    def group_exchange(self, sends: list[tuple[int, Any]], recvs: list[tuple[int, Any]], stream: Any) -> None:
+    def group_exchange(
+        self, sends: list[tuple[int, Any]], recvs: list[tuple[int, Any]], stream: Any
+    ) -> None:
         """Post sends and receives of uint8 buffers as one NCCL group on ``stream``."""
         nccl = self._nccl
         self.bytes_sent += sum(int(buf.size) for _, buf in sends)
@@ -167,22 +171,39 @@ class NcclTransport:
     def native_allreduce(self, x: Any, out: Any, op: str) -> None:
         """ncclAllReduce (ncclAvg for avg)."""
         self._call(
-            "ncclAllReduce", self.comm.allReduce, x.data.ptr, out.data.ptr, x.size,
-            nccl_dtype(x.dtype), _NCCL_OPS[op], self._stream(),
+            "ncclAllReduce",
+            self.comm.allReduce,
+            x.data.ptr,
+            out.data.ptr,
+            x.size,
+            nccl_dtype(x.dtype),
+            _NCCL_OPS[op],
+            self._stream(),
         )
 
     def native_reduce_scatter(self, x: Any, out: Any, op: str) -> None:
         """ncclReduceScatter."""
         self._call(
-            "ncclReduceScatter", self.comm.reduceScatter, x.data.ptr, out.data.ptr, out.size,
-            nccl_dtype(x.dtype), _NCCL_OPS[op], self._stream(),
+            "ncclReduceScatter",
+            self.comm.reduceScatter,
+            x.data.ptr,
+            out.data.ptr,
+            out.size,
+            nccl_dtype(x.dtype),
+            _NCCL_OPS[op],
+            self._stream(),
         )
 
     def native_allgather(self, x: Any, out: Any) -> None:
         """ncclAllGather (moves bytes: any dtype)."""
         self._call(
-            "ncclAllGather", self.comm.allGather, x.data.ptr, out.data.ptr,
-            x.size * x.dtype.itemsize, NCCL_UINT8, self._stream(),
+            "ncclAllGather",
+            self.comm.allGather,
+            x.data.ptr,
+            out.data.ptr,
+            x.size * x.dtype.itemsize,
+            NCCL_UINT8,
+            self._stream(),
         )
 
     def close(self) -> None:

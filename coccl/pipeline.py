@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,8 +316,10 @@ def run_streamed(
             rnd.done_event,
             transport,
             deadline,
-            lambda: f"{rnd.label}: timed out after {timeout_s:g} s exchanging with "
-            f"rank {', '.join(map(str, peers))} (COCCL_TIMEOUT_S)",
+            lambda: (
+                f"{rnd.label}: timed out after {timeout_s:g} s exchanging with "
+                f"rank {', '.join(map(str, peers))} (COCCL_TIMEOUT_S)"
+            ),
         )
         rnd.release()
 

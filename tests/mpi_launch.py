@@ -39,8 +39,15 @@ def run_ranks(
     logdir.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "COCCL_UNDER_MPIEXEC": "1", **(env or {})}
     cmd = [
-        *mpiexec(), "-n", str(nranks), sys.executable, "-m", "mpi4py",
-        str(ROOT / "tests" / "mpi" / "rank_main.py"), str(logdir), *args,
+        *mpiexec(),
+        "-n",
+        str(nranks),
+        sys.executable,
+        "-m",
+        "mpi4py",
+        str(ROOT / "tests" / "mpi" / "rank_main.py"),
+        str(logdir),
+        *args,
     ]
     try:
         proc = subprocess.run(
@@ -49,7 +56,9 @@ def run_ranks(
         code, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         code = -1
-        out = f"TIMEOUT after {timeout} s (a hang is a failure)\n{exc.stdout or ''}{exc.stderr or ''}"
+        out = (
+            f"TIMEOUT after {timeout} s (a hang is a failure)\n{exc.stdout or ''}{exc.stderr or ''}"
+        )
     logs = [out]
     for log in sorted(logdir.glob("rank-*.log")):
         logs.append(f"----- {log.name} -----\n{log.read_text()[-20000:]}")

@@ -61,7 +61,9 @@ def test_bad_arguments(comm, kwargs, error, match):
     np.testing.assert_array_equal(comm.allreduce(x32()), x32())  # still works
 
 
-@pytest.mark.parametrize("dtype", [np.complex64, np.bool_, np.float128 if hasattr(np, "float128") else np.complex128])
+@pytest.mark.parametrize(
+    "dtype", [np.complex64, np.bool_, np.float128 if hasattr(np, "float128") else np.complex128]
+)
 def test_unsupported_dtype_is_type_error(comm, dtype):
     with pytest.raises(TypeError, match="dtype"):
         comm.allreduce(np.zeros(4, dtype=dtype))
@@ -141,4 +143,6 @@ def test_settings_validation(monkeypatch):
 def test_public_names():
     for name in coccl.__all__:
         assert hasattr(coccl, name)
-    assert {"init", "Communicator", "get_compressor", "register_compressor", "CocclError"} <= set(coccl.__all__)
+    assert {"init", "Communicator", "get_compressor", "register_compressor", "CocclError"} <= set(
+        coccl.__all__
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from coccl.bench import cli, launch
 from coccl.bench.collective import (
     ALLGATHER,
@@ -53,6 +54,7 @@ ROW_FIELDS = {
     "native_time_us",
     "speedup",
     "peak_staging_bytes",
+    "overlap_efficiency",
 }
 META_FIELDS = {
     "collective",
@@ -294,6 +296,7 @@ def test_table_lines_align() -> None:
         "3.10e-03",
         "1500.00",
         "1.85",
+        "N/A",  # overlap efficiency: not measured for this row
     ]
 
 

@@ -12,6 +12,7 @@ import ml_dtypes
 import numba
 import numpy as np
 import pytest
+
 from coccl.compressors import (
     Compressor,
     IdentityCompressor,
@@ -19,6 +20,7 @@ from coccl.compressors import (
     available_compressors,
     get_compressor,
 )
+
 from codec_reference import grouped_gaussian, padded_groups, seed_for
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -10,8 +10,13 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
 from coccl.compressors import Int8Compressor
 from coccl.compressors.int8 import int8_layout
+
 from codec_reference import (
     grouped_gaussian,
     int8_decode_ref,
@@ -21,9 +26,6 @@ from codec_reference import (
     seed_for,
     split_int8_payload,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 GROUP_SIZES = [32, 64, 128, 256, 512]
 COUNTS = [0, 1, 31, 127, 128, 129, 1000]

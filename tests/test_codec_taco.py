@@ -10,8 +10,13 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
 from coccl.compressors import TacoCompressor, get_compressor
 from coccl.compressors.taco import taco_layout
+
 from codec_reference import (
     QMAX,
     fp8_ordinal,
@@ -25,9 +30,6 @@ from codec_reference import (
     taco_decode_ref,
     taco_encode_ref,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 ALL_CONFIGS = [
     {"fp8_format": f, "group_size": g, "ash": a, "dual_scale": d}

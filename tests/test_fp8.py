@@ -14,7 +14,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+
 from coccl.compressors import fp8
+
 from codec_reference import FP8_DTYPES, QMAX, seed_for
 
 FORMATS = ["e4m3", "e5m2"]

@@ -18,7 +18,9 @@ def ruff() -> str:
     return exe
 
 
-@pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]], ids=["lint", "format"])
+@pytest.mark.parametrize(
+    "args", [["check", "."], ["format", "--check", "."]], ids=["lint", "format"]
+)
 def test_ruff(args):
     proc = subprocess.run([ruff(), *args], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

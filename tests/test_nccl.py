@@ -9,8 +9,8 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from gpu import GPU
 
+from gpu import GPU
 from mpi_launch import mpiexec
 
 pytestmark = pytest.mark.skipif(not GPU, reason="needs CuPy and a CUDA GPU")
@@ -90,7 +90,10 @@ def test_two_ranks_on_one_gpu_is_a_clear_error(tmp_path):
     )
     proc = subprocess.run(
         [*mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(script)],
-        capture_output=True, text=True, timeout=120, env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("REFUSED") == 2

@@ -3,6 +3,7 @@
 import ml_dtypes
 import numpy as np
 import pytest
+
 from conftest import all_equal_across_ranks, case_seed, rank_data
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -28,10 +29,18 @@ def reference(op: str, parts: list[np.ndarray], dtype) -> np.ndarray:
         if op in ("sum", "avg"):
             total = stack.sum(axis=0, dtype=dtype)
             if op == "avg":
-                q = np.abs(total.astype(np.int64)) // len(parts) if dtype.kind == "i" else total // len(parts)
+                q = (
+                    np.abs(total.astype(np.int64)) // len(parts)
+                    if dtype.kind == "i"
+                    else total // len(parts)
+                )
                 total = (np.where(total < 0, -q, q) if dtype.kind == "i" else q).astype(dtype)
             return total
-        return {"max": np.max, "min": np.min, "prod": lambda s, axis: s.prod(axis=axis, dtype=dtype)}[op](stack, axis=0)
+        return {
+            "max": np.max,
+            "min": np.min,
+            "prod": lambda s, axis: s.prod(axis=axis, dtype=dtype),
+        }[op](stack, axis=0)
     stack = np.stack([p.astype(np.float64) for p in parts])
     if op == "sum":
         return stack.sum(axis=0)
@@ -49,7 +58,9 @@ def check(op, result, parts, dtype, ref):
         np.testing.assert_array_equal(result, ref.astype(dtype))
         return
     n = len(parts)
-    magnitude = np.sum([np.abs(p.astype(np.float64)) for p in parts], axis=0) if parts[0].size else 0
+    magnitude = (
+        np.sum([np.abs(p.astype(np.float64)) for p in parts], axis=0) if parts[0].size else 0
+    )
     if op == "prod":
         magnitude = np.prod([np.abs(p.astype(np.float64)) for p in parts], axis=0) * n
     if op == "avg":
@@ -83,14 +94,18 @@ def test_reduce_scatter(comm, algorithm, dtype, op, count_index):
     n = counts(comm.size)[count_index]
     seed = case_seed(("rs", algorithm, np.dtype(dtype).name, op, n))
     parts = [rank_data(seed, r, n * comm.size, dtype) for r in range(comm.size)]
-    result = comm.reduce_scatter(parts[comm.rank].copy(), op=op, algorithm=algorithm, chunk_bytes=1024)
+    result = comm.reduce_scatter(
+        parts[comm.rank].copy(), op=op, algorithm=algorithm, chunk_bytes=1024
+    )
     ref = reference(op, parts, dtype)[comm.rank * n : (comm.rank + 1) * n]
     assert result.shape == (n,)
     check(op, result, [p[comm.rank * n : (comm.rank + 1) * n] for p in parts], dtype, ref)
 
 
 @pytest.mark.parametrize("count_index", range(6))
-@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16, np.int64, np.uint8], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(
+    "dtype", [np.float32, BF16, np.float16, np.int64, np.uint8], ids=lambda d: np.dtype(d).name
+)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_allgather(comm, algorithm, dtype, count_index):
     n = counts(comm.size)[count_index]

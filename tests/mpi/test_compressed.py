@@ -7,9 +7,10 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import all_equal_across_ranks, case_seed, rank_data
 
 import coccl
+
+from conftest import all_equal_across_ranks, case_seed, rank_data
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 CODECS = [
@@ -80,7 +81,10 @@ def test_error_matches_model(comm, collective, algorithm, codec, dtype):
 def test_any_count(comm, algorithm, codec, count_index):
     n = comm.size
     count = [0, 1, n - 1, n + 1, 127, 129, 1000][count_index]
-    parts = [rank_data(case_seed("count", algorithm, codec, count), r, count, np.float32) for r in range(n)]
+    parts = [
+        rank_data(case_seed("count", algorithm, codec, count), r, count, np.float32)
+        for r in range(n)
+    ]
     y = comm.allreduce(parts[comm.rank], algorithm=algorithm, compressor=codec, chunk_bytes=512)
     assert y.shape == (count,) and y.dtype == np.float32
     ref = np.sum([p.astype(np.float64) for p in parts], axis=0)
@@ -128,7 +132,7 @@ def test_nan_and_inf_stay_visible(comm):
             assert bad[3] and bad[128 * 5 + 1]
             # at most the two groups of 128 in which they sit
             assert bad.sum() <= 2 * 128
-            assert np.isfinite(y[128:128 * 5]).all()
+            assert np.isfinite(y[128 : 128 * 5]).all()
             assert all_equal_across_ranks(y)
     del n
 

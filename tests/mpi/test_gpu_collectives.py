@@ -7,6 +7,7 @@ is the same, so a collective on device data must give bitwise the CPU result."""
 import ml_dtypes
 import numpy as np
 import pytest
+
 from conftest import all_equal_across_ranks, case_seed, rank_data
 
 pytest.importorskip("cupy")

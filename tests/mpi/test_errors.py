@@ -1,0 +1,64 @@
+"""Bad input is refused on every rank alike, before any byte moves, and the communicator
+works normally afterwards (run on 1-4 ranks)."""
+
+import numpy as np
+import pytest
+from conftest import rank_data
+
+import coccl
+
+BAD_CALLS = [
+    ("unknown op", lambda c, x: c.allreduce(x, op="mean"), ValueError),
+    ("unknown algorithm", lambda c, x: c.allreduce(x, algorithm="tree"), ValueError),
+    ("unknown compressor", lambda c, x: c.allreduce(x, compressor="zstd"), ValueError),
+    ("taco int32", lambda c, x: c.allreduce(x.astype(np.int32), compressor="taco"), TypeError),
+    ("int8 max", lambda c, x: c.allreduce(x, op="max", compressor="int8"), ValueError),
+    ("native taco", lambda c, x: c.allreduce(x, algorithm="native", compressor="taco"), ValueError),
+    ("out size", lambda c, x: c.allreduce(x, np.empty(x.size + 1, x.dtype)), ValueError),
+    ("out dtype", lambda c, x: c.allreduce(x, np.empty(x.size, np.float64)), TypeError),
+    ("strided", lambda c, x: c.allreduce(np.repeat(x, 2)[::2]), ValueError),
+    ("complex", lambda c, x: c.allgather(x.astype(np.complex64)), TypeError),
+    (
+        "allgather out",
+        lambda c, x: c.allgather(x, np.empty(x.size * c.size + 1, x.dtype)),
+        ValueError,
+    ),
+]
+
+
+@pytest.mark.parametrize("name, call, error", BAD_CALLS, ids=[b[0] for b in BAD_CALLS])
+def test_refused_everywhere_then_working(comm, name, call, error):
+    x = rank_data(1, comm.rank, 256, np.float32)
+    with pytest.raises(error):
+        call(comm, x)
+    # every rank refused without sending: the next collective pairs up normally
+    y = comm.allreduce(x, algorithm="ring", compressor="identity")
+    ref = np.sum([rank_data(1, r, 256, np.float32).astype(np.float64) for r in range(comm.size)], 0)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot", "native"])
+def test_reduce_scatter_needs_a_multiple_of_ranks(comm, algorithm):
+    if comm.size == 1:
+        pytest.skip("every count divides by one rank")
+    x = np.ones(comm.size * 3 + 1, np.float32)
+    with pytest.raises(ValueError, match="multiple of the rank count"):
+        comm.reduce_scatter(x, algorithm=algorithm)
+    y = comm.reduce_scatter(np.ones(comm.size * 3, np.float32), algorithm=algorithm)
+    np.testing.assert_array_equal(y, np.full(3, comm.size, np.float32))
+
+
+def test_refusals_do_not_leak_pool_memory(comm):
+    x = rank_data(2, comm.rank, 4096, np.float32)
+    comm.allreduce(x, algorithm="two_shot", compressor="taco")
+    before = comm.stats()["pool_allocated_bytes"]
+    for _ in range(20):
+        with pytest.raises(ValueError):
+            comm.allreduce(x, algorithm="two_shot", compressor="taco", op="max")
+    comm.allreduce(x, algorithm="two_shot", compressor="taco")
+    assert comm.stats()["pool_allocated_bytes"] == before
+
+
+def test_codec_errors_name_the_problem():
+    with pytest.raises(ValueError, match="unknown compressor 'zstd'"):
+        coccl.get_compressor("zstd")
