@@ -3,9 +3,10 @@ works normally afterwards (run on 1-4 ranks)."""
 
 import numpy as np
 import pytest
-from conftest import rank_data
 
 import coccl
+
+from conftest import rank_data
 
 BAD_CALLS = [
     ("unknown op", lambda c, x: c.allreduce(x, op="mean"), ValueError),

@@ -5,6 +5,7 @@ import os
 
 import ml_dtypes
 import numpy as np
+
 from conftest import case_seed, rank_data
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
