@@ -26,7 +26,11 @@ import numpy as np
 from . import launch
 
 # Modules whose import registers subcommands (each decorates its runners with @command).
-COMMAND_MODULES: tuple[str, ...] = ("coccl.bench.collective",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "coccl.bench.collective",
+    "coccl.bench.codec",
+    "coccl.bench.fidelity",
+)
 
 ArgumentAdder = Callable[[argparse.ArgumentParser], None]
 Runner = Callable[[argparse.Namespace], int]

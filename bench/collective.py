@@ -406,12 +406,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """nccl-tests' flags, then coccl's."""
     add = parser.add_argument
     # fmt: off
-    add("-b", "--minbytes", type=parse_size, default=parse_size("32M"),
-        help="smallest size in bytes, K/M/G suffixes are binary (default 32M)")
-    add("-e", "--maxbytes", type=parse_size, default=parse_size("32M"),
-        help="largest size in bytes (default 32M)")
-    add("-f", "--stepfactor", type=positive_int, default=2,
-        help="size multiplier from one step to the next (default 2)")
+    # Unlike nccl-tests (one size, 32M), the default is a first sweep: 1K to 16M, x4.
+    add("-b", "--minbytes", type=parse_size, default=parse_size("1K"),
+        help="smallest size in bytes, K/M/G suffixes are binary (default 1K)")
+    add("-e", "--maxbytes", type=parse_size, default=parse_size("16M"),
+        help="largest size in bytes (default 16M)")
+    add("-f", "--stepfactor", type=positive_int, default=4,
+        help="size multiplier from one step to the next (default 4)")
     add("-n", "--iters", type=positive_int, default=20, help="timed calls per size (default 20)")
     add("-w", "--warmup_iters", type=int, default=5, help="warm-up calls per size (default 5)")
     add("-c", "--check", type=int, choices=(0, 1), default=1,

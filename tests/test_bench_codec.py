@@ -1,0 +1,210 @@
+"""Tests of ``coccl-bench codec`` and ``coccl-bench fidelity``: the ``--compressor`` list,
+the synthetic tensors and the error model, both commands end to end on the CPU (the
+throughput is measured, never asserted), and their usage errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coccl.bench import cli
+from coccl.bench.codec import Columns, codec_specs, rotation_sets
+from coccl.bench.fidelity import SYNTHETIC, allreduce_quantizations, synthetic_tensors
+
+CODEC_ROW = {"codec", "op", "dtype", "count", "GBps", "fraction"}
+FIDELITY_ROW = {"tensor", "shape", "codec", "rel_l2", "max_abs", "snr_db"}
+RECORD = {"command", "date", "commit", "rows"}
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------ parts
+def test_codec_specs() -> None:
+    specs = codec_specs("identity, taco:group_size=32,ash=False,int8,taco,taco")
+    assert [s.label for s in specs] == ["identity", "taco:group_size=32,ash=False", "int8", "taco"]
+    assert specs[1].codec.get_config() == {
+        "id": "taco",
+        "fp8_format": "e4m3",
+        "group_size": 32,
+        "ash": False,
+        "dual_scale": True,
+    }
+    assert codec_specs("taco:fp8_format=e5m2")[0].codec.fp8_format == "e5m2"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("identity,nope", "compressor 'nope' is not available"),
+        ("taco:group_size=33", "compressor 'taco:group_size=33' is not available"),
+        ("ash=False", "does not follow a compressor"),
+        ("taco:group_size", "expected key=value"),
+        (" , ", "give comma-separated compressors"),
+    ],
+)
+def test_codec_specs_rejects(text: str, message: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        codec_specs(text)
+
+
+def test_columns_and_rotation() -> None:
+    columns = Columns.fit(["name", "value"], [["taco", "1.5"], ["identity", "10.25"]])
+    lines = [columns.header(), columns.line(["taco", "1.5"])]
+    assert lines == ["#name      value", " taco        1.5"]
+    assert rotation_sets(1) == 8 and rotation_sets(1 << 30) == 2
+
+
+def test_synthetic_tensors() -> None:
+    first = dict(synthetic_tensors((64, 512), seed=1))
+    again = dict(synthetic_tensors((64, 512), seed=1))
+    assert list(first) == list(SYNTHETIC)
+    for name, x in first.items():
+        assert x.shape == (64, 512) and x.dtype == np.float32
+        np.testing.assert_array_equal(x, again[name])
+    rms = np.sqrt(np.mean(first["outlier_channels"].astype(np.float64) ** 2, axis=0))
+    big = rms > 10
+    assert 1 <= big.sum() <= 4 and rms[big].min() > 15 * np.median(rms)
+    assert np.mean(first["sparse"] == 0) > 0.9
+    grad = np.abs(first["lognormal_grad"])
+    assert grad.max() > 1000 * np.median(grad)
+
+
+def test_allreduce_quantizations() -> None:
+    assert allreduce_quantizations("two_shot", 4) == pytest.approx(1.75)
+    assert allreduce_quantizations("ring", 4) == pytest.approx(2.5)
+    assert allreduce_quantizations("two_shot", 1000) < 2
+
+
+# ------------------------------------------------------------------- fidelity
+def test_fidelity_synthetic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "fidelity.json"
+    argv = ["fidelity", "--shape", "256x512", "--compressor", "identity,taco,int8"]
+    argv += ["--model-quantizations", "--ranks", "4", "--json", str(path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "rel_l2" in out and "two_shot@4" in out
+    record = read(path)
+    assert RECORD <= set(record) and record["source"] == "synthetic"
+    rows = {(r["tensor"], r["codec"]): r for r in record["rows"]}
+    assert len(rows) == len(SYNTHETIC) * 3
+    assert all(FIDELITY_ROW <= set(r) for r in record["rows"])
+    taco = rows["gaussian", "taco"]
+    assert 0.025 <= taco["rel_l2"] <= 0.03
+    assert taco["snr_db"] == pytest.approx(-20 * math.log10(taco["rel_l2"]))
+    assert taco["rel_l2_two_shot"] == pytest.approx(taco["rel_l2"] * math.sqrt(1.75))
+    assert taco["rel_l2_ring"] == pytest.approx(taco["rel_l2"] * math.sqrt(2.5))
+    for name in SYNTHETIC:
+        identity = rows[name, "identity"]
+        assert identity["rel_l2"] == 0 and identity["max_abs"] == 0
+        assert identity["snr_db"] == "inf"  # strict JSON: non-finite as a string
+        assert 0 < rows[name, "int8"]["rel_l2"] < 0.05
+
+
+def test_fidelity_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(7)
+    np.save(tmp_path / "acts.npy", rng.standard_normal((32, 256), dtype=np.float32))
+    np.savez(
+        tmp_path / "grads.npz",
+        w=rng.standard_normal(1000).astype(np.float16),
+        b=rng.standard_normal((10, 10)),
+        step=np.arange(3),
+    )
+    path = tmp_path / "out.json"
+    files = [str(tmp_path / "acts.npy"), str(tmp_path / "grads.npz")]
+    argv = ["fidelity", "--input", *files, "--compressor", "identity,taco", "--json", str(path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "grads.npz:step: dtype int64 is not a float type, skipped" in out
+    record = read(path)
+    assert record["source"] == "input"
+    got = {(Path(r["tensor"]).name, r["codec"]): r for r in record["rows"]}
+    assert set(got) == {
+        (name, codec)
+        for name in ("acts.npy", "grads.npz:w", "grads.npz:b")
+        for codec in ("identity", "taco")
+    }
+    assert got["grads.npz:w", "taco"]["dtype"] == "float16"
+    assert got["grads.npz:b", "identity"]["shape"] == [10, 10]
+    assert got["acts.npy", "identity"]["rel_l2"] == 0
+    assert 0.02 < got["acts.npy", "taco"]["rel_l2"] < 0.035
+
+
+def test_fidelity_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["fidelity", "--input", str(tmp_path / "missing.npy")]) == 2
+    assert "missing.npy: no such file" in capsys.readouterr().err
+    np.save(tmp_path / "ints.npy", np.arange(10))
+    assert cli.main(["fidelity", "--input", str(tmp_path / "ints.npy")]) == 2
+    assert "no float array in --input" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- codec
+def test_codec_cpu_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "codec.json"
+    argv = ["codec", "--device", "cpu", "--counts", "4K", "-d", "float32,bfloat16"]
+    argv += ["--compressor", "identity,int8,taco:group_size=32", "-n", "2", "-w", "0"]
+    assert cli.main([*argv, "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "copy bandwidth" in out and "decode_accumulate" in out
+    record = read(path)
+    assert RECORD | {"cpu", "copy_GBps"} <= set(record)
+    assert record["device"] == "cpu" and record["copy_GBps"] > 0
+    assert "codec --device cpu" in record["command"]
+    rows = record["rows"]
+    assert all(CODEC_ROW <= set(r) for r in rows)
+    keys = {(r["codec"], r["op"], r["dtype"], r["count"]) for r in rows}
+    assert keys == {
+        (codec, op, dtype, 4096)
+        for codec in ("identity", "int8", "taco:group_size=32")
+        for op in ("encode", "decode", "decode_accumulate")
+        for dtype in ("float32", "bfloat16")
+    }
+    for r in rows:
+        assert r["GBps"] > 0
+        # both are rounded (fraction to 4 decimals)
+        expected = r["GBps"] / record["copy_GBps"]
+        assert r["fraction"] == pytest.approx(expected, rel=1e-2, abs=1e-4)
+    assert {r["group_size"] for r in rows if r["codec"] == "taco:group_size=32"} == {32}
+
+
+def test_codec_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["codec", "--compressor", "taco", "-d", "int32"])
+    assert exc.value.code == 2
+    assert "does not support dtype int32" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["codec", "--counts", "0"])
+    assert exc.value.code == 2
+
+
+def test_codec_gpu_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        import cupy  # noqa: PLC0415
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a GPU is present")
+    except Exception:
+        pass
+    assert cli.main(["codec", "--device", "gpu", "--counts", "1K"]) == 2
+    assert "--device gpu needs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("subcommand", ["codec", "fidelity"])
+def test_unknown_compressor_exit_code(subcommand: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "coccl.bench.cli", subcommand, "--compressor", "identity,nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "compressor 'nope' is not available: unknown compressor 'nope'" in proc.stderr
+    assert proc.stdout == ""
