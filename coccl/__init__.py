@@ -8,7 +8,8 @@ NCCL point-to-point, with pluggable compressors (TACO FP8, INT8, identity) on th
     y = comm.allreduce(x, compressor="taco", algorithm="two_shot")
 """
 
-from coccl.communicator import Communicator, init
+from typing import Any
+
 from coccl.compressors import (
     Compressor,
     available_compressors,
@@ -18,6 +19,17 @@ from coccl.compressors import (
 from coccl.errors import CocclError
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The Communicator imports mpi4py, and importing mpi4py.MPI initialises MPI. Load it
+    # on first use, so that `import coccl` (e.g. for the codecs alone, or in a launcher
+    # that then starts mpiexec, which Open MPI refuses from an MPI process) does not.
+    if name in ("init", "Communicator"):
+        from coccl import communicator  # noqa: PLC0415
+
+        return getattr(communicator, name)
+    raise AttributeError(f"module 'coccl' has no attribute {name!r}")
 
 __all__ = [
     "CocclError",

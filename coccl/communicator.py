@@ -209,10 +209,18 @@ class Communicator:
                 f"x has {src.size}"
             )
         chunk = self._settings.chunk_bytes if chunk_bytes is None else chunk_bytes
+        host_unpipelined = (
+            chunk_bytes is None and not self._settings.chunk_bytes_set and self._cpu_threads < 2
+        )
         if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
             raise ValueError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
         dst = self._output(collective, src, out)
         on_device = src.xp is not np
+        if host_unpipelined and not on_device:
+            # Host data with no spare core per rank for the codec thread: chunks could only
+            # run one after the other on the polling thread, so pipelining would add
+            # per-chunk cost and overlap nothing. One chunk (bench/NOTES.md measures it).
+            chunk = max(int(chunk), src.size * src.dtype.itemsize, 1)
         transport = self._nccl if (on_device and self._nccl is not None) else self._mpi
 
         if algorithm == "auto":

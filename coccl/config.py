@@ -60,6 +60,7 @@ class Settings:
     """A snapshot of the environment, validated."""
 
     chunk_bytes: int
+    chunk_bytes_set: bool  # COCCL_CHUNK_BYTES given explicitly
     pipeline_depth: int
     staging_limit_bytes: int
     timeout_s: float | None
@@ -84,6 +85,7 @@ def settings() -> Settings:
     threads_raw = _raw("COCCL_CPU_THREADS")
     return Settings(
         chunk_bytes=_int("COCCL_CHUNK_BYTES", 1),
+        chunk_bytes_set=bool(os.environ.get("COCCL_CHUNK_BYTES", "").strip()),
         pipeline_depth=_int("COCCL_PIPELINE_DEPTH", 1),
         staging_limit_bytes=_int("COCCL_STAGING_LIMIT_BYTES", 1 << 20),
         timeout_s=timeout,
