@@ -31,6 +31,7 @@ def __getattr__(name: str) -> Any:
         return getattr(communicator, name)
     raise AttributeError(f"module 'coccl' has no attribute {name!r}")
 
+
 __all__ = [
     "CocclError",
     "Communicator",

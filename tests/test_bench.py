@@ -406,6 +406,8 @@ def test_allreduce_end_to_end(tmp_path: Path) -> None:
             "1K",
             "-e",
             "64K",
+            "-f",
+            "2",
             "-n",
             "2",
             "-w",

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu import GPU
 from mpi_launch import run_ranks
 
 FILES = sorted(p.name for p in (Path(__file__).parent / "mpi").glob("test_*.py"))
@@ -13,5 +14,7 @@ FILES = sorted(p.name for p in (Path(__file__).parent / "mpi").glob("test_*.py")
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4])
 @pytest.mark.parametrize("name", FILES)
 def test_on_ranks(name: str, nranks: int, tmp_path: Path) -> None:
+    if "gpu" in name and not GPU:
+        pytest.skip("needs CuPy and a CUDA GPU")
     code, logs = run_ranks(nranks, [f"tests/mpi/{name}"], tmp_path)
     assert code == 0, f"{name} failed on {nranks} ranks:\n{logs}"
