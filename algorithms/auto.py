@@ -1,6 +1,7 @@
 """``algorithm="auto"``: below a minimum message size a codec's fixed cost does not pay,
-so auto runs the transport's own collective uncompressed (exact); from that size on, the
-compressed two-shot schedule (two quantizations whatever the rank count).
+so auto runs uncompressed (exact); from that size on, the compressed two-shot schedule
+(two quantizations whatever the rank count). Uncompressed, it runs the transport's own
+collective, or coccl's two-shot AllReduce where that was measured to be faster.
 
 The table is measured with ``coccl-bench``; an entry is the smallest size from which the
 compressed two-shot schedule was faster than native at every larger size measured, or
@@ -30,14 +31,34 @@ MIN_COMPRESSED_BYTES: dict[tuple[str, str], int | None] = {
     ("nccl", "gpu"): None,
 }
 
+# The same for coccl's uncompressed two-shot AllReduce against the native one: from
+# 16 MiB it beat MPICH's MPI_Allreduce on CPU ranks (1.7x at 2 and 4 ranks,
+# bench/results/cpu-latency-auto-2ranks.json, cpu-allreduce-4ranks.json) and the staged
+# Open MPI one on the H200 (3.2x); at 2 MiB and below it lost.
+MIN_IDENTITY_TWO_SHOT_BYTES: dict[tuple[str, str], int | None] = {
+    ("mpi", "gpu"): 16 << 20,
+    ("mpi", "cpu"): 16 << 20,
+    ("nccl", "gpu"): None,
+}
+
+_IDENTITY = get_compressor("identity")
+
 
 def choose(
     collective: str, nbytes: int, codec: Compressor, transport: str, on_device: bool, size: int
 ) -> tuple[str, Compressor]:
     """Return ``(algorithm, codec)`` for an ``auto`` call of ``nbytes`` input bytes."""
-    if codec.lossless or size == 1:
-        return "native", codec if codec.lossless else get_compressor("identity")
-    threshold = MIN_COMPRESSED_BYTES.get((transport, "gpu" if on_device else "cpu"))
-    if threshold is None or nbytes < threshold:
-        return "native", get_compressor("identity")
-    return "two_shot", codec
+    if size == 1:
+        return "native", _IDENTITY
+    where = (transport, "gpu" if on_device else "cpu")
+    threshold = MIN_COMPRESSED_BYTES.get(where)
+    if not codec.lossless and threshold is not None and nbytes >= threshold:
+        return "two_shot", codec
+    identity_threshold = MIN_IDENTITY_TWO_SHOT_BYTES.get(where)
+    if (
+        collective == "allreduce"
+        and identity_threshold is not None
+        and nbytes >= identity_threshold
+    ):
+        return "two_shot", _IDENTITY
+    return "native", _IDENTITY
