@@ -34,7 +34,9 @@ class Pending:
 
 
 def new_round(plan: Plan, label: str) -> Round:
-    return Round(label=f"{plan.what} {label}", tag=plan.next_tag())
+    # identity payloads are the data itself: a transport may type them (NCCL does)
+    wire = plan.dtype if plan.codec.lossless else None
+    return Round(label=f"{plan.what} {label}", tag=plan.next_tag(), wire_dtype=wire)
 
 
 def send_own(plan: Plan, rnd: Round, src: Any) -> Any:

@@ -44,6 +44,17 @@ def nccl_dtype(dtype: Any) -> int:
         ) from None
 
 
+def wire_type(nbytes: int, wire_dtype: Any) -> tuple[int, int]:
+    """``(count, ncclDataType)`` for a point-to-point message of ``nbytes`` bytes: the
+    data's own NCCL type for uncompressed payloads where NCCL has one, else bytes."""
+    if wire_dtype is not None:
+        dtype = np.dtype(wire_dtype)
+        code = _NCCL_DTYPES.get(dtype)
+        if code is not None and nbytes % dtype.itemsize == 0:
+            return nbytes // dtype.itemsize, code
+    return int(nbytes), NCCL_UINT8
+
+
 def _device_key(cp: Any, device_id: int) -> str:
     props = cp.cuda.runtime.getDeviceProperties(device_id)
     uuid = props.get("uuid")
@@ -138,17 +149,27 @@ class NcclTransport:
         return []
 
     def group_exchange(
-        self, sends: list[tuple[int, Any]], recvs: list[tuple[int, Any]], stream: Any
+        self,
+        sends: list[tuple[int, Any]],
+        recvs: list[tuple[int, Any]],
+        stream: Any,
+        wire_dtype: Any = None,
     ) -> None:
-        """Post sends and receives of uint8 buffers as one NCCL group on ``stream``."""
+        """Post sends and receives of uint8 buffers as one NCCL group on ``stream``.
+
+        Compressed payloads travel as ``ncclUint8`` byte counts; uncompressed ones
+        (``wire_dtype`` given) in their own NCCL type where NCCL has one, bfloat16 too.
+        """
         nccl = self._nccl
         self.bytes_sent += sum(int(buf.size) for _, buf in sends)
         self._call("groupStart", nccl.groupStart)
         try:
             for peer, buf in sends:
-                self.comm.send(buf.data.ptr, buf.size, NCCL_UINT8, peer, stream.ptr)
+                count, nccl_type = wire_type(buf.size, wire_dtype)
+                self.comm.send(buf.data.ptr, count, nccl_type, peer, stream.ptr)
             for peer, buf in recvs:
-                self.comm.recv(buf.data.ptr, buf.size, NCCL_UINT8, peer, stream.ptr)
+                count, nccl_type = wire_type(buf.size, wire_dtype)
+                self.comm.recv(buf.data.ptr, count, nccl_type, peer, stream.ptr)
         except nccl.NcclError as exc:
             raise CocclError(f"NCCL send/recv failed on rank {self.rank}: {exc}") from exc
         finally:

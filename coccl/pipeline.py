@@ -52,6 +52,7 @@ class Round:
     post: Callable[[], None] | None = None
     deps: Sequence[Round] = ()
     holds: list[Block] = field(default_factory=list)
+    wire_dtype: Any = None  # the element type of uncompressed payloads (None: bytes)
 
     # engine state
     pre_handle: Any = None
@@ -333,7 +334,7 @@ def run_streamed(
                 rnd.pre()
         ctx.comm.wait_event(ctx.event(ctx.compute))
         if rnd.sends or rnd.recvs:
-            transport.group_exchange(rnd.sends, rnd.recvs, ctx.comm)
+            transport.group_exchange(rnd.sends, rnd.recvs, ctx.comm, rnd.wire_dtype)
         rnd.exchange_event = ctx.event(ctx.comm)
         if rnd.post is not None:
             ctx.post.wait_event(rnd.exchange_event)

@@ -146,3 +146,14 @@ def test_public_names():
     assert {"init", "Communicator", "get_compressor", "register_compressor", "CocclError"} <= set(
         coccl.__all__
     )
+
+
+def test_nccl_wire_types():
+    """Uncompressed payloads travel in their own NCCL type (bfloat16 too), others as bytes."""
+    from coccl.arrays import BFLOAT16
+    from coccl.nccl_transport import NCCL_UINT8, wire_type
+
+    assert wire_type(64, np.float32) == (16, 7)
+    assert wire_type(64, BFLOAT16) == (32, 9)
+    assert wire_type(64, None) == (64, NCCL_UINT8)  # compressed payload: bytes
+    assert wire_type(64, np.int16) == (64, NCCL_UINT8)  # no NCCL int16: bytes
