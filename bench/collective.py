@@ -421,8 +421,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="float32 (float), float16 (half), bfloat16, float64 (double), int8, ..., "
              "uint64 (default float32)")
     add("-o", "--op", choices=OPS, default="sum", help="reduction op (default sum)")
-    add("--backend", choices=("auto", "mpi", "nccl"), default="auto",
-        help="coccl.init backend: the transport of device data (default auto)")
+    add("--backend", type=comma_list, default=["auto"],
+        help="comma-separated coccl.init backends (auto, mpi, nccl), one sweep each: "
+             "the transport of device data (default auto)")
     add("--algorithm", type=comma_list, default=["ring", "two_shot"],
         help="comma-separated algorithms to compare (default ring,two_shot)")
     add("--compressor", type=comma_list, default=["identity"],
@@ -450,6 +451,9 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"-w/--warmup_iters must be >= 0, got {args.warmup_iters}"
     if args.chunk_bytes is not None and args.chunk_bytes < 1:
         return "--chunk-bytes must be at least 1"
+    unknown = [b for b in args.backend if b not in ("auto", "mpi", "nccl")]
+    if unknown:
+        return f"--backend {','.join(unknown)}: choose from auto, mpi, nccl"
     return None
 
 
@@ -470,39 +474,65 @@ _register(ALLGATHER, "all_gather_perf")
 
 
 def run(spec: Spec, args: argparse.Namespace) -> int:
-    """One sweep, on every rank; rank 0 prints the table and writes the files."""
+    """One sweep per backend, on every rank; rank 0 prints the tables and writes the
+    files (one JSON with every row; one plot per backend)."""
     from mpi4py import MPI  # noqa: PLC0415
 
     mpi = MPI.COMM_WORLD
-    comm = None
-    try:
-        xp, sync, device = _select_device(mpi, args.device)
-        comm = coccl.init(mpi, backend=args.backend)
-        codecs = _codecs(args.compressor)
-        variants, notes = _variants(args.algorithm, args.compressor)
-        sweep = Sweep(
-            spec,
-            comm,
-            mpi,
-            xp,
-            args.datatype,
-            args.op if spec.reduces else "sum",
-            args.iters,
-            args.warmup_iters,
-            bool(args.check),
-            args.chunk_bytes,
-            sync,
-            args.overlap_min,
-        )
-        native_ok = _probe(sweep, variants, codecs)
-        _preflight(mpi, args)
-    except (UsageError, coccl.CocclError) as exc:
-        return _refuse(mpi, comm, str(exc))
-    try:
-        _sweep(sweep, args, variants, codecs, native_ok, notes, _metadata(sweep, args, device))
-    finally:
-        comm.close()
+    rows: list[Row] = []
+    meta: dict[str, Any] = {}
+    for backend in args.backend:
+        comm = None
+        try:
+            xp, sync, device = _select_device(mpi, args.device)
+            comm = coccl.init(mpi, backend=backend)
+            codecs = _codecs(args.compressor)
+            variants, notes = _variants(args.algorithm, args.compressor)
+            sweep = Sweep(
+                spec,
+                comm,
+                mpi,
+                xp,
+                args.datatype,
+                args.op if spec.reduces else "sum",
+                args.iters,
+                args.warmup_iters,
+                bool(args.check),
+                args.chunk_bytes,
+                sync,
+                args.overlap_min,
+            )
+            native_ok = _probe(sweep, variants, codecs)
+            _preflight(mpi, args)
+        except (UsageError, coccl.CocclError) as exc:
+            return _refuse(mpi, comm, str(exc))
+        try:
+            here = _metadata(sweep, args, device)
+            swept = _sweep(sweep, args, variants, codecs, native_ok, notes, here)
+        finally:
+            comm.close()
+        rows += swept
+        if not meta:
+            meta = here
+        if mpi.Get_rank() == 0 and args.plot:
+            from .plot import plot_sweep  # noqa: PLC0415
+
+            path = _per_backend(args.plot, backend, len(args.backend))
+            plot_sweep(path, here, swept)
+            print(f"# plot written to {path}", flush=True)
+    if mpi.Get_rank() == 0 and args.json:
+        meta["backend"] = ",".join(dict.fromkeys(row.backend for row in rows)) or meta["backend"]
+        write_json(args.json, meta, rows)
+        print(f"# JSON written to {args.json}", flush=True)
     return 0
+
+
+def _per_backend(path: str, backend: str, nbackends: int) -> str:
+    """``path`` itself for one backend, else ``name-BACKEND.png``."""
+    if nbackends == 1:
+        return path
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}-{backend}.{suffix}" if dot else f"{path}-{backend}"
 
 
 def _sweep(
@@ -513,7 +543,7 @@ def _sweep(
     native_ok: bool,
     notes: list[str],
     meta: dict[str, Any],
-) -> None:
+) -> list[Row]:
     nranks, rank0 = sweep.mpi.Get_size(), sweep.mpi.Get_rank() == 0
     sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
     counts, skipped = sweep_counts(sweep.spec, sizes, sweep.dtype.itemsize, nranks)
@@ -536,18 +566,12 @@ def _sweep(
         label = f"{sweep.spec.name} {human_size(count * sweep.dtype.itemsize)}"
         tick = _ticker(progress, done, step / steps, label)
         for row in sweep.run_size(count, variants, codecs, native_ok, tick):
+            row.backend = sweep.comm.backend
             rows.append(row)
             say(format_row(row))
         done += step
     say(format_summary(rows))
-    if rank0 and args.json:
-        write_json(args.json, meta, rows)
-        say(f"# JSON written to {args.json}")
-    if rank0 and args.plot:
-        from .plot import plot_sweep  # noqa: PLC0415
-
-        plot_sweep(args.plot, meta, rows)
-        say(f"# plot written to {args.plot}")
+    return rows
 
 
 def _ticker(progress: Progress, start: float, step: float, label: str) -> Callable[[str], None]:

@@ -47,6 +47,7 @@ class Row:
             pipeline held during this row's calls, largest over ranks.
         overlap_efficiency: ``max(codec-only, transport-only) / pipelined`` time from
             ``Communicator.overlap_profile`` (None unless measured: ``--overlap-min``).
+        backend: the transport that ran it (``mpi`` or ``nccl``).
     """
 
     size: int
@@ -67,6 +68,7 @@ class Row:
     speedup: float | None
     peak_staging_bytes: int
     overlap_efficiency: float | None = None
+    backend: str = ""  # the communicator's backend (mpi, nccl) that ran the row
 
 
 # (title, unit, width) of each column, in order; the first two lines of the header.

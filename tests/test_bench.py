@@ -55,6 +55,7 @@ ROW_FIELDS = {
     "speedup",
     "peak_staging_bytes",
     "overlap_efficiency",
+    "backend",
 }
 META_FIELDS = {
     "collective",
@@ -476,3 +477,11 @@ def test_unknown_compressor_fails_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "compressor 'nope' is not available" in proc.stderr
     assert proc.stderr.count("coccl-bench: error") == 1  # said once, by rank 0
+
+
+def test_one_plot_per_backend() -> None:
+    from coccl.bench.collective import _per_backend
+
+    assert _per_backend("sweep.png", "mpi", 1) == "sweep.png"
+    assert _per_backend("out/sweep.png", "nccl", 2) == "out/sweep-nccl.png"
+    assert _per_backend("sweep", "mpi", 2) == "sweep-mpi"
