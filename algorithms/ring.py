@@ -122,18 +122,11 @@ def _allgather_rounds(
                 yield rnd
 
 
-def _local(plan: Plan, fn: Any) -> Iterator[Round]:
-    """A single rank: one round of local compute, no messages."""
-    rnd = new_round(plan, "local")
-    rnd.pre = fn
-    yield rnd
-
-
 def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     """Ring AllReduce of flat ``x`` into flat ``out`` (same size; may be the same array)."""
     shards = aligned_shards(x.size, plan.size, plan.codec.alignment)
     if plan.size == 1:
-        yield from _allreduce_local(plan, x, out)
+        yield from _local(plan, x, out, True)
         return
     results: dict[int, Pending] = {}
     for item in _reduce_scatter_rounds(plan, x, shards, lambda a, b: out[a:b], True):
@@ -144,12 +137,14 @@ def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     yield from _allgather_rounds(plan, shards, out, results)
 
 
-def _allreduce_local(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
+def _local(plan: Plan, x: Any, out: Any, want_payload: bool) -> Iterator[Round]:
+    """A single rank: one round of local compute, no messages. For AllReduce
+    (``want_payload``) the result still goes through one encode/decode, as on n ranks."""
     rnd = new_round(plan, "local")
     if x.size:
         acc_block, acc = plan.accumulator(x.size)
         rnd.holds.append(acc_block)
-        result = result_payload(plan, out, True, rnd)
+        result = result_payload(plan, out, want_payload, rnd)
         if result is not None and result.block is not None:
             result.block.release()  # nobody else consumes it
         rnd.pre = partial(reduce_chunk, plan, acc, x, [], out, result)
@@ -162,22 +157,13 @@ def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     shards = even_shards(n_out, plan.size)
     base = shards[plan.rank][0]
     if plan.size == 1:
-        yield from _allreduce_local_rs(plan, x, out)
+        yield from _local(plan, x, out, False)
         return
     for item in _reduce_scatter_rounds(
         plan, x, shards, lambda a, b: out[a - base : b - base], False
     ):
         if not isinstance(item, dict):
             yield item
-
-
-def _allreduce_local_rs(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
-    rnd = new_round(plan, "local")
-    if x.size:
-        acc_block, acc = plan.accumulator(x.size)
-        rnd.holds.append(acc_block)
-        rnd.pre = partial(reduce_chunk, plan, acc, x, [], out, None)
-    yield rnd
 
 
 def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:

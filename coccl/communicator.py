@@ -8,6 +8,7 @@ NCCL, or MPI (directly if CUDA-aware, else through pinned host staging).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -380,11 +381,10 @@ class Communicator:
         transport: Any,
         ctx: DeviceContext | None,
     ) -> None:
+        # device work is enqueued on coccl's compute stream (host data: no stream)
+        stream = ctx.compute if ctx is not None else contextlib.nullcontext()
         if algorithm == "native":
-            if ctx is not None:
-                with ctx.compute:
-                    algorithms.native.run(transport, collective, src.data, dst.data, op)
-            else:
+            with stream:
                 algorithms.native.run(transport, collective, src.data, dst.data, op)
             return
         align = codec.alignment
@@ -412,17 +412,7 @@ class Communicator:
             )
             return
         executor = self._executor(ctx, min(chunk_elems, src.size) * src.dtype.itemsize)
-        if ctx is not None:
-            with ctx.compute:
-                run_polling(
-                    rounds,
-                    transport,
-                    executor,
-                    depth=depth,
-                    timeout_s=self._settings.timeout_s,
-                    what=plan.what,
-                )
-        else:
+        with stream:
             run_polling(
                 rounds,
                 transport,

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from coccl.compressors import Compressor
-from coccl.pipeline import DONE
 
 
 class NullTransport:
@@ -81,4 +80,4 @@ class WireOnlyCodec(Compressor):
         pass
 
 
-__all__ = ["DONE", "NullTransport", "WireOnlyCodec"]
+__all__ = ["NullTransport", "WireOnlyCodec"]

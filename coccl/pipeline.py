@@ -96,6 +96,16 @@ def _noop() -> None:
     pass
 
 
+def _backoff(spins: int) -> None:
+    """Wait a little after ``spins`` polls that made no progress: spin first (a message
+    on shared memory lands in microseconds), then yield the GIL to the worker thread,
+    then sleep, so ranks that share cores still progress. Shared-memory MPI only moves
+    data while some rank calls into it, so the wait stays short."""
+    if spins < 64:
+        return
+    time.sleep(0 if spins < 256 else 50e-6)
+
+
 class CpuExecutor:
     """One worker thread: numba codec kernels run there without the GIL."""
 
@@ -115,7 +125,7 @@ class CpuExecutor:
     def submit(self, fn: Callable[[], None] | None) -> Any:
         return DONE if fn is None else self._pool.submit(fn)
 
-    idle = staticmethod(lambda spins: _backoff(spins))
+    idle = staticmethod(_backoff)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -132,17 +142,7 @@ class InlineExecutor:
             fn()
         return DONE
 
-    idle = staticmethod(lambda spins: _backoff(spins))
-
-
-def _backoff(spins: int) -> None:
-    """Wait a little after ``spins`` polls that made no progress: spin first (a message
-    on shared memory lands in microseconds), then yield the GIL to the worker thread,
-    then sleep, so ranks that share cores still progress. Shared-memory MPI only moves
-    data while some rank calls into it, so the wait stays short."""
-    if spins < 64:
-        return
-    time.sleep(0 if spins < 256 else 50e-6)
+    idle = staticmethod(_backoff)
 
 
 class _EventHandle:
@@ -175,7 +175,7 @@ class GpuExecutor:
             event.record(self.stream)
         return _EventHandle(event)
 
-    idle = staticmethod(lambda spins: _backoff(spins))
+    idle = staticmethod(_backoff)
 
     def close(self) -> None:
         pass
