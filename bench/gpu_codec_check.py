@@ -111,7 +111,13 @@ def log(*a: Any) -> None:
 class Report:
     def __init__(self, out: Path) -> None:
         self.path = out / "codec.json"
-        self.data: dict[str, Any] = {"rows": [], "checks": [], "tuning": [], "errors": []}
+        self.data: dict[str, Any] = {
+            "rows": [],
+            "checks": [],
+            "tuning": [],
+            "launch_cost": [],
+            "errors": [],
+        }
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -126,8 +132,32 @@ class Report:
         self.save()
 
 
-def timed_ms(cp, fns, reps: int, warmup: int = 3) -> float:
-    """Median over reps of one launch (CUDA events), rotating over fns."""
+_SPIN_SOURCE = r"""
+extern "C" __global__ void coccl_spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+"""
+_spin: list[Any] = []
+
+
+def gpu_spin(cp, cycles: int = 2_000_000) -> None:
+    """Keep the GPU busy for ``cycles`` SM clocks (about 1 ms at 1.98 GHz) on the current
+    stream, so that the host can queue what follows before the GPU reaches it."""
+    if not _spin:
+        _spin.append(cp.RawKernel(_SPIN_SOURCE, "coccl_spin"))
+    _spin[0]((1,), (1,), (cp.int64(cycles),))
+
+
+def timed_ms(cp, fns, reps: int, warmup: int = 3, hide_launch: bool = True) -> float:
+    """Median over reps of the device time of one call (CUDA events), rotating over fns.
+
+    With ``hide_launch`` (the default) each timed call is queued behind a spin kernel, so
+    the events bracket the call's GPU work only, as in a pipeline where launches run ahead
+    of the GPU. Without it the GPU is idle when the start event is recorded, and the time
+    also holds the host's cost of launching the call (CuPy's argument handling, ~20 us);
+    bench/NOTES.md compares the two."""
     for i in range(max(warmup, len(fns))):
         fns[i % len(fns)]()
     cp.cuda.get_current_stream().synchronize()
@@ -135,6 +165,8 @@ def timed_ms(cp, fns, reps: int, warmup: int = 3) -> float:
     times = []
     for i in range(reps):
         f = fns[i % len(fns)]
+        if hide_launch:
+            gpu_spin(cp)
         start.record()
         f()
         end.record()
@@ -380,6 +412,7 @@ def _bind(fn, *args, **kwargs):
 class Bench:
     def __init__(self, cp, gk, rep: Report, copy_gbps: float, reps: int) -> None:
         self.cp, self.gk, self.rep, self.copy, self.reps = cp, gk, rep, copy_gbps, reps
+        self.hide_launch = True  # see timed_ms
 
     def row(self, codec, op, dtype, count, ms, nbytes, G, extra=None) -> dict[str, Any]:
         gbps = nbytes / ms / 1e6
@@ -429,7 +462,7 @@ class Bench:
                 ps = [cp.empty(nb, cp.uint8) for _ in xs]
 
                 def time_calls(calls):
-                    return timed_ms(cp, calls, self.reps)
+                    return timed_ms(cp, calls, self.reps, hide_launch=self.hide_launch)
 
                 if "encode" in ops:
                     calls = [_bind(enc, x, p, **kw) for x, p in zip(xs, ps, strict=True)]
@@ -496,6 +529,23 @@ def timings(bench: Bench, sizes, quick: bool) -> None:
                     bench.run_codec(codec, dt, count, [32, 512], ["encode"])
 
 
+def launch_cost(bench: Bench, sizes) -> None:
+    """The default kernels timed the old way too (the GPU idle at the start event, so the
+    host's launch cost is inside the time), to show what that cost does to the figures."""
+    import ml_dtypes  # noqa: PLC0415
+
+    bf16 = ml_dtypes.bfloat16
+    log("(c2) the same, timed with the launch cost inside (GPU idle at the start event)")
+    bench.hide_launch = False
+    try:
+        for count in sizes:
+            for ops in (["encode"], ["decode_accumulate"]):
+                cfg = {"config": "default, launch cost timed"}
+                bench.run_codec("taco", bf16, count, [128], ops, "launch_cost", cfg)
+    finally:
+        bench.hide_launch = True
+
+
 def tuning(bench: Bench, count: int) -> None:
     import ml_dtypes  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
@@ -503,20 +553,28 @@ def tuning(bench: Bench, count: int) -> None:
     bf16 = np.dtype(ml_dtypes.bfloat16)
     gk = bench.gk
     log(f"(d) launch configurations at {count // M}M elements, G=128 (default first)")
+    # bps: blocks per SM in the grid (16: several waves of blocks; the occupancy limit:
+    # one persistent wave). raw: taco encode checks every group for NaN/Inf (the kernel
+    # before the energy test).
     configs = [
-        dict(stage=0, prefetch=1, threads=256, enc=768, acc=512),
-        dict(stage=0, prefetch=1, threads=256, enc=1024, acc=512),
-        dict(stage=0, prefetch=1, threads=128, enc=512, acc=512),
-        dict(stage=0, prefetch=1, threads=256, enc=512, acc=256),
-        dict(stage=0, prefetch=0, threads=256, enc=1024, acc=512),
-        dict(stage=1, prefetch=0, threads=256, enc=1024, acc=512),
-        dict(stage=1, prefetch=0, threads=256, enc=512, acc=256),
+        dict(stage=0, prefetch=1, threads=256, enc=768, acc=512, bps=16, raw=0),
+        dict(stage=0, prefetch=1, threads=256, enc=768, acc=512, bps=16, raw=1),
+        dict(stage=0, prefetch=1, threads=256, enc=768, acc=512, bps=3, raw=0),
+        dict(stage=0, prefetch=1, threads=256, enc=1024, acc=512, bps=4, raw=0),
+        dict(stage=0, prefetch=1, threads=128, enc=512, acc=512, bps=16, raw=0),
+        dict(stage=0, prefetch=1, threads=128, enc=512, acc=512, bps=4, raw=0),
+        dict(stage=0, prefetch=1, threads=128, enc=768, acc=512, bps=6, raw=0),
+        dict(stage=0, prefetch=1, threads=256, enc=512, acc=256, bps=2, raw=0),
+        dict(stage=1, prefetch=0, threads=256, enc=1024, acc=512, bps=16, raw=0),
     ]
-    saved = {k: gk._TUNING[k] for k in ("stage", "prefetch", "threads", "resident")}
+    saved = {
+        k: gk._TUNING[k]
+        for k in ("stage", "prefetch", "threads", "resident", "blocks_per_sm", "raw_check")
+    }
     for c in configs:
         name = (
             f"stage={c['stage']} prefetch={c['prefetch']} threads={c['threads']} "
-            f"resident enc/acc={c['enc']}/{c['acc']}"
+            f"resident enc/acc={c['enc']}/{c['acc']} blocks/SM={c['bps']} raw_check={c['raw']}"
         )
         try:
             gk._set_tuning(
@@ -524,6 +582,8 @@ def tuning(bench: Bench, count: int) -> None:
                 prefetch={"encode": c["prefetch"], "decode": 0, "accumulate": 0},
                 threads=c["threads"],
                 resident={"encode": c["enc"], "decode": 1024, "accumulate": c["acc"]},
+                blocks_per_sm=c["bps"],
+                raw_check=c["raw"],
             )
             for count_ in (count, count // 4):
                 bench.run_codec("taco", bf16, count_, [128], ["encode"], "tuning", {"config": name})
@@ -534,6 +594,25 @@ def tuning(bench: Bench, count: int) -> None:
             bench.rep.error(f"tuning {name}", exc)
         finally:
             gk._set_tuning(**saved)
+
+
+def probe(gk, cp, what: str, count: int, launches: int = 6) -> None:
+    """A few launches of one default kernel and nothing else, for a profiler (ncu)."""
+    import ml_dtypes  # noqa: PLC0415
+
+    x = random_dev(cp, count, ml_dtypes.bfloat16, 1)
+    kw = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+    K = -(-count // 128)
+    p = cp.empty(K * 128 + 8 * K, cp.uint8)
+    gk.taco_encode(x, p, **kw)
+    acc = random_dev(cp, count, "float32", 2)
+    for _ in range(launches):
+        if what == "encode":
+            gk.taco_encode(x, p, **kw)
+        else:
+            gk.taco_decode(p, acc, accumulate=True, **kw)
+    cp.cuda.runtime.deviceSynchronize()
+    log(f"probe: {launches} x {what} of {count} elements done")
 
 
 # ------------------------------------------------------------------- (e) ptxas
@@ -615,6 +694,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also run tests/test_codec_gpu.py in this process (no install needed)",
     )
     ap.add_argument("--only-tests", action="store_true", help="run only the pytest part")
+    ap.add_argument(
+        "--probe",
+        choices=("encode", "decode_accumulate"),
+        help="only launch this default taco bf16 kernel a few times (for ncu)",
+    )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rep = Report(args.out)
@@ -626,6 +710,9 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp  # noqa: PLC0415
 
     gk = _load_gpu_kernels()
+    if args.probe:
+        probe(gk, cp, args.probe, int(float(args.sizes.split(",")[0]) * M))
+        return 0
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -665,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         sizes = sizes[:1]
     timings(bench, sizes, args.quick)
+    launch_cost(bench, sizes)
     if not args.skip_tuning:
         tuning(bench, max(sizes))
     ptxas_report(rep, cc)

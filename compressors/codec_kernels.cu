@@ -18,6 +18,8 @@
 //   MIN_BLOCKS  __launch_bounds__ minimum blocks per SM (sizes the register budget)
 //   SW_CVT  1: use the software conversions even where the hardware has instructions
 //           (so that a test can compare the two on one GPU)
+//   RAW_CHECK  taco encode with ash: 1 looks for NaN/Inf in every group's raw elements;
+//           0 (default) only in groups whose energy is not finite (the same result)
 //
 // Arithmetic: FORMAT.md requires IEEE float32 with round-to-nearest-even, no FMA
 // contraction and no flush of subnormals. CuPy appends -ftz=true to every compile, which
@@ -75,6 +77,9 @@
 #endif
 #ifndef SW_CVT
 #define SW_CVT 0
+#endif
+#ifndef RAW_CHECK
+#define RAW_CHECK 0  // taco encode with ash: check every group's elements for NaN/Inf
 #endif
 
 // Hardware conversions: FP8 on sm_89+, packed bf16x2/f16x2 on sm_80+.
@@ -504,8 +509,6 @@ DEV void wht_group(float* v, int lig) {
 // =============================================================== taco encode
 #if OP == 1
 DEV void taco_encode_lane(const u32* w, int lig, u32* codes, u32& sbits, u32& abits) {
-  const u32 mb = group_umax(raw_absmax(w));
-  const bool bad = mb >= INF_BITS;
   const float qmax = as_f(QMAX_BITS);
   float alpha = as_f(BITS_ONE), c = as_f(BITS_ONE), amax = 0.0f;
   float v[32];
@@ -517,6 +520,17 @@ DEV void taco_encode_lane(const u32* w, int lig, u32* codes, u32& sbits, u32& ab
   for (int r = 0; r < 32; ++r) e = f_add(e, f_mul(v[r], v[r]));
 #pragma unroll
   for (int t = 1; t < LPG; t <<= 1) e = f_add(e, __shfl_xor_sync(FULL_MASK, e, t));
+#if RAW_CHECK
+  const bool bad = group_umax(raw_absmax(w)) >= INF_BITS;
+#else
+  // A NaN or +-Inf element makes the energy NaN or +Inf, so a finite energy proves the
+  // group finite and the per-element check runs only when the energy is not finite
+  // (a non-finite element, or finite squares whose sum overflowed). The branch is taken
+  // by whole warps, because the check shuffles across the group's lanes.
+  bool bad = false;
+  if (__any_sync(FULL_MASK, (as_u(e) & 0x7fffffffu) >= 0x7f800000u))
+    bad = group_umax(raw_absmax(w)) >= INF_BITS;
+#endif
   // m = e / G: G is a power of two, so e * 2^-log2(G) is the same correctly rounded value
   const float m = f_mul(e, as_f((u32)(127 - LOG2_GS) << 23));
   alpha = f_div(qmax, f_sqrt(f_add(m, as_f(BITS_LAMBDA))));
@@ -531,6 +545,8 @@ DEV void taco_encode_lane(const u32* w, int lig, u32* codes, u32& sbits, u32& ab
   for (int t = 1; t < LPG; t <<= 1) amax = f_max(amax, __shfl_xor_sync(FULL_MASK, amax, t));
   c = as_f(CINV_BITS);
 #else
+  const u32 mb = group_umax(raw_absmax(w));
+  const bool bad = mb >= INF_BITS;
   amax = raw_to_f32(mb);
 #endif
   (void)amax;

@@ -48,6 +48,7 @@ _TUNING: dict[str, Any] = {
     "resident": {"encode": 768, "decode": 1024, "accumulate": 512},
     "blocks_per_sm": 16,
     "sw_cvt": 0,
+    "raw_check": 0,
 }
 _KINDS = ("encode", "decode", "accumulate")
 
@@ -247,6 +248,8 @@ def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
     out["MIN_BLOCKS"] = max(1, int(_TUNING["resident"][kind]) // threads)
     if _TUNING["sw_cvt"]:
         out["SW_CVT"] = 1
+    if _TUNING["raw_check"] and defs.get("OP") == _OP_TACO_ENC:
+        out["RAW_CHECK"] = 1
     return out
 
 
@@ -295,7 +298,8 @@ def _launch(
 # ------------------------------------------------------------- benchmarks' hooks
 def _set_tuning(**changes: Any) -> dict[str, Any]:
     """Change the launch tuning (threads, stage, resident, blocks_per_sm, sw_cvt: use the
-    software FP8/bf16/f16 conversions instead of the hardware ones); returns the
+    software FP8/bf16/f16 conversions instead of the hardware ones, raw_check: taco encode
+    checks every group's elements for NaN/Inf, not only those of a non-finite energy); returns the
     previous values so that a benchmark can restore them."""
     unknown = set(changes) - set(_TUNING)
     if unknown:

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Device call: codec timings (launch cost hidden and not), tuning rows, ncu on the default
+# taco bf16 encode and decode-accumulate at 64M elements, then the GPU codec tests.
+# Usage (device): bash bench/h200_codec_probe.sh   (logs and JSON in $OUT)
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+echo "=== timings + tuning ($(date +%T))"
+timeout 300 python3 bench/gpu_codec_check.py --out "$OUT" --skip-checks --reps 31 2>&1 \
+  | tee "$OUT/codec_log.txt" | grep -v "^  int8" | tail -60
+for op in encode decode_accumulate; do
+  echo "=== ncu $op 64M ($(date +%T))"
+  timeout 120 ncu --clock-control none -k regex:coccl_codec --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section InstructionStats \
+    --section Occupancy --section LaunchStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    python3 bench/gpu_codec_check.py --out "$OUT/probe" --probe $op --sizes 64 > "$OUT/ncu-$op.txt" 2>&1
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|Registers Per|Executed Instructions  |No Eligible|Stall|Warp Cycles Per Issued|Block Limit Reg|Theoretical Occ|L1/TEX Hit|Mem Busy|Max Bandwidth|One or More" "$OUT/ncu-$op.txt" | head -40
+done
+echo "=== tests ($(date +%T))"
+timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py 2>&1 | tail -5
+echo "=== done ($(date +%T))"
