@@ -5,6 +5,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -2
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 echo "=== timings + tuning ($(date +%T))"
 timeout 300 python3 bench/gpu_codec_check.py --out "$OUT" --skip-checks --reps 31 2>&1 \
