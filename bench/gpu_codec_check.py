@@ -552,44 +552,34 @@ def tuning(bench: Bench, count: int) -> None:
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
     gk = bench.gk
-    log(f"(d) launch configurations at {count // M}M elements, G=128 (default first)")
-    # bps: blocks per SM in the grid (16: several waves of blocks; the occupancy limit:
-    # one persistent wave). raw: taco encode checks every group for NaN/Inf (the kernel
-    # before the energy test).
+    log(f"(d) launch configurations at {count // M}M elements, G=128 (the 32-per-lane kernel first)")
+    # Each row: the _TUNING changes for the encode kernels. epl: elements per lane (0: the
+    # 32-per-lane kernel, with its stage/prefetch/threads/resident); bps: blocks per SM in
+    # the grid (16: several waves of blocks; the occupancy limit: one persistent wave);
+    # raw: check every group for NaN/Inf (before the energy test).
     configs = [
-        dict(stage=0, prefetch=1, threads=256, enc=768, acc=512, bps=16, raw=0),
-        dict(stage=0, prefetch=1, threads=256, enc=768, acc=512, bps=16, raw=1),
-        dict(stage=0, prefetch=1, threads=256, enc=768, acc=512, bps=3, raw=0),
-        dict(stage=0, prefetch=1, threads=256, enc=1024, acc=512, bps=4, raw=0),
-        dict(stage=0, prefetch=1, threads=128, enc=512, acc=512, bps=16, raw=0),
-        dict(stage=0, prefetch=1, threads=128, enc=512, acc=512, bps=4, raw=0),
-        dict(stage=0, prefetch=1, threads=128, enc=768, acc=512, bps=6, raw=0),
-        dict(stage=0, prefetch=1, threads=256, enc=512, acc=256, bps=2, raw=0),
-        dict(stage=1, prefetch=0, threads=256, enc=1024, acc=512, bps=16, raw=0),
+        dict(encode_epl=0, threads=256, resident={"encode": 768}, blocks_per_sm=16),
+        dict(encode_epl=0, threads=256, resident={"encode": 768}, blocks_per_sm=16, raw_check=1),
+        dict(encode_epl=0, threads=128, resident={"encode": 512}, blocks_per_sm=16),
+        dict(encode_epl=128, epl_threads=128, epl_resident=384, blocks_per_sm=16),
+        dict(encode_epl=128, epl_threads=128, epl_resident=384, blocks_per_sm=3),
+        dict(encode_epl=128, epl_threads=128, epl_resident=384, blocks_per_sm=16, raw_check=1),
+        dict(encode_epl=128, epl_threads=64, epl_resident=384, blocks_per_sm=16),
+        dict(encode_epl=128, epl_threads=128, epl_resident=256, blocks_per_sm=16),
+        dict(encode_epl=64, epl_threads=128, epl_resident=512, blocks_per_sm=16),
+        dict(encode_epl=64, epl_threads=128, epl_resident=640, blocks_per_sm=16),
     ]
-    saved = {
-        k: gk._TUNING[k]
-        for k in ("stage", "prefetch", "threads", "resident", "blocks_per_sm", "raw_check")
-    }
+    keys = {k for c in configs for k in c}
+    saved = {k: gk._TUNING[k] for k in keys}
     for c in configs:
-        name = (
-            f"stage={c['stage']} prefetch={c['prefetch']} threads={c['threads']} "
-            f"resident enc/acc={c['enc']}/{c['acc']} blocks/SM={c['bps']} raw_check={c['raw']}"
-        )
+        name = " ".join(f"{k}={v}" for k, v in c.items())
         try:
-            gk._set_tuning(
-                stage={"encode": c["stage"], "decode": 1, "accumulate": 1},
-                prefetch={"encode": c["prefetch"], "decode": 0, "accumulate": 0},
-                threads=c["threads"],
-                resident={"encode": c["enc"], "decode": 1024, "accumulate": c["acc"]},
-                blocks_per_sm=c["bps"],
-                raw_check=c["raw"],
-            )
+            changes = dict(c)
+            if "resident" in changes:
+                changes["resident"] = {**gk._TUNING["resident"], **changes["resident"]}
+            gk._set_tuning(**changes)
             for count_ in (count, count // 4):
                 bench.run_codec("taco", bf16, count_, [128], ["encode"], "tuning", {"config": name})
-                bench.run_codec(
-                    "taco", bf16, count_, [128], ["decode_accumulate"], "tuning", {"config": name}
-                )
         except Exception as exc:  # noqa: BLE001
             bench.rep.error(f"tuning {name}", exc)
         finally:

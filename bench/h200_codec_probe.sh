@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 echo "=== timings + tuning ($(date +%T))"
 timeout 300 python3 bench/gpu_codec_check.py --out "$OUT" --skip-checks --reps 31 2>&1 \
   | tee "$OUT/codec_log.txt" | grep -v "^  int8" | tail -60
-for op in encode decode_accumulate; do
+for op in ${NCU_OPS:-encode}; do
   echo "=== ncu $op 64M ($(date +%T))"
   timeout 120 ncu --clock-control none -k regex:coccl_codec --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section InstructionStats \
@@ -19,5 +19,5 @@ for op in encode decode_accumulate; do
   grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|Registers Per|Executed Instructions  |No Eligible|Stall|Warp Cycles Per Issued|Block Limit Reg|Theoretical Occ|L1/TEX Hit|Mem Busy|Max Bandwidth|One or More" "$OUT/ncu-$op.txt" | head -40
 done
 echo "=== tests ($(date +%T))"
-timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py 2>&1 | tail -5
+timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_codec_gpu.py tests/test_nccl.py 2>&1 | tail -8
 echo "=== done ($(date +%T))"

@@ -18,8 +18,9 @@
 //   MIN_BLOCKS  __launch_bounds__ minimum blocks per SM (sizes the register budget)
 //   SW_CVT  1: use the software conversions even where the hardware has instructions
 //           (so that a test can compare the two on one GPU)
-//   RAW_CHECK  taco encode with ash: 1 looks for NaN/Inf in every group's raw elements;
+//   RAW_CHECK  taco encode with ash: 1 looks for NaN/Inf in every group's elements;
 //           0 (default) only in groups whose energy is not finite (the same result)
+//   EPL     taco encode kernel 7: elements per lane (32..128, at most G)
 //
 // Arithmetic: FORMAT.md requires IEEE float32 with round-to-nearest-even, no FMA
 // contraction and no flush of subnormals. CuPy appends -ftz=true to every compile, which
@@ -248,18 +249,19 @@ DEV float elem_f32(const u32* w, int r) {
 #endif
 }
 
-// The largest |x| of a raw element, still as the element's own bits (exact: for
-// non-negative floats the integer order is the value order).
+// The largest |x| of a lane's N raw elements, still as the element's own bits (exact:
+// for non-negative floats the integer order is the value order).
+template <int N = 32>
 DEV u32 raw_absmax(const u32* w) {
 #if XT == 0
   u32 m = 0;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) m = max(m, w[i] & 0x7fffffffu);
+  for (int i = 0; i < N; ++i) m = max(m, w[i] & 0x7fffffffu);
   return m;
 #else
   u32 m = 0;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) m = __vmaxu2(m, w[i] & 0x7fff7fffu);
+  for (int i = 0; i < N / 2; ++i) m = __vmaxu2(m, w[i] & 0x7fff7fffu);
   return max(m & 0xffffu, m >> 16);
 #endif
 }
@@ -474,20 +476,23 @@ DEV u32 ld32(const unsigned char* p, bool aligned) {
 }
 
 // --------------------------------------------------------- group reductions
+template <int L = LPG>  // L lanes per group
 DEV u32 group_umax(u32 m) {
 #pragma unroll
-  for (int t = 1; t < LPG; t <<= 1) m = max(m, (u32)__shfl_xor_sync(FULL_MASK, m, t));
+  for (int t = 1; t < L; t <<= 1) m = max(m, (u32)__shfl_xor_sync(FULL_MASK, m, t));
   return m;
 }
 
 // --------------------------------------------------------------- Walsh-Hadamard
 // Stages h = 1 .. G/2 in order; pairs (i, i+h) with bit h of i clear: v_i = a + b,
-// v_{i+h} = a - b. Stages h < 32 are inside a lane, the others across lanes.
+// v_{i+h} = a - b. A lane holds N consecutive elements of a group spread over L lanes:
+// stages h < N are inside the lane, the others across lanes.
+template <int N = 32, int L = LPG>
 DEV void wht_group(float* v, int lig) {
 #pragma unroll
-  for (int h = 1; h < 32; h <<= 1) {
+  for (int h = 1; h < N; h <<= 1) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < N; ++i) {
       if ((i & h) == 0) {
         const float a = v[i], b = v[i + h];
         v[i] = f_add(a, b);
@@ -496,58 +501,78 @@ DEV void wht_group(float* v, int lig) {
     }
   }
 #pragma unroll
-  for (int t = 1; t < LPG; t <<= 1) {
+  for (int t = 1; t < L; t <<= 1) {
     // The lane whose bit is clear holds a and computes a + b; its partner holds b and
     // computes a - b. fma(+-1, own, partner) rounds (partner +- own) exactly once and
     // its product is exact, so it is bitwise the plain add/sub, not a contraction.
     const float sgn = (lig & t) ? -1.0f : 1.0f;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) v[i] = f_fma(sgn, v[i], __shfl_xor_sync(FULL_MASK, v[i], t));
+    for (int i = 0; i < N; ++i) v[i] = f_fma(sgn, v[i], __shfl_xor_sync(FULL_MASK, v[i], t));
   }
 }
 
 // =============================================================== taco encode
-#if OP == 1
-DEV void taco_encode_lane(const u32* w, int lig, u32* codes, u32& sbits, u32& abits) {
+#if OP == 1 || OP == 7
+// The largest |v| of a group's float32 values, as bits (exact: for non-negative floats
+// the integer order is the value order; a NaN is above +Inf).
+template <int N, int L>
+DEV u32 group_absmax_bits(const float* v) {
+  u32 m = 0;
+#pragma unroll
+  for (int r = 0; r < N; ++r) m = max(m, as_u(v[r]) & 0x7fffffffu);
+  return group_umax<L>(m);
+}
+
+// One lane's part of a group: N consecutive elements, as exact float32 values v (which
+// the encode overwrites), of a group spread over L lanes (lig: the lane's index in it).
+// Codes: N/4 words; sbits/abits: the group's scales, the same in all its lanes.
+template <int N, int L>
+DEV void taco_encode_lane(float* v, int lig, u32* codes, u32& sbits, u32& abits) {
   const float qmax = as_f(QMAX_BITS);
   float alpha = as_f(BITS_ONE), c = as_f(BITS_ONE), amax = 0.0f;
-  float v[32];
-#pragma unroll
-  for (int r = 0; r < 32; ++r) v[r] = elem_f32(w, r);
 #if ASH
-  float e = 0.0f;
+  // FORMAT.md's energy: runs of 32 squares summed in order (0 + x*x is x*x, so a run
+  // starts from its first square), then the runs added as a pairwise tree: first the
+  // lane's own N/32 runs, then across the group's lanes (the xor butterfly).
+  float er[N / 32];
 #pragma unroll
-  for (int r = 0; r < 32; ++r) e = f_add(e, f_mul(v[r], v[r]));
+  for (int q = 0; q < N / 32; ++q) {
+    er[q] = f_mul(v[32 * q], v[32 * q]);
 #pragma unroll
-  for (int t = 1; t < LPG; t <<= 1) e = f_add(e, __shfl_xor_sync(FULL_MASK, e, t));
-#if RAW_CHECK
-  const bool bad = group_umax(raw_absmax(w)) >= INF_BITS;
-#else
+    for (int r = 1; r < 32; ++r) er[q] = f_add(er[q], f_mul(v[32 * q + r], v[32 * q + r]));
+  }
+#pragma unroll
+  for (int d = 1; d < N / 32; d <<= 1) {
+#pragma unroll
+    for (int q = 0; q < N / 32; q += 2 * d) er[q] = f_add(er[q], er[q + d]);
+  }
+  float e = er[0];
+#pragma unroll
+  for (int t = 1; t < L; t <<= 1) e = f_add(e, __shfl_xor_sync(FULL_MASK, e, t));
   // A NaN or +-Inf element makes the energy NaN or +Inf, so a finite energy proves the
   // group finite and the per-element check runs only when the energy is not finite
   // (a non-finite element, or finite squares whose sum overflowed). The branch is taken
   // by whole warps, because the check shuffles across the group's lanes.
   bool bad = false;
-  if (__any_sync(FULL_MASK, (as_u(e) & 0x7fffffffu) >= 0x7f800000u))
-    bad = group_umax(raw_absmax(w)) >= INF_BITS;
-#endif
+  if (RAW_CHECK || __any_sync(FULL_MASK, (as_u(e) & 0x7fffffffu) >= 0x7f800000u))
+    bad = group_absmax_bits<N, L>(v) >= 0x7f800000u;
   // m = e / G: G is a power of two, so e * 2^-log2(G) is the same correctly rounded value
   const float m = f_mul(e, as_f((u32)(127 - LOG2_GS) << 23));
   alpha = f_div(qmax, f_sqrt(f_add(m, as_f(BITS_LAMBDA))));
   alpha = f_min(f_max(alpha, as_f(BITS_1EM3)), as_f(BITS_1E3));
 #pragma unroll
-  for (int r = 0; r < 32; ++r) v[r] = f_mul(v[r], alpha);
-  wht_group(v, lig);
+  for (int r = 0; r < N; ++r) v[r] = f_mul(v[r], alpha);
+  wht_group<N, L>(v, lig);
   amax = 0.0f;
 #pragma unroll
-  for (int r = 0; r < 32; ++r) amax = f_max(amax, f_abs(v[r]));
+  for (int r = 0; r < N; ++r) amax = f_max(amax, f_abs(v[r]));
 #pragma unroll
-  for (int t = 1; t < LPG; t <<= 1) amax = f_max(amax, __shfl_xor_sync(FULL_MASK, amax, t));
+  for (int t = 1; t < L; t <<= 1) amax = f_max(amax, __shfl_xor_sync(FULL_MASK, amax, t));
   c = as_f(CINV_BITS);
 #else
-  const u32 mb = group_umax(raw_absmax(w));
-  const bool bad = mb >= INF_BITS;
-  amax = raw_to_f32(mb);
+  const u32 mb = group_absmax_bits<N, L>(v);
+  const bool bad = mb >= 0x7f800000u;
+  amax = as_f(mb);
 #endif
   (void)amax;
 #if DUAL
@@ -559,14 +584,14 @@ DEV void taco_encode_lane(const u32* w, int lig, u32* codes, u32& sbits, u32& ab
   const float k = c;
 #endif
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < N / 4; ++i)
     codes[i] = pack4_fp8(f_mul(v[4 * i], k), f_mul(v[4 * i + 1], k), f_mul(v[4 * i + 2], k),
                          f_mul(v[4 * i + 3], k));
   sbits = as_u(s);
   abits = as_u(alpha);
   if (bad) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) codes[i] = 0x7f7f7f7fu;
+    for (int i = 0; i < N / 4; ++i) codes[i] = 0x7f7f7f7fu;
     sbits = BITS_NAN;
     abits = BITS_NAN;
   }
@@ -647,7 +672,10 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     u32 codes[8];
 #if OP == 1
     u32 sbits, abits;
-    taco_encode_lane(w, lig, codes, sbits, abits);
+    float v[32];
+#pragma unroll
+    for (int r = 0; r < 32; ++r) v[r] = elem_f32(w, r);
+    taco_encode_lane<32, LPG>(v, lig, codes, sbits, abits);
 #else
     u32 sbits;
     int8_encode_lane(w, codes, sbits);
@@ -665,6 +693,77 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 #else
       st32(pay + count + 4 * g, sbits, a4);
 #endif
+    }
+  }
+}
+#endif
+
+// =================================== taco encode, EPL elements per lane (7)
+// The same encode with each lane holding EPL = min(G, 128) consecutive elements, so that a
+// G <= 128 group lives in one lane: no shuffles, and the group's scalar arithmetic (the
+// divisions and the square root) is paid once per group instead of once per 32 elements.
+// Each lane loads its own EPL elements with 16-byte accesses (a warp's accesses are not
+// coalesced per instruction, but every sector fetched is used by the same lane).
+#if OP == 7
+#ifndef EPL
+#define EPL 128
+#endif
+#define L7 (GS / EPL)           // lanes per group
+#define CH7 (EPL * EB / 16)     // 16-byte chunks holding them
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K) {
+  const char* xb = (const char*)src;
+  unsigned char* pay = (unsigned char*)dst;
+  const int lane = threadIdx.x & 31;
+  const int lig = lane & (L7 - 1);
+  const bool vin = (((u64)xb) & 15) == 0;
+  const bool vpay = (((u64)pay) & 15) == 0;
+  const bool a4 = (((u64)pay) & 3) == 0;
+  const i64 ncodes = K << LOG2_GS;  // the last group is stored whole
+  const i64 ntiles = (ncodes + 32 * EPL - 1) / (32 * EPL);
+  const i64 stride = (i64)gridDim.x * WARPS;
+  // Whole warps iterate together (the group's lanes shuffle when L7 > 1); a lane past the
+  // last group encodes zeros and stores nothing.
+  for (i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); tile < ntiles; tile += stride) {
+    const i64 base = (tile * 32 + lane) * EPL;
+    float v[EPL];
+    if (vin && base + EPL <= count) {
+      const uint4* p = (const uint4*)(xb + base * EB);
+#pragma unroll
+      for (int j = 0; j < CH7; ++j) {
+        const uint4 q = ldg4(p + j);
+        const u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int r = 0; r < 16 / EB; ++r) v[j * (16 / EB) + r] = elem_f32(w, r);
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < EPL; ++r) {
+        const i64 e = base + r;
+        const u32 h = e < count ? load_elem_raw(xb, e) : 0u;
+        const u32 w[1] = {h};
+        v[r] = elem_f32(w, 0);
+      }
+    }
+    u32 codes[EPL / 4], sbits, abits;
+    taco_encode_lane<EPL, L7>(v, lig, codes, sbits, abits);
+    if (base < ncodes) {
+      unsigned char* cp = pay + base;
+      if (vpay) {
+#pragma unroll
+        for (int j = 0; j < EPL / 16; ++j)
+          ((uint4*)cp)[j] =
+              make_uint4(codes[4 * j], codes[4 * j + 1], codes[4 * j + 2], codes[4 * j + 3]);
+      } else {
+#pragma unroll
+        for (int r = 0; r < EPL; ++r) cp[r] = (unsigned char)(codes[r >> 2] >> (8 * (r & 3)));
+      }
+      if (lig == 0) {
+        const i64 g = base >> LOG2_GS;
+        if (DUAL) st32(pay + ncodes + 4 * g, sbits, a4);
+        if (ASH) st32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4);
+      }
     }
   }
 }

@@ -33,6 +33,7 @@ _TILE = 1024  # elements one warp handles per step in the fast kernels
 
 _OP_TACO_ENC, _OP_TACO_DEC, _OP_INT8_ENC, _OP_INT8_DEC = 1, 2, 3, 4
 _OP_INT8_ENC_ANY, _OP_INT8_DEC_ANY = 5, 6
+_OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 
 # Launch tuning, per kernel kind (encode, decode, accumulate = decode-accumulate).
 # ``resident``: threads per SM that the register budget is sized for (``__launch_bounds__``
@@ -40,7 +41,9 @@ _OP_INT8_ENC_ANY, _OP_INT8_DEC_ANY = 5, 6
 # without spills, 512 gives decode-accumulate its ~120 registers. ``stage``: 1 stages
 # global accesses through shared memory so that they are fully coalesced, 0 lets each
 # lane access its own 32 elements directly. ``prefetch`` (encode only): load the next tile
-# while computing this one. bench/NOTES.md records the measurements behind the defaults.
+# while computing this one. ``encode_epl``: taco encode holds this many elements per lane
+# (at most G; 0: the 32-per-lane kernel), launched with ``epl_threads`` per block and
+# ``epl_resident`` per SM. bench/NOTES.md records the measurements behind the defaults.
 _TUNING: dict[str, Any] = {
     "threads": 256,
     "stage": {"encode": 0, "decode": 1, "accumulate": 1},
@@ -49,6 +52,9 @@ _TUNING: dict[str, Any] = {
     "blocks_per_sm": 16,
     "sw_cvt": 0,
     "raw_check": 0,
+    "encode_epl": 128,
+    "epl_threads": 128,
+    "epl_resident": 384,
 }
 _KINDS = ("encode", "decode", "accumulate")
 
@@ -82,7 +88,12 @@ def taco_encode(
         "DUAL": int(bool(dual_scale)),
         "CINV_BITS": _inv_sqrt_bits(G),
     }
-    _launch(cp, defs, "encode", x, payload, count, K, warps=-(-K * G // _TILE))
+    epl = min(G, int(_TUNING["encode_epl"]))
+    if epl >= 32:
+        defs.update(OP=_OP_TACO_ENC_EPL, EPL=epl)
+        _launch(cp, defs, "encode", x, payload, count, K, warps=-(-K * G // (32 * epl)))
+    else:
+        _launch(cp, defs, "encode", x, payload, count, K, warps=-(-K * G // _TILE))
 
 
 def taco_decode(
@@ -240,15 +251,19 @@ def _read_source() -> str:
 
 
 def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
-    threads = int(_TUNING["threads"])
     out = dict(defs)
+    if defs["OP"] == _OP_TACO_ENC_EPL:
+        threads = int(_TUNING["epl_threads"])
+        out["MIN_BLOCKS"] = max(1, int(_TUNING["epl_resident"]) // threads)
+    else:
+        threads = int(_TUNING["threads"])
+        out["STAGE"] = int(_TUNING["stage"][kind])
+        out["PREFETCH"] = int(_TUNING["prefetch"][kind])
+        out["MIN_BLOCKS"] = max(1, int(_TUNING["resident"][kind]) // threads)
     out["THREADS"] = threads
-    out["STAGE"] = int(_TUNING["stage"][kind])
-    out["PREFETCH"] = int(_TUNING["prefetch"][kind])
-    out["MIN_BLOCKS"] = max(1, int(_TUNING["resident"][kind]) // threads)
     if _TUNING["sw_cvt"]:
         out["SW_CVT"] = 1
-    if _TUNING["raw_check"] and defs.get("OP") == _OP_TACO_ENC:
+    if _TUNING["raw_check"] and defs["OP"] in (_OP_TACO_ENC, _OP_TACO_ENC_EPL):
         out["RAW_CHECK"] = 1
     return out
 
@@ -299,7 +314,8 @@ def _launch(
 def _set_tuning(**changes: Any) -> dict[str, Any]:
     """Change the launch tuning (threads, stage, resident, blocks_per_sm, sw_cvt: use the
     software FP8/bf16/f16 conversions instead of the hardware ones, raw_check: taco encode
-    checks every group's elements for NaN/Inf, not only those of a non-finite energy); returns the
+    checks every group's elements for NaN/Inf, not only those of a non-finite energy,
+    encode_epl, epl_threads, epl_resident: see _TUNING); returns the
     previous values so that a benchmark can restore them."""
     unknown = set(changes) - set(_TUNING)
     if unknown:

@@ -270,6 +270,28 @@ def test_taco_bitwise_vs_cpu(G, fmt, ash, dual, dtype):
 
 @needs_cpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("G", [32, 64, 128, 512])
+@pytest.mark.parametrize("epl", [0, 32, 64, 128])
+def test_taco_encode_kernels_agree(epl, G, dtype):
+    """Both encode kernels (32 elements per lane, and up to a whole group per lane) and
+    every lane split give the CPU's payload, aligned or not, with or without ash."""
+    rng = np.random.default_rng(epl + G)
+    old = gk._set_tuning(encode_epl=epl)
+    try:
+        for n in (1, 129, 4096 * 3 + 77, 100003):
+            x = make_data(n, dtype, rng, G)
+            for ash, dual in ((True, True), (False, True), (True, False)):
+                want = cpu_taco_encode(x, G, "e5m2", ash, dual)
+                for x_off, p_off in ((0, 0), (np.dtype(dtype).itemsize, 1)):
+                    got = gpu_taco_encode(x, G, "e5m2", ash, dual, x_off=x_off, p_off=p_off)
+                    where = f"n={n} ash={ash} dual={dual} offsets {x_off},{p_off}"
+                    assert_bytes_equal(got, want, where)
+    finally:
+        gk._set_tuning(**old)
+
+
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("G", [32, 128, 512])
 def test_taco_unaligned_buffers(G, dtype):
     """Views that start off the 16-byte (and 4-byte) boundaries take the slow paths."""
