@@ -552,7 +552,7 @@ def tuning(bench: Bench, count: int) -> None:
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
     gk = bench.gk
-    log(f"(d) launch configurations at {count // M}M elements, G=128 (the 32-per-lane kernel first)")
+    log(f"(d) encode launch configurations at {count // M}M elements, G=128")
     # Each row: the _TUNING changes for the encode kernels. epl: elements per lane (0: the
     # 32-per-lane kernel, with its stage/prefetch/threads/resident); bps: blocks per SM in
     # the grid (16: several waves of blocks; the occupancy limit: one persistent wave);
@@ -560,14 +560,13 @@ def tuning(bench: Bench, count: int) -> None:
     configs = [
         dict(encode_epl=0, threads=256, resident={"encode": 768}, blocks_per_sm=16),
         dict(encode_epl=0, threads=256, resident={"encode": 768}, blocks_per_sm=16, raw_check=1),
-        dict(encode_epl=0, threads=128, resident={"encode": 512}, blocks_per_sm=16),
         dict(encode_epl=128, epl_threads=128, epl_resident=384, blocks_per_sm=16),
         dict(encode_epl=128, epl_threads=128, epl_resident=384, blocks_per_sm=3),
-        dict(encode_epl=128, epl_threads=128, epl_resident=384, blocks_per_sm=16, raw_check=1),
         dict(encode_epl=128, epl_threads=64, epl_resident=384, blocks_per_sm=16),
         dict(encode_epl=128, epl_threads=128, epl_resident=256, blocks_per_sm=16),
         dict(encode_epl=64, epl_threads=128, epl_resident=512, blocks_per_sm=16),
         dict(encode_epl=64, epl_threads=128, epl_resident=640, blocks_per_sm=16),
+        dict(encode_epl=64, epl_threads=128, epl_resident=512, blocks_per_sm=4),
     ]
     keys = {k for c in configs for k in c}
     saved = {k: gk._TUNING[k] for k in keys}

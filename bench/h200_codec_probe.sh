@@ -19,5 +19,5 @@ for op in ${NCU_OPS:-encode}; do
   grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Executed Ipc A|Issue Slots Busy|Achieved Occupancy|Registers Per|Executed Instructions  |No Eligible|Stall|Warp Cycles Per Issued|Block Limit Reg|Theoretical Occ|L1/TEX Hit|Mem Busy|Max Bandwidth|One or More" "$OUT/ncu-$op.txt" | head -40
 done
 echo "=== tests ($(date +%T))"
-timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_codec_gpu.py tests/test_nccl.py 2>&1 | tail -8
+timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_codec_gpu.py ${EXTRA_TESTS:-} 2>&1 | tail -8
 echo "=== done ($(date +%T))"
