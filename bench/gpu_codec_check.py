@@ -559,13 +559,12 @@ def tuning(bench: Bench, count: int) -> None:
     # raw: check every group for NaN/Inf (before the energy test).
     configs = [
         dict(encode_epl=0, threads=256, resident={"encode": 768}, blocks_per_sm=16),
-        dict(encode_epl=0, threads=256, resident={"encode": 768}, blocks_per_sm=16, raw_check=1),
-        dict(encode_epl=128, epl_threads=128, epl_resident=384, blocks_per_sm=16),
-        dict(encode_epl=128, epl_threads=128, epl_resident=384, blocks_per_sm=3),
         dict(encode_epl=128, epl_threads=64, epl_resident=384, blocks_per_sm=16),
-        dict(encode_epl=128, epl_threads=128, epl_resident=256, blocks_per_sm=16),
+        dict(encode_epl=128, epl_threads=64, epl_resident=384, blocks_per_sm=6),
+        dict(encode_epl=128, epl_threads=64, epl_resident=320, blocks_per_sm=16),
         dict(encode_epl=64, epl_threads=128, epl_resident=512, blocks_per_sm=16),
         dict(encode_epl=64, epl_threads=128, epl_resident=640, blocks_per_sm=16),
+        dict(encode_epl=64, epl_threads=64, epl_resident=512, blocks_per_sm=16),
         dict(encode_epl=64, epl_threads=128, epl_resident=512, blocks_per_sm=4),
     ]
     keys = {k for c in configs for k in c}

@@ -703,8 +703,10 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // G <= 128 group lives in one lane: no shuffles, and the group's scalar arithmetic (the
 // divisions and the square root) is paid once per group instead of once per 32 elements.
 // A warp's tile (32 * EPL elements) is read and its codes written with coalesced 16-byte
-// accesses through a per-warp shared-memory buffer (lane-strided accesses straight from
-// global memory saturated the memory pipeline at half the copy bandwidth).
+// accesses through per-warp shared-memory buffers (lane-strided accesses straight from
+// global memory saturated the memory pipeline at half the copy bandwidth). Two buffers per
+// warp: the next tile is copied in (cp.async, sm_80+) while this one is computed, since
+// with ~12 warps per SM a warp cannot wait for its own loads.
 #if OP == 7
 #ifndef EPL
 #define EPL 128
@@ -722,38 +724,70 @@ DEV int slot7(int l, int c) {
   return l * CH + (c ^ f);
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define ASYNC7 1
+DEV void cp_async16(uint4* dst, const uint4* src) {
+  u32 d;
+  asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}"
+      : "=r"(d) : "l"(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+DEV void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+DEV void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+#else
+#define ASYNC7 0
+#endif
+
+// Start copying tile `tile` (all 32 lanes' chunks, in order) into buffer sb.
+DEV void tile_fetch7(const char* xb, i64 tile, uint4* sb, int lane) {
+  const uint4* g = (const uint4*)(xb + tile * 32 * EPL * EB);
+#pragma unroll
+  for (int j = 0; j < CH7; ++j) {
+    const int u = j * 32 + lane;
+#if ASYNC7
+    cp_async16(sb + slot7<CH7>(u / CH7, u % CH7), g + u);
+#else
+    sb[slot7<CH7>(u / CH7, u % CH7)] = ldg4(g + u);
+#endif
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K) {
-  __shared__ uint4 smem[WARPS * 32 * CH7];
+  __shared__ uint4 smem[2 * WARPS * 32 * CH7];
   const char* xb = (const char*)src;
   unsigned char* pay = (unsigned char*)dst;
   const int lane = threadIdx.x & 31;
   const int lig = lane & (L7 - 1);
-  uint4* sb = smem + (threadIdx.x >> 5) * 32 * CH7;
+  uint4* const wbuf = smem + (threadIdx.x >> 5) * 64 * CH7;  // this warp's two buffers
   const bool vin = (((u64)xb) & 15) == 0;
   const bool vpay = (((u64)pay) & 15) == 0;
   const bool a4 = (((u64)pay) & 3) == 0;
   const i64 ncodes = K << LOG2_GS;  // the last group is stored whole
   const i64 ntiles = (ncodes + 32 * EPL - 1) / (32 * EPL);
   const i64 stride = (i64)gridDim.x * WARPS;
+  // A tile whose elements all exist is fetched whole (warp-uniform); others load per lane.
+  auto fetched = [&](i64 t) { return vin && t < ntiles && (t + 1) * 32 * EPL <= count; };
+  i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
+  int cur = 0;
+  if (fetched(tile)) tile_fetch7(xb, tile, wbuf, lane);
+#if ASYNC7
+  cp_async_commit();
+#endif
   // Whole warps iterate together (the group's lanes shuffle when L7 > 1); a lane past the
   // last group encodes zeros and stores nothing.
-  for (i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); tile < ntiles; tile += stride) {
+  for (; tile < ntiles; tile += stride, cur ^= 1) {
     const i64 t0 = tile * 32 * EPL;
     const i64 base = t0 + lane * EPL;
-    const bool full = t0 + 32 * EPL <= count;  // warp-uniform
+    uint4* const sb = wbuf + cur * 32 * CH7;
+    if (fetched(tile + stride)) tile_fetch7(xb, tile + stride, wbuf + (cur ^ 1) * 32 * CH7, lane);
+#if ASYNC7
+    cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
+    cp_async_wait1();   // all but the newest group: this tile is in
+#endif
+    __syncwarp();
     float v[EPL];
-    if (full && vin) {
-      const uint4* g = (const uint4*)(xb + t0 * EB);
-      uint4 t[CH7];
-#pragma unroll
-      for (int j = 0; j < CH7; ++j) t[j] = ldg4(g + j * 32 + lane);
-#pragma unroll
-      for (int j = 0; j < CH7; ++j) {
-        const int u = j * 32 + lane;
-        sb[slot7<CH7>(u / CH7, u % CH7)] = t[j];
-      }
-      __syncwarp();
+    if (fetched(tile)) {
 #pragma unroll
       for (int c = 0; c < CH7; ++c) {
         const uint4 q = sb[slot7<CH7>(lane, c)];

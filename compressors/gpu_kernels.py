@@ -88,10 +88,10 @@ def taco_encode(
         "DUAL": int(bool(dual_scale)),
         "CINV_BITS": _inv_sqrt_bits(G),
     }
-    # Elements per lane: at most G, and the warps' shared-memory buffers (threads x
+    # Elements per lane: at most G, and the warps' two shared-memory buffers (2 x threads x
     # elements per lane x element size) must fit the 48 KiB a block gets by default.
     epl = min(G, int(_TUNING["encode_epl"]))
-    while epl >= 32 and int(_TUNING["epl_threads"]) * epl * x.dtype.itemsize > 48 * 1024:
+    while epl >= 32 and 2 * int(_TUNING["epl_threads"]) * epl * x.dtype.itemsize > 48 * 1024:
         epl //= 2
     if epl >= 32:
         defs.update(OP=_OP_TACO_ENC_EPL, EPL=epl)
