@@ -52,9 +52,9 @@ _TUNING: dict[str, Any] = {
     "blocks_per_sm": 16,
     "sw_cvt": 0,
     "raw_check": 0,
-    "encode_epl": 128,
+    "encode_epl": 64,
     "epl_threads": 128,
-    "epl_resident": 384,
+    "epl_resident": 512,
 }
 _KINDS = ("encode", "decode", "accumulate")
 
