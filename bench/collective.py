@@ -382,13 +382,16 @@ class Sweep:
             for row in rows:
                 if row.algorithm in ("ring", "two_shot") and row.compressor != "identity":
                     progress(f"overlap {row.algorithm}/{row.compressor}")
-                    row.overlap_efficiency = self.overlap(
-                        bufs, row.algorithm, codecs[row.compressor]
-                    )
+                    profile = self.overlap(bufs, row.algorithm, codecs[row.compressor])
+                    row.overlap_efficiency = profile["overlap_efficiency"]
+                    row.overlap_times_us = {
+                        name: round(profile[f"{name}_s"] * 1e6, 1)
+                        for name in ("pipelined", "codec_only", "transport_only")
+                    }
         return rows
 
-    def overlap(self, bufs: Buffers, algorithm: str, codec: Any) -> float:
-        """Overlap efficiency of the pipelined call (see Communicator.overlap_profile)."""
+    def overlap(self, bufs: Buffers, algorithm: str, codec: Any) -> dict[str, float]:
+        """The pipelined call's overlap profile (see Communicator.overlap_profile)."""
         profile = self.comm.overlap_profile(
             self.spec.name,
             bufs.x,
@@ -398,7 +401,7 @@ class Sweep:
             iters=max(3, min(self.iters, 5)),
             op=self.op,
         )
-        return float(profile["overlap_efficiency"])
+        return {k: float(v) for k, v in profile.items()}
 
 
 # ---------------------------------------------------------------------- the commands

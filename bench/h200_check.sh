@@ -38,11 +38,17 @@ mpitests_all)
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k gpu 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -8 ;;
 sweeps)
   for dt in float32 bfloat16; do
-    maxb=1G; [ $dt = bfloat16 ] && maxb=256M
     step "4-rank MPI sweep on the GPU, $dt, with overlap"
-    timeout 150 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e $maxb -f 4 -n 4 -w 1 --no-progress \
+    timeout ${SWEEP_TIMEOUT:-290} python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e 1G -f 4 -n 4 -w 1 --no-progress \
       --algorithm ring,two_shot --compressor identity,taco,int8 -d $dt --overlap-min 64M \
-      --json "$JSONDIR/mpi4-$dt.json" 2>&1 | tee "$OUT/sweep-$dt.txt" | grep -v "^#  Rank" | tail -22
+      --json "$JSONDIR/mpi4-$dt.json" 2>&1 | tee "$OUT/sweep-$dt.txt" | grep -v "^#  Rank" | tail -24
+  done ;;
+chunks)
+  for cb in 4M 16M; do
+    step "4-rank two_shot taco, 256 MiB float32, chunks of $cb"
+    timeout 90 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 256M -e 256M -n 5 -w 1 --no-progress \
+      --algorithm two_shot,ring --compressor taco -d float32 --overlap-min 64M --chunk-bytes $cb \
+      --json "$JSONDIR/mpi4-chunks-$cb.json" 2>&1 | grep -v "^#  Rank" | tail -5
   done ;;
 latency)
   step "4-rank latency sweep on the GPU (auto's table)"

@@ -47,6 +47,8 @@ class Row:
             pipeline held during this row's calls, largest over ranks.
         overlap_efficiency: ``max(codec-only, transport-only) / pipelined`` time from
             ``Communicator.overlap_profile`` (None unless measured: ``--overlap-min``).
+        overlap_times_us: that profile's three times (pipelined, codec_only,
+            transport_only), slowest rank's medians, in microseconds.
         backend: the transport that ran it (``mpi`` or ``nccl``).
     """
 
@@ -68,6 +70,7 @@ class Row:
     speedup: float | None
     peak_staging_bytes: int
     overlap_efficiency: float | None = None
+    overlap_times_us: dict[str, float] | None = None
     backend: str = ""  # the communicator's backend (mpi, nccl) that ran the row
 
 

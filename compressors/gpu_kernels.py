@@ -13,6 +13,7 @@ Importing this module touches neither CuPy nor the GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from pathlib import Path
@@ -60,6 +61,9 @@ _KINDS = ("encode", "decode", "accumulate")
 
 _lock = threading.Lock()
 _kernels: dict[tuple, Any] = {}
+# (device, kind, defines) -> (kernel, threads, warps per block, largest grid): the launch of
+# a chunk-sized message is a few microseconds of GPU time, so its host cost matters.
+_launches: dict[tuple, tuple[Any, int, int, int]] = {}
 _sm_counts: dict[int, int] = {}
 _source: list[str] = []
 _last_kernel: list[Any] = [None]
@@ -242,6 +246,7 @@ def _taco_nbytes(K: int, G: int, ash: bool, dual_scale: bool) -> int:
     return K * G + 4 * K * (int(bool(ash)) + int(bool(dual_scale)))
 
 
+@functools.cache
 def _inv_sqrt_bits(G: int) -> str:
     # FORMAT.md: (float)(1 / sqrt(G)), computed in double and rounded once.
     return f"{int(np.float32(1.0 / math.sqrt(G)).view(np.uint32)):#010x}u"
@@ -304,12 +309,18 @@ def _sm_count(cp: Any) -> int:
 def _launch(
     cp: Any, defs: dict[str, Any], kind: str, src: Any, dst: Any, count: int, K: int, warps: int
 ) -> None:
-    with src.device:
-        full = _variant_defines(defs, kind)
-        kern = _get_kernel(cp, full)
-        threads = full["THREADS"]
-        per_block = threads // 32
-        blocks = max(1, min(-(-warps // per_block), _sm_count(cp) * int(_TUNING["blocks_per_sm"])))
+    dev = src.device
+    key = (dev.id, kind, *defs.items())
+    with dev:
+        cached = _launches.get(key)
+        if cached is None:
+            full = _variant_defines(defs, kind)
+            threads = full["THREADS"]
+            grid_cap = _sm_count(cp) * int(_TUNING["blocks_per_sm"])
+            cached = (_get_kernel(cp, full), threads, threads // 32, grid_cap)
+            _launches[key] = cached
+        kern, threads, per_block, grid_cap = cached
+        blocks = max(1, min(-(-warps // per_block), grid_cap))
         kern((blocks,), (threads,), (src, dst, np.int64(count), np.int64(K)))
         _last_kernel[0] = kern
 
@@ -331,6 +342,7 @@ def _set_tuning(**changes: Any) -> dict[str, Any]:
     if "threads" in changes and (changes["threads"] % 32 or not 32 <= changes["threads"] <= 1024):
         raise ValueError("threads must be a multiple of 32 in 32..1024")
     _TUNING.update(changes)
+    _launches.clear()
     return old
 
 

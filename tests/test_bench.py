@@ -55,6 +55,7 @@ ROW_FIELDS = {
     "speedup",
     "peak_staging_bytes",
     "overlap_efficiency",
+    "overlap_times_us",
     "backend",
 }
 META_FIELDS = {
