@@ -36,8 +36,6 @@ BACKENDS = ("auto", "mpi", "nccl")
 # Below this chunk size, CPU compute runs on the polling thread itself: a worker thread's
 # wake-up would cost more than the overlap it buys.
 INLINE_CHUNK_BYTES = 64 << 10
-# Default chunk of device data sent over MPI through host staging (not CUDA-aware).
-STAGED_CHUNK_BYTES = 16 << 20
 
 
 class Communicator:
@@ -226,12 +224,6 @@ class Communicator:
             # per-chunk cost and overlap nothing. One chunk (bench/NOTES.md measures it).
             chunk = max(int(chunk), src.size * src.dtype.itemsize, 1)
         transport = self._nccl if (on_device and self._nccl is not None) else self._mpi
-        if on_device and transport is self._mpi and not self._mpi.cuda_aware:
-            if chunk_bytes is None and not self._settings.chunk_bytes_set:
-                # Device data staged through pinned host memory: every chunk costs two
-                # copies and several host-driven steps, and 16 MiB chunks measured faster
-                # than 4 MiB ones (bench/NOTES.md); the staging limit still bounds memory.
-                chunk = max(int(chunk), STAGED_CHUNK_BYTES)
 
         if algorithm == "auto":
             algorithm, codec = algorithms.choose(
