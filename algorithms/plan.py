@@ -48,6 +48,9 @@ class Plan:
         chunk_elems: elements per chunk, a multiple of the codec's alignment.
         pool: pooled buffers on the data's device (payloads and accumulators).
         what: the collective's name, for labels and errors.
+        lag: in schedules whose chunks each pass through a chain of steps, how many
+            chunks apart consecutive steps run (the pipeline depth: so the rounds in
+            the pipeline's window do not wait on each other).
     """
 
     rank: int
@@ -58,6 +61,7 @@ class Plan:
     chunk_elems: int
     pool: BufferPool
     what: str
+    lag: int = 4
     _tags: itertools.count = field(default_factory=itertools.count)
 
     @property

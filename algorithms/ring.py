@@ -12,7 +12,7 @@ encoded while chunk c is on the wire.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -38,103 +38,132 @@ def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any) -> N
     plan.encode(acc, out)
 
 
-def _reduce_scatter_rounds(
-    plan: Plan, x: Any, shards: list[Span], dst_of: Any, want_payload: bool
-) -> Iterator[Round | dict[int, Pending]]:
-    """Ring ReduceScatter rounds; yields the rounds, then (last) a dict chunk -> Pending
-    of the owner's encoded reduced chunks when ``want_payload`` (for the AllGather)."""
-    n, r = plan.size, plan.rank
-    right, left = (r + 1) % n, (r - 1) % n
-    nch = plan.nchunks(shards)
-    received: dict[int, Pending] = {}  # chunk -> partial sum received at the previous step
-    results: dict[int, Pending] = {}
-    for t in range(n - 1):
+StepBuilder = Callable[[int], "Round | None"]
+
+
+def _waves(nch: int, steps: list[StepBuilder], lag: int) -> Iterator[Round]:
+    """Rounds of ``steps`` (each a chain over the chunks: step s of chunk c needs step
+    s - 1 of chunk c) in skewed waves: wave w runs step s of chunk w - lag * s, the later
+    step first. A step runs ``lag`` chunks behind the step before it, so with ``lag`` at
+    least the pipeline depth the rounds in the window do not wait on each other; and a
+    chunk's payload waits about ``lag`` waves for the step that consumes it, so staging
+    memory is set by chunk size, lag and step count, not by the message size (in
+    step-major order a whole step's payloads, a shard's worth, would wait)."""
+    nsteps = len(steps)
+    lag = max(1, min(lag, nch))  # a lag of nch or more is step-major order
+    for wave in range(nch + lag * (nsteps - 1)):
+        for s in range(nsteps - 1, -1, -1):
+            c = wave - lag * s
+            if 0 <= c < nch:
+                rnd = steps[s](c)
+                if rnd is not None:
+                    yield rnd
+
+
+class _ReduceScatterSteps:
+    """The ring ReduceScatter's ``size - 1`` steps, as round builders per chunk. After a
+    chunk's last step, ``results[c]`` holds the owner's encoded reduced chunk when
+    ``want_payload`` (for the AllGather)."""
+
+    def __init__(
+        self, plan: Plan, x: Any, shards: list[Span], dst_of: Any, want_payload: bool
+    ) -> None:
+        self.plan, self.x, self.shards = plan, x, shards
+        self.dst_of, self.want_payload = dst_of, want_payload
+        self.nch = plan.nchunks(shards)
+        self.received: dict[int, Pending] = {}  # chunk -> partial sum from the last step
+        self.results: dict[int, Pending] = {}
+
+    def builders(self) -> list[StepBuilder]:
+        return [partial(self.round, t) for t in range(self.plan.size - 1)]
+
+    def round(self, t: int, c: int) -> Round | None:
+        plan, x = self.plan, self.x
+        n, r = plan.size, plan.rank
+        right, left = (r + 1) % n, (r - 1) % n
         send_shard, recv_shard = (r - t - 1) % n, (r - t - 2) % n
-        for c in range(nch):
-            rnd = new_round(plan, f"ring reduce-scatter step {t + 1}/{n - 1} chunk {c + 1}/{nch}")
-            a, b = plan.chunk(shards[send_shard], c)
-            if b > a:
-                if t == 0:
-                    item = send_own(plan, rnd, x[a:b])
-                    rnd.pre = run_all(*encodes([item]))
-                    rnd.sends.append((right, payload_of(item)))
-                else:
-                    partial_sum = received.pop(c).hand_to(rnd)
-                    acc_block, acc = plan.accumulator(b - a)
-                    out_block = plan.payload(b - a)
-                    rnd.holds += [acc_block, out_block]
-                    rnd.pre = partial(
-                        _reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data
-                    )
-                    rnd.sends.append((right, out_block.data))
-            a, b = plan.chunk(shards[recv_shard], c)
-            if b > a:
+        rnd = new_round(plan, f"ring reduce-scatter step {t + 1}/{n - 1} chunk {c + 1}/{self.nch}")
+        a, b = plan.chunk(self.shards[send_shard], c)
+        if b > a:
+            if t == 0:
+                item = send_own(plan, rnd, x[a:b])
+                rnd.pre = run_all(*encodes([item]))
+                rnd.sends.append((right, payload_of(item)))
+            else:
+                partial_sum = self.received.pop(c).hand_to(rnd)
+                acc_block, acc = plan.accumulator(b - a)
+                out_block = plan.payload(b - a)
+                rnd.holds += [acc_block, out_block]
+                rnd.pre = partial(_reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data)
+                rnd.sends.append((right, out_block.data))
+        a, b = plan.chunk(self.shards[recv_shard], c)
+        if b > a:
+            block = plan.payload(b - a)
+            rnd.holds.append(block)
+            rnd.recvs.append((left, block.data))
+            if t < n - 2:
+                self.received[c] = Pending(rnd, block.data, block.retain())
+            else:  # the last step brings this rank's own shard: finish it
+                acc_block, acc = plan.accumulator(b - a)
+                rnd.holds.append(acc_block)
+                dst = self.dst_of(a, b)
+                result = result_payload(plan, dst, self.want_payload, rnd)
+                if result is not None:
+                    self.results[c] = result
+                rnd.post = partial(reduce_chunk, plan, acc, x[a:b], [block.data], dst, result)
+        return rnd if rnd.sends or rnd.recvs else None
+
+
+class _AllGatherSteps:
+    """The ring AllGather's ``size - 1`` steps, as round builders per chunk: forward
+    encoded shards unchanged, decode each into ``out``. ``own`` maps chunk -> this rank's
+    encoded chunk of its own shard (filled by earlier steps of the same chunk)."""
+
+    def __init__(self, plan: Plan, shards: list[Span], out: Any, own: dict[int, Pending]):
+        self.plan, self.shards, self.out, self.own = plan, shards, out, own
+        self.nch = plan.nchunks(shards)
+        self.received: dict[int, Pending] = {}
+
+    def builders(self) -> list[StepBuilder]:
+        return [partial(self.round, t) for t in range(self.plan.size - 1)]
+
+    def round(self, t: int, c: int) -> Round | None:
+        plan = self.plan
+        n, r = plan.size, plan.rank
+        right, left = (r + 1) % n, (r - 1) % n
+        send_shard, recv_shard = (r - t) % n, (r - t - 1) % n
+        rnd = new_round(plan, f"ring all-gather step {t + 1}/{n - 1} chunk {c + 1}/{self.nch}")
+        a, b = plan.chunk(self.shards[send_shard], c)
+        if b > a:
+            source = self.own.pop(c) if t == 0 else self.received.pop(c)
+            rnd.sends.append((right, source.hand_to(rnd)))
+        a, b = plan.chunk(self.shards[recv_shard], c)
+        if b > a:
+            dst = self.out[a:b]
+            view = plan.zero_copy(dst)  # identity: receive straight into the output
+            if view is not None:
+                data, keep = view, None
+            else:
                 block = plan.payload(b - a)
                 rnd.holds.append(block)
-                rnd.recvs.append((left, block.data))
-                if t < n - 2:
-                    received[c] = Pending(rnd, block.data, block.retain())
-                else:  # the last step brings this rank's own shard: finish it
-                    acc_block, acc = plan.accumulator(b - a)
-                    rnd.holds.append(acc_block)
-                    dst = dst_of(a, b)
-                    result = result_payload(plan, dst, want_payload, rnd)
-                    if result is not None:
-                        results[c] = result
-                    rnd.post = partial(reduce_chunk, plan, acc, x[a:b], [block.data], dst, result)
-            if rnd.sends or rnd.recvs:
-                yield rnd
-    yield results
-
-
-def _allgather_rounds(
-    plan: Plan, shards: list[Span], out: Any, own: dict[int, Pending]
-) -> Iterator[Round]:
-    """Ring AllGather rounds: forward encoded shards unchanged, decode each into ``out``.
-    ``own`` maps chunk -> this rank's encoded chunk of its own shard."""
-    n, r = plan.size, plan.rank
-    right, left = (r + 1) % n, (r - 1) % n
-    nch = plan.nchunks(shards)
-    received: dict[int, Pending] = {}
-    for t in range(n - 1):
-        send_shard, recv_shard = (r - t) % n, (r - t - 1) % n
-        for c in range(nch):
-            rnd = new_round(plan, f"ring all-gather step {t + 1}/{n - 1} chunk {c + 1}/{nch}")
-            a, b = plan.chunk(shards[send_shard], c)
-            if b > a:
-                source = own.pop(c) if t == 0 else received.pop(c)
-                rnd.sends.append((right, source.hand_to(rnd)))
-            a, b = plan.chunk(shards[recv_shard], c)
-            if b > a:
-                dst = out[a:b]
-                view = plan.zero_copy(dst)  # identity: receive straight into the output
-                if view is not None:
-                    data, keep = view, None
-                else:
-                    block = plan.payload(b - a)
-                    rnd.holds.append(block)
-                    data, keep = block.data, block
-                    rnd.post = partial(plan.decode, data, dst)
-                rnd.recvs.append((left, data))
-                if t < n - 2:
-                    received[c] = Pending(rnd, data, keep.retain() if keep else None)
-            if rnd.sends or rnd.recvs:
-                yield rnd
+                data, keep = block.data, block
+                rnd.post = partial(plan.decode, data, dst)
+            rnd.recvs.append((left, data))
+            if t < n - 2:
+                self.received[c] = Pending(rnd, data, keep.retain() if keep else None)
+        return rnd if rnd.sends or rnd.recvs else None
 
 
 def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
-    """Ring AllReduce of flat ``x`` into flat ``out`` (same size; may be the same array)."""
+    """Ring AllReduce of flat ``x`` into flat ``out`` (same size; may be the same array):
+    each chunk's ReduceScatter steps, then its AllGather steps, chunks in waves."""
     shards = aligned_shards(x.size, plan.size, plan.codec.alignment)
     if plan.size == 1:
         yield from _local(plan, x, out, True)
         return
-    results: dict[int, Pending] = {}
-    for item in _reduce_scatter_rounds(plan, x, shards, lambda a, b: out[a:b], True):
-        if isinstance(item, dict):
-            results = item
-        else:
-            yield item
-    yield from _allgather_rounds(plan, shards, out, results)
+    rs = _ReduceScatterSteps(plan, x, shards, lambda a, b: out[a:b], True)
+    ag = _AllGatherSteps(plan, shards, out, rs.results)
+    yield from _waves(rs.nch, rs.builders() + ag.builders(), plan.lag)
 
 
 def _local(plan: Plan, x: Any, out: Any, want_payload: bool) -> Iterator[Round]:
@@ -159,44 +188,44 @@ def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     if plan.size == 1:
         yield from _local(plan, x, out, False)
         return
-    for item in _reduce_scatter_rounds(
-        plan, x, shards, lambda a, b: out[a - base : b - base], False
-    ):
-        if not isinstance(item, dict):
-            yield item
+    rs = _ReduceScatterSteps(plan, x, shards, lambda a, b: out[a - base : b - base], False)
+    yield from _waves(rs.nch, rs.builders(), plan.lag)
 
 
 def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
-    """Ring AllGather: ``x`` holds n elements, ``out`` gets ``size * n``, rank r's at r*n."""
+    """Ring AllGather: ``x`` holds n elements, ``out`` gets ``size * n``, rank r's at r*n.
+    Each chunk is first encoded once (and decoded into this rank's own slot, so the owner
+    holds bitwise what the others decode), then forwarded; chunks in waves."""
     shards = even_shards(x.size, plan.size)
-    own = yield from _own_payloads(plan, x, out, shards, keep=plan.size > 1)
-    if plan.size > 1:
-        yield from _allgather_rounds(plan, shards, out, own)
-
-
-def _own_payloads(plan: Plan, x: Any, out: Any, shards: list[Span], keep: bool) -> Iterator[Round]:
-    """Encode this rank's chunks once (a round each) and decode them into its own slot of
-    ``out``, so the owner holds bitwise what the others decode. Returns chunk -> Pending
-    (payloads kept for the sends when ``keep``)."""
-    base = shards[plan.rank][0]
     own: dict[int, Pending] = {}
-    for c in range(plan.nchunks(shards)):
-        a, b = plan.chunk(shards[plan.rank], c)
-        rnd = new_round(plan, f"encode own chunk {c + 1}")
-        src, dst = x[a - base : b - base], out[a:b]
-        item = send_own(plan, rnd, src)
-        payload = payload_of(item)
-        if encodes([item]):
-            block = rnd.holds[-1]
-            rnd.pre = run_all(item, partial(plan.decode, payload, dst))
-            if keep:
-                own[c] = Pending(rnd, payload, block.retain())
-        else:  # identity: copy unless x already is out's own slot (in place)
-            if not _same_memory(src, dst):
-                rnd.pre = partial(_copy, dst, src)
-            own[c] = Pending(None, payload, None)
-        yield rnd
-    return own
+    steps = [partial(_own_round, plan, x, out, shards, own, plan.size > 1)]
+    nch = plan.nchunks(shards)
+    if plan.size > 1:
+        steps += _AllGatherSteps(plan, shards, out, own).builders()
+    yield from _waves(nch, steps, plan.lag)
+
+
+def _own_round(
+    plan: Plan, x: Any, out: Any, shards: list[Span], own: dict[int, Pending], keep: bool, c: int
+) -> Round:
+    """Encode this rank's chunk c of its shard and decode it into its own slot of ``out``;
+    ``own[c]`` keeps the payload for the sends when ``keep``."""
+    base = shards[plan.rank][0]
+    a, b = plan.chunk(shards[plan.rank], c)
+    rnd = new_round(plan, f"encode own chunk {c + 1}")
+    src, dst = x[a - base : b - base], out[a:b]
+    item = send_own(plan, rnd, src)
+    payload = payload_of(item)
+    if encodes([item]):
+        block = rnd.holds[-1]
+        rnd.pre = run_all(item, partial(plan.decode, payload, dst))
+        if keep:
+            own[c] = Pending(rnd, payload, block.retain())
+    else:  # identity: copy unless x already is out's own slot (in place)
+        if not _same_memory(src, dst):
+            rnd.pre = partial(_copy, dst, src)
+        own[c] = Pending(None, payload, None)
+    return rnd
 
 
 def _copy(dst: Any, src: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from coccl.pipeline import Round
 
 from .plan import Plan, Span, aligned_shards, even_shards
-from .ring import _own_payloads
+from .ring import _own_round, _waves
 from .steps import (
     Pending,
     encodes,
@@ -133,7 +133,8 @@ def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
 def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     """Direct AllGather: ``x`` holds n elements, ``out`` gets ``size * n``."""
     shards = even_shards(x.size, plan.size)
-    own = yield from _own_payloads(plan, x, out, shards, keep=plan.size > 1)
-    if plan.size > 1:
-        for c in range(plan.nchunks(shards)):
-            yield _gather_round(plan, shards, c, out, own.pop(c, None))
+    own: dict[int, Pending] = {}
+    steps = [partial(_own_round, plan, x, out, shards, own, plan.size > 1)]
+    if plan.size > 1:  # each chunk is encoded, then sent: chunks in waves (ring._waves)
+        steps.append(lambda c: _gather_round(plan, shards, c, out, own.pop(c, None)))
+    yield from _waves(plan.nchunks(shards), steps, plan.lag)

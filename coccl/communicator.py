@@ -399,8 +399,9 @@ class Communicator:
             pool=self._host_pool if ctx is None else ctx.pool,
             what=f"{collective} ({algorithm}, {codec.codec_id})",
         )
-        rounds = algorithms.schedule(algorithm, collective)(plan, src.data, dst.data)
         depth = self._depth(plan, algorithm, ctx is not None)
+        plan.lag = depth
+        rounds = algorithms.schedule(algorithm, collective)(plan, src.data, dst.data)
         if transport.name == "nccl":
             run_streamed(
                 rounds,

@@ -108,6 +108,29 @@ def test_pipelining_is_bitwise_neutral(comm, collective, algorithm, codec):
         np.testing.assert_array_equal(whole.view(np.uint32), piped.view(np.uint32))
 
 
+@pytest.mark.parametrize("codec", ["identity", "taco"])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_staging_memory_does_not_grow_with_the_message(comm, collective, algorithm, codec):
+    """Chunk size and depth set the pipeline's extra memory: a message 8 times longer
+    (64 and 512 chunks of 4 KiB per shard) holds about the same pooled memory at its
+    peak: a few rounds more in flight is timing, a shard's worth of payloads waiting
+    (8 times more) would be the schedule. (One rank has no pipeline: it reduces its
+    message in one local step.)"""
+    n = comm.size
+    if n == 1:
+        pytest.skip("one rank runs no pipeline")
+    peaks = []
+    for count in (65536 * n, 524288 * n):
+        x = rank_data(case_seed("mem", collective, count), comm.rank, count, np.float32)
+        if collective == "allgather":
+            x = x[: count // n]
+        comm.reset_stats()
+        getattr(comm, collective)(x, algorithm=algorithm, compressor=codec, chunk_bytes=4096)
+        peaks.append(comm.stats()["peak_host_bytes"])
+    assert peaks[1] <= 2 * peaks[0], f"peak pooled bytes {peaks[0]} -> {peaks[1]}"
+
+
 @pytest.mark.parametrize("codec", ["int8", "taco"])
 def test_avg_divides_once(comm, codec):
     parts = [rank_data(21, r, 4096, np.float32) for r in range(comm.size)]
