@@ -4,8 +4,9 @@
 // cupy.RawModule) with -D defines; every variant defines exactly one kernel,
 // `coccl_codec(const void* src, void* dst, long long count, long long K)`.
 //
-//   OP      1 taco encode, 2 taco decode, 3 int8 encode, 4 int8 decode,
-//           5 int8 encode (any group size), 6 int8 decode (any group size)
+//   OP      1 taco encode (32 elements per lane), 2 taco decode, 3 int8 encode,
+//           4 int8 decode, 5 int8 encode (any group size), 6 int8 decode (any group
+//           size), 7 taco encode (EPL elements per lane, the default)
 //   GS      group size G (taco: 32..512; int8 fast kernels: 32..1024; all powers of two)
 //   XT      element type of x (encode) or out (decode): 0 float32, 1 float16, 2 bfloat16
 //   FMT     taco: 0 e4m3, 1 e5m2
