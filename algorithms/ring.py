@@ -12,7 +12,7 @@ encoded while chunk c is on the wire.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -21,6 +21,7 @@ from coccl.pipeline import Round
 from .plan import Plan, Span, aligned_shards, even_shards
 from .steps import (
     Pending,
+    StepBuilder,
     encodes,
     new_round,
     payload_of,
@@ -28,6 +29,7 @@ from .steps import (
     result_payload,
     run_all,
     send_own,
+    waves,
 )
 
 
@@ -36,28 +38,6 @@ def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any) -> N
     plan.load(acc, own)
     plan.reduce(acc, received)
     plan.encode(acc, out)
-
-
-StepBuilder = Callable[[int], "Round | None"]
-
-
-def _waves(nch: int, steps: list[StepBuilder], lag: int) -> Iterator[Round]:
-    """Rounds of ``steps`` (each a chain over the chunks: step s of chunk c needs step
-    s - 1 of chunk c) in skewed waves: wave w runs step s of chunk w - lag * s, the later
-    step first. A step runs ``lag`` chunks behind the step before it, so with ``lag`` at
-    least the pipeline depth the rounds in the window do not wait on each other; and a
-    chunk's payload waits about ``lag`` waves for the step that consumes it, so staging
-    memory is set by chunk size, lag and step count, not by the message size (in
-    step-major order a whole step's payloads, a shard's worth, would wait)."""
-    nsteps = len(steps)
-    lag = max(1, min(lag, nch))  # a lag of nch or more is step-major order
-    for wave in range(nch + lag * (nsteps - 1)):
-        for s in range(nsteps - 1, -1, -1):
-            c = wave - lag * s
-            if 0 <= c < nch:
-                rnd = steps[s](c)
-                if rnd is not None:
-                    yield rnd
 
 
 class _ReduceScatterSteps:
@@ -163,7 +143,7 @@ def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
         return
     rs = _ReduceScatterSteps(plan, x, shards, lambda a, b: out[a:b], True)
     ag = _AllGatherSteps(plan, shards, out, rs.results)
-    yield from _waves(rs.nch, rs.builders() + ag.builders(), plan.lag)
+    yield from waves(rs.nch, rs.builders() + ag.builders(), plan.lag)
 
 
 def _local(plan: Plan, x: Any, out: Any, want_payload: bool) -> Iterator[Round]:
@@ -189,7 +169,7 @@ def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
         yield from _local(plan, x, out, False)
         return
     rs = _ReduceScatterSteps(plan, x, shards, lambda a, b: out[a - base : b - base], False)
-    yield from _waves(rs.nch, rs.builders(), plan.lag)
+    yield from waves(rs.nch, rs.builders(), plan.lag)
 
 
 def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
@@ -202,7 +182,7 @@ def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     nch = plan.nchunks(shards)
     if plan.size > 1:
         steps += _AllGatherSteps(plan, shards, out, own).builders()
-    yield from _waves(nch, steps, plan.lag)
+    yield from waves(nch, steps, plan.lag)
 
 
 def _own_round(

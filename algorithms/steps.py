@@ -1,9 +1,11 @@
 """Building blocks shared by the ring and two-shot schedules: the compute of one chunk
 (encode own data, reduce received payloads, finish a reduced chunk) and the hand-over of
-a payload from the round that produces it to the round that consumes it."""
+a payload from the round that produces it to the round that consumes it, and the order
+in which chains of steps over chunks are issued (``waves``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,3 +122,25 @@ def reduce_chunk(
     for payload in payloads:
         plan.reduce(acc, payload)
     finish(plan, acc, dst, result)
+
+
+StepBuilder = Callable[[int], "Round | None"]
+
+
+def waves(nch: int, steps: list[StepBuilder], lag: int) -> Iterator[Round]:
+    """Rounds of ``steps`` (each a chain over the chunks: step s of chunk c needs step
+    s - 1 of chunk c) in skewed waves: wave w runs step s of chunk w - lag * s, the later
+    step first. A step runs ``lag`` chunks behind the step before it, so with ``lag`` at
+    least the pipeline depth the rounds in the window do not wait on each other; and a
+    chunk's payload waits about ``lag`` waves for the step that consumes it, so staging
+    memory is set by chunk size, lag and step count, not by the message size (in
+    step-major order a whole step's payloads, a shard's worth, would wait)."""
+    nsteps = len(steps)
+    lag = max(1, min(lag, nch))  # a lag of nch or more is step-major order
+    for wave in range(nch + lag * (nsteps - 1)):
+        for s in range(nsteps - 1, -1, -1):
+            c = wave - lag * s
+            if 0 <= c < nch:
+                rnd = steps[s](c)
+                if rnd is not None:
+                    yield rnd

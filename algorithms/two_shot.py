@@ -18,7 +18,7 @@ from typing import Any
 from coccl.pipeline import Round
 
 from .plan import Plan, Span, aligned_shards, even_shards
-from .ring import _own_round, _waves
+from .ring import _own_round
 from .steps import (
     Pending,
     encodes,
@@ -28,6 +28,7 @@ from .steps import (
     result_payload,
     run_all,
     send_own,
+    waves,
 )
 
 
@@ -135,6 +136,6 @@ def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     shards = even_shards(x.size, plan.size)
     own: dict[int, Pending] = {}
     steps = [partial(_own_round, plan, x, out, shards, own, plan.size > 1)]
-    if plan.size > 1:  # each chunk is encoded, then sent: chunks in waves (ring._waves)
+    if plan.size > 1:  # each chunk is encoded, then sent: chunks in waves
         steps.append(lambda c: _gather_round(plan, shards, c, out, own.pop(c, None)))
-    yield from _waves(plan.nchunks(shards), steps, plan.lag)
+    yield from waves(plan.nchunks(shards), steps, plan.lag)
