@@ -166,6 +166,12 @@ class MpiTransport:
                 keep.append((event, block))
         self._deferred = keep
 
+    @property
+    def sends_follow_stream(self) -> bool:
+        """Device sends are copied out on the current stream (staging), so a send may be
+        posted as soon as the kernels that fill its buffer are enqueued."""
+        return not self.cuda_aware
+
     def _staged(self, buf: Any) -> bool:
         return is_device_array(buf) and not self.cuda_aware
 

@@ -85,6 +85,10 @@ class _Done:
         return True
 
     @staticmethod
+    def enqueued() -> bool:
+        return True
+
+    @staticmethod
     def result() -> None:
         return None
 
@@ -154,6 +158,10 @@ class _EventHandle:
     def done(self) -> bool:
         return self.event.done
 
+    @staticmethod
+    def enqueued() -> bool:
+        return True
+
     def result(self) -> None:
         return None
 
@@ -202,6 +210,18 @@ def _describe_wait(what: str, active: Iterable[Round], timeout_s: float) -> str:
     return f"{what}: timed out after {timeout_s:g} s waiting for local compute (COCCL_TIMEOUT_S)"
 
 
+def _may_send(rnd: Round, transport: Any) -> bool:
+    """A round's sends may start once its ``pre`` has run; or, over a transport whose
+    sends are copied out on the compute stream (staged MPI), as soon as ``pre``'s kernels
+    are enqueued: the copy then runs right after them, with no host round trip between."""
+    handle = rnd.pre_handle
+    if getattr(transport, "sends_follow_stream", False):
+        enqueued = getattr(handle, "enqueued", None)
+        if enqueued is not None and enqueued():
+            return True
+    return handle.done()
+
+
 def _advance(rnd: Round, transport: Any, executor: Any) -> bool:
     """Move one round as far as it can go without blocking; True if anything changed."""
     changed = False
@@ -210,7 +230,7 @@ def _advance(rnd: Round, transport: Any, executor: Any) -> bool:
         # must wait for the dependencies' posts, which may still be queued there.
         rnd.pre_handle = executor.submit(rnd.pre if rnd.pre or not rnd.deps else _noop)
         changed = True
-    if rnd.send_handles is None and rnd.pre_handle is not None and rnd.pre_handle.done():
+    if rnd.send_handles is None and rnd.pre_handle is not None and _may_send(rnd, transport):
         rnd.pre_handle.result()  # re-raise a failure of the compute
         rnd.send_handles = [transport.isend(buf, peer, rnd.tag) for peer, buf in rnd.sends]
         changed = True
