@@ -29,13 +29,15 @@ from coccl.pipeline import (
     run_polling,
     run_streamed,
 )
-from coccl.pool import BufferPool, host_pool
+from coccl.pool import BufferPool, host_pool, size_class
 from coccl.reduction import check_op
 
 BACKENDS = ("auto", "mpi", "nccl")
 # Below this chunk size, CPU compute runs on the polling thread itself: a worker thread's
 # wake-up would cost more than the overlap it buys.
 INLINE_CHUNK_BYTES = 64 << 10
+# Default chunk of device data sent over MPI through pinned host staging (not CUDA-aware).
+STAGED_CHUNK_BYTES = 8 << 20
 
 
 class Communicator:
@@ -224,6 +226,14 @@ class Communicator:
             # per-chunk cost and overlap nothing. One chunk (bench/NOTES.md measures it).
             chunk = max(int(chunk), src.size * src.dtype.itemsize, 1)
         transport = self._nccl if (on_device and self._nccl is not None) else self._mpi
+        staged = on_device and transport is self._mpi and not self._mpi.cuda_aware
+        if staged:
+            if chunk_bytes is None and not self._settings.chunk_bytes_set:
+                # Device data staged through pinned host memory: each chunk costs the
+                # polling thread host work that does not overlap MPI's own copies, so
+                # fewer, larger chunks overlap better; beyond 8 MiB a 64 MiB ring has too
+                # few chunks per shard to pipeline (bench/NOTES.md measures both).
+                chunk = STAGED_CHUNK_BYTES
 
         if algorithm == "auto":
             algorithm, codec = algorithms.choose(
@@ -252,12 +262,23 @@ class Communicator:
                 caller = ctx.enter()
                 try:
                     self._run(
-                        collective, src, dst, op, algorithm, codec, int(chunk), transport, ctx
+                        collective,
+                        src,
+                        dst,
+                        op,
+                        algorithm,
+                        codec,
+                        int(chunk),
+                        transport,
+                        ctx,
+                        staged,
                     )
                 finally:
                     ctx.leave(caller)
         else:
-            self._run(collective, src, dst, op, algorithm, codec, int(chunk), transport, None)
+            self._run(
+                collective, src, dst, op, algorithm, codec, int(chunk), transport, None, False
+            )
         return dst.obj
 
     def overlap_profile(
@@ -290,27 +311,25 @@ class Communicator:
             raise ValueError("overlap_profile takes algorithm='ring' or 'two_shot'")
         if not isinstance(iters, int) or iters < 1:
             raise ValueError(f"iters must be a positive integer, got {iters!r}")
-        times: dict[str, float] = {}
-        for variant in ("pipelined", "codec_only", "transport_only"):
-            samples = []
-            for i in range(iters + 1):  # the first run warms up
+        variants = {n: n for n in ("pipelined", "codec_only", "transport_only")}
+        variants["pipelined"] = "normal"
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        # Interleaved (pipelined, codec-only, transport-only, pipelined, ...), so a drift
+        # of the machine's speed during the measurement weighs on the three alike.
+        for i in range(iters + 1):  # the first round warms up
+            for name, variant in variants.items():
                 self._mpi.barrier()
                 start = time.perf_counter()
                 self._collective(
-                    collective,
-                    x,
-                    None,
-                    op,
-                    algorithm,
-                    compressor,
-                    chunk_bytes,
-                    "normal" if variant == "pipelined" else variant,
+                    collective, x, None, op, algorithm, compressor, chunk_bytes, variant
                 )
                 _synchronize(x)
                 if i:
-                    samples.append(time.perf_counter() - start)
-            local = float(np.median(samples))
-            times[f"{variant}_s"] = self._mpi.comm.allreduce(local, op=_mpi_max())
+                    samples[name].append(time.perf_counter() - start)
+        times: dict[str, float] = {}
+        for name, values in samples.items():
+            local = float(np.median(values))
+            times[f"{name}_s"] = self._mpi.comm.allreduce(local, op=_mpi_max())
         longest_half = max(times["codec_only_s"], times["transport_only_s"])
         times["overlap_efficiency"] = longest_half / times["pipelined_s"]
         return times
@@ -380,7 +399,11 @@ class Communicator:
         chunk_bytes: int,
         transport: Any,
         ctx: DeviceContext | None,
+        staged: bool,
     ) -> None:
+        """Run one collective; ``staged``: device data through pinned host copies (the
+        codec-only and transport-only runs of ``overlap_profile`` pass the real call's
+        value, so that all three size their pipeline alike)."""
         # device work is enqueued on coccl's compute stream (host data: no stream)
         stream = ctx.compute if ctx is not None else contextlib.nullcontext()
         if algorithm == "native":
@@ -399,7 +422,7 @@ class Communicator:
             pool=self._host_pool if ctx is None else ctx.pool,
             what=f"{collective} ({algorithm}, {codec.codec_id})",
         )
-        depth = self._depth(plan, algorithm, ctx is not None)
+        depth = self._depth(plan, algorithm, collective, staged)
         plan.lag = depth
         rounds = algorithms.schedule(algorithm, collective)(plan, src.data, dst.data)
         if transport.name == "nccl":
@@ -423,15 +446,25 @@ class Communicator:
                 what=plan.what,
             )
 
-    def _depth(self, plan: algorithms.Plan, algorithm: str, on_device: bool) -> int:
-        """The pipeline depth, lowered if needed so the rounds in flight stay within
-        COCCL_STAGING_LIMIT_BYTES (staging memory is set by chunk size and depth, never
-        by message size)."""
-        messages = 2 if algorithm == "ring" else 2 * max(1, self.size - 1)
-        per_round = messages * plan.codec.encoded_nbytes(plan.chunk_elems, plan.dtype)
-        per_round += plan.chunk_elems * plan.acc_dtype.itemsize
-        if on_device and not self._mpi.cuda_aware:
-            per_round *= 2  # pinned host copies of every payload
+    def _depth(self, plan: algorithms.Plan, algorithm: str, collective: str, staged: bool) -> int:
+        """The pipeline depth, lowered if needed so the pools' blocks in use stay within
+        COCCL_STAGING_LIMIT_BYTES: staging memory is set by chunk size and depth, never
+        by message size. Per round in the window: its payloads (pinned copies too when
+        ``staged``), accumulator and result payload; plus the payloads waiting between a
+        chunk's steps, about ``depth`` per step, since a chunk's next step runs ``depth``
+        waves later (bench/NOTES.md compares this bound with measured peaks)."""
+        n = self.size
+        payload = size_class(plan.codec.encoded_nbytes(plan.chunk_elems, plan.dtype))
+        acc = size_class(plan.chunk_elems * plan.acc_dtype.itemsize)
+        if algorithm == "ring":
+            messages = 2
+            waiting = (2 * (n - 1) if collective == "allreduce" else n - 1) - 1
+        else:
+            messages = 2 * max(1, n - 1)
+            waiting = 1
+        per_round = (messages + 1 + max(0, waiting)) * payload + acc
+        if staged:
+            per_round += messages * payload  # pinned host copies of every message
         fits = max(1, self._settings.staging_limit_bytes // max(1, per_round))
         return max(1, min(self._settings.pipeline_depth, fits))
 

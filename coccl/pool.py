@@ -1,7 +1,7 @@
 """Reusable byte buffers, so a pipeline allocates nothing per chunk in steady state.
 
 A ``BufferPool`` hands out ``Block``s: a uint8 view of exactly the size asked for, cut
-from a cached backing buffer whose size is the next power of two. Blocks are
+from a cached backing buffer of the next size class (eight per doubling). Blocks are
 reference-counted because one received payload can be both forwarded (ring AllGather)
 and decoded; the backing buffer returns to the pool when the last holder releases it.
 The pool keeps what it allocated (it never shrinks), so memory is flat after warm-up and
@@ -19,8 +19,14 @@ import numpy as np
 _MIN_CLASS = 256
 
 
-def _size_class(nbytes: int) -> int:
-    return max(_MIN_CLASS, 1 << max(0, int(nbytes - 1).bit_length()))
+def size_class(nbytes: int) -> int:
+    """The size of the backing buffer a block of ``nbytes`` takes: eight classes per
+    doubling (at most 12.5% unused; power-of-two classes left up to half of a chunk's
+    payload unused, which counted against the staging limit)."""
+    if nbytes <= _MIN_CLASS:
+        return _MIN_CLASS
+    step = 1 << max(0, int(nbytes - 1).bit_length() - 4)
+    return -(-nbytes // step) * step
 
 
 class Block:
@@ -69,7 +75,7 @@ class BufferPool:
 
     def get(self, nbytes: int) -> Block:
         """A block of exactly ``nbytes`` bytes (contents undefined)."""
-        size = _size_class(nbytes)
+        size = size_class(nbytes)
         free = self._free[size]
         if free:
             base = free.pop()
