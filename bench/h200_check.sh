@@ -37,9 +37,9 @@ mpitests_all)
   step pytest gpu multi-rank, 1-4 ranks
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k gpu 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -8 ;;
 sweeps)
-  for dt in float32 bfloat16; do
+  for dt in ${SWEEP_DTYPES:-float32 bfloat16}; do
     step "4-rank MPI sweep on the GPU, $dt, with overlap"
-    timeout ${SWEEP_TIMEOUT:-290} python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e 1G -f 4 -n 4 -w 1 --no-progress \
+    timeout ${SWEEP_TIMEOUT:-290} python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e 1G -f 4 -n ${SWEEP_ITERS:-4} -w 1 --no-progress \
       --algorithm ring,two_shot --compressor identity,taco,int8 -d $dt --overlap-min 64M \
       --json "$JSONDIR/mpi4-$dt.json" 2>&1 | tee "$OUT/sweep-$dt.txt" | grep -v "^#  Rank" | tail -24
   done ;;
@@ -50,6 +50,10 @@ chunks)
       --algorithm two_shot,ring --compressor taco -d float32 --overlap-min 64M --chunk-bytes $cb \
       --json "$JSONDIR/mpi4-chunks-$cb.json" 2>&1 | grep -v "^#  Rank" | tail -5
   done ;;
+probe)
+  step "4-rank overlap probe: ${PROBE_ARGS:-defaults}"
+  timeout ${PROBE_TIMEOUT:-200} mpiexec --oversubscribe -n 4 python3 bench/overlap_probe.py \
+    --out "$JSONDIR/probe-${PROBE_NAME:-1}.json" ${PROBE_ARGS:-} 2>&1 | grep -v "^#  Rank" | tail -80 ;;
 latency)
   step "4-rank latency sweep on the GPU (auto's table)"
   timeout 60 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 8 -e 4M -f 4 -n 10 -w 3 --no-progress \
