@@ -110,6 +110,15 @@ def _backoff(spins: int) -> None:
     time.sleep(0 if spins < 256 else 50e-6)
 
 
+def _yield(spins: int) -> None:
+    """The GPU executor's wait: yield the core now and then, never sleep. A GPU rank has a
+    host core of its own, and over staged MPI its polling is what moves the bytes: a
+    50 us sleep while a ring step waits for its neighbour is latency on the step's chain
+    (bench/NOTES.md)."""
+    if spins >= 64:
+        time.sleep(0)
+
+
 class CpuExecutor:
     """One worker thread: numba codec kernels run there without the GIL."""
 
@@ -183,7 +192,7 @@ class GpuExecutor:
             event.record(self.stream)
         return _EventHandle(event)
 
-    idle = staticmethod(_backoff)
+    idle = staticmethod(_yield)
 
     def close(self) -> None:
         pass
