@@ -449,24 +449,33 @@ class Communicator:
     def _depth(self, plan: algorithms.Plan, algorithm: str, collective: str, staged: bool) -> int:
         """The pipeline depth, lowered if needed so the pools' blocks in use stay within
         COCCL_STAGING_LIMIT_BYTES: staging memory is set by chunk size and depth, never
-        by message size. Per round in the window: its payloads (pinned copies too when
-        ``staged``), accumulator and result payload; plus the payloads waiting between a
-        chunk's steps, about ``depth`` per step, since a chunk's next step runs ``depth``
-        waves later (bench/NOTES.md compares this bound with measured peaks)."""
+        by message size. A window of ``d`` rounds holds per round its payloads (pinned
+        copies too when ``staged``), an accumulator and a result payload; the payloads
+        waiting between a chunk's steps, about one per step per round of depth (a chunk's
+        next step runs ``depth`` waves later); and a ring's last ReduceScatter step, which
+        holds a second accumulator, once per pass of the window over the steps. A chunk
+        whose one round needs more than the limit runs at depth 1. bench/NOTES.md compares
+        this bound with measured peaks; tests/mpi/test_compressed.py checks it."""
         n = self.size
         payload = size_class(plan.codec.encoded_nbytes(plan.chunk_elems, plan.dtype))
         acc = size_class(plan.chunk_elems * plan.acc_dtype.itemsize)
         if algorithm == "ring":
             messages = 2
-            waiting = (2 * (n - 1) if collective == "allreduce" else n - 1) - 1
+            steps = 2 * (n - 1) if collective == "allreduce" else n - 1
+            waiting = steps - 1
         else:
-            messages = 2 * max(1, n - 1)
-            waiting = 1
-        per_round = (messages + 1 + max(0, waiting)) * payload + acc
+            messages, steps, waiting = 2 * max(1, n - 1), 2, 1
+        per_round = (messages + 1 + waiting) * payload + acc
         if staged:
             per_round += messages * payload  # pinned host copies of every message
-        fits = max(1, self._settings.staging_limit_bytes // max(1, per_round))
-        return max(1, min(self._settings.pipeline_depth, fits))
+        limit = self._settings.staging_limit_bytes
+        depth = self._settings.pipeline_depth
+        while depth > 1:
+            second_accs = depth // max(1, steps) + 1 if algorithm == "ring" else 0
+            if depth * per_round + second_accs * acc <= limit:
+                break
+            depth -= 1
+        return depth
 
 
 def _synchronize(x: Any) -> None:

@@ -2,6 +2,7 @@
 reduction close to what the quantization model predicts, every rank bitwise identical,
 chunking (pipelining) bitwise neutral, any count."""
 
+import dataclasses
 import math
 
 import ml_dtypes
@@ -129,6 +130,35 @@ def test_staging_memory_does_not_grow_with_the_message(comm, collective, algorit
         getattr(comm, collective)(x, algorithm=algorithm, compressor=codec, chunk_bytes=4096)
         peaks.append(comm.stats()["peak_host_bytes"])
     assert peaks[1] <= 2 * peaks[0], f"peak pooled bytes {peaks[0]} -> {peaks[1]}"
+
+
+@pytest.mark.parametrize("codec", ["identity", "taco"])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_staging_limit_bounds_the_pools(comm, collective, algorithm, codec):
+    """COCCL_STAGING_LIMIT_BYTES bounds the pooled memory a collective holds at its peak:
+    the pipeline depth is sized from the pools' real block sizes, the window's payloads
+    and accumulators, and the payloads waiting between a chunk's steps. With a 1 MiB
+    limit, these chunks make the depth drop from the default 4 to 1-3. (A chunk whose
+    one round needs more than the limit runs at depth 1.)"""
+    n = comm.size
+    if n == 1:
+        pytest.skip("one rank runs no pipeline")
+    limit = 1 << 20
+    saved = comm._settings
+    comm._settings = dataclasses.replace(saved, staging_limit_bytes=limit)
+    try:
+        chunk = (64 if codec == "identity" else 128) << 10
+        count = n << 18  # dozens of chunks per shard: the window is full
+        x = rank_data(case_seed("limit", collective, algorithm), comm.rank, count, np.float32)
+        if collective == "allgather":
+            x = x[: count // n]
+        comm.reset_stats()
+        getattr(comm, collective)(x, algorithm=algorithm, compressor=codec, chunk_bytes=chunk)
+        peak = comm.stats()["peak_host_bytes"]
+    finally:
+        comm._settings = saved
+    assert peak <= limit, f"peak pooled bytes {peak} over the {limit}-byte limit"
 
 
 @pytest.mark.parametrize("codec", ["int8", "taco"])
