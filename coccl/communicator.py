@@ -38,6 +38,12 @@ BACKENDS = ("auto", "mpi", "nccl")
 INLINE_CHUNK_BYTES = 64 << 10
 # Default chunk of device data sent over MPI through pinned host staging (not CUDA-aware).
 STAGED_CHUNK_BYTES = 8 << 20
+# overlap_profile's three runs: (name of the time, variant of _collective)
+_PROFILE_RUNS = (
+    ("pipelined", "normal"),
+    ("codec_only", "codec_only"),
+    ("transport_only", "transport_only"),
+)
 
 
 class Communicator:
@@ -256,29 +262,17 @@ class Communicator:
             transport = NullTransport(self.rank, self.size)
         elif variant == "transport_only":
             codec = WireOnlyCodec(codec)
+        job = (collective, src, dst, op, algorithm, codec, int(chunk), transport)
         if on_device:
             ctx = self._device(src.device_id)
             with ctx.device:
                 caller = ctx.enter()
                 try:
-                    self._run(
-                        collective,
-                        src,
-                        dst,
-                        op,
-                        algorithm,
-                        codec,
-                        int(chunk),
-                        transport,
-                        ctx,
-                        staged,
-                    )
+                    self._run(*job, ctx, staged)
                 finally:
                     ctx.leave(caller)
         else:
-            self._run(
-                collective, src, dst, op, algorithm, codec, int(chunk), transport, None, False
-            )
+            self._run(*job, None, False)
         return dst.obj
 
     def overlap_profile(
@@ -311,13 +305,11 @@ class Communicator:
             raise ValueError("overlap_profile takes algorithm='ring' or 'two_shot'")
         if not isinstance(iters, int) or iters < 1:
             raise ValueError(f"iters must be a positive integer, got {iters!r}")
-        variants = {n: n for n in ("pipelined", "codec_only", "transport_only")}
-        variants["pipelined"] = "normal"
-        samples: dict[str, list[float]] = {name: [] for name in variants}
+        samples: dict[str, list[float]] = {name: [] for name, _ in _PROFILE_RUNS}
         # Interleaved (pipelined, codec-only, transport-only, pipelined, ...), so a drift
         # of the machine's speed during the measurement weighs on the three alike.
         for i in range(iters + 1):  # the first round warms up
-            for name, variant in variants.items():
+            for name, variant in _PROFILE_RUNS:
                 self._mpi.barrier()
                 start = time.perf_counter()
                 self._collective(
