@@ -85,10 +85,6 @@ class _Done:
         return True
 
     @staticmethod
-    def enqueued() -> bool:
-        return True
-
-    @staticmethod
     def result() -> None:
         return None
 
@@ -167,10 +163,6 @@ class _EventHandle:
     def done(self) -> bool:
         return self.event.done
 
-    @staticmethod
-    def enqueued() -> bool:
-        return True
-
     def result(self) -> None:
         return None
 
@@ -222,12 +214,11 @@ def _describe_wait(what: str, active: Iterable[Round], timeout_s: float) -> str:
 def _may_send(rnd: Round, transport: Any) -> bool:
     """A round's sends may start once its ``pre`` has run; or, over a transport whose
     sends are copied out on the compute stream (staged MPI), as soon as ``pre``'s kernels
-    are enqueued: the copy then runs right after them, with no host round trip between."""
+    are enqueued (a GPU executor's handle: ``submit`` enqueued them): the copy then runs
+    right after them, with no host round trip between."""
     handle = rnd.pre_handle
-    if getattr(transport, "sends_follow_stream", False):
-        enqueued = getattr(handle, "enqueued", None)
-        if enqueued is not None and enqueued():
-            return True
+    if isinstance(handle, _EventHandle) and getattr(transport, "sends_follow_stream", False):
+        return True
     return handle.done()
 
 

@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 
-from coccl.pipeline import Round, _may_send
+from coccl.pipeline import Round, _EventHandle, _may_send
 from coccl.pool import BufferPool, size_class
 
 
@@ -43,11 +43,13 @@ def test_pool_reuses_a_block_of_the_same_class():
     assert pool.in_use_bytes == 0
 
 
-class _Handle:
-    def __init__(self, enqueued: bool | None, done: bool) -> None:
+class _Event:
+    done = False  # the kernels are enqueued, not yet run
+
+
+class _Future:
+    def __init__(self, done: bool) -> None:
         self._done = done
-        if enqueued is not None:
-            self.enqueued = lambda: enqueued
 
     def done(self) -> bool:
         return self._done
@@ -58,14 +60,14 @@ class _Transport:
         self.sends_follow_stream = follows
 
 
-def _round(handle: _Handle) -> Round:
+def _round(handle: object) -> Round:
     rnd = Round(label="r", tag=0)
     rnd.pre_handle = handle
     return rnd
 
 
 def test_staged_sends_start_once_the_encode_is_enqueued():
-    queued = _round(_Handle(enqueued=True, done=False))
+    queued = _round(_EventHandle(_Event()))
     assert _may_send(queued, _Transport(follows=True))
     # a transport that reads the buffer itself (host MPI, CUDA-aware MPI) waits for it
     assert not _may_send(queued, _Transport(follows=False))
@@ -73,7 +75,7 @@ def test_staged_sends_start_once_the_encode_is_enqueued():
 
 
 def test_host_compute_is_waited_for():
-    running = _round(_Handle(enqueued=None, done=False))  # a worker thread's future
+    running = _round(_Future(done=False))  # a worker thread's future
     assert not _may_send(running, _Transport(follows=True))
-    finished = _round(_Handle(enqueued=None, done=True))
+    finished = _round(_Future(done=True))
     assert _may_send(finished, _Transport(follows=True))
