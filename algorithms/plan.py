@@ -51,6 +51,8 @@ class Plan:
         lag: in schedules whose chunks each pass through a chain of steps, how many
             chunks apart consecutive steps run (the pipeline depth: so the rounds in
             the pipeline's window do not wait on each other).
+        hop: the codec's fused ring-hop kernel for this call's data
+            (``Compressor.reduce_encode_kernel``; sums only), or None.
     """
 
     rank: int
@@ -62,6 +64,7 @@ class Plan:
     pool: BufferPool
     what: str
     lag: int = 4
+    hop: Any = None
     _tags: itertools.count = field(default_factory=itertools.count)
 
     @property

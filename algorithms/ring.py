@@ -40,6 +40,13 @@ def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any) -> N
     plan.encode(acc, out)
 
 
+def _hop_decode(plan: Plan, own: Any, received: Any, result: Any, dst: Any) -> None:
+    """The last hop of an AllReduce's sum: result = encode(own + decode(received)), then
+    dst = decode(result), bitwise what ``reduce_chunk`` computes for a sum."""
+    plan.hop(own, received, result)
+    plan.decode(result, dst)
+
+
 class _ReduceScatterSteps:
     """The ring ReduceScatter's ``size - 1`` steps, as round builders per chunk. After a
     chunk's last step, ``results[c]`` holds the owner's encoded reduced chunk when
@@ -71,10 +78,16 @@ class _ReduceScatterSteps:
                 rnd.sends.append((right, payload_of(item)))
             else:
                 partial_sum = self.received.pop(c).hand_to(rnd)
-                acc_block, acc = plan.accumulator(b - a)
                 out_block = plan.payload(b - a)
-                rnd.holds += [acc_block, out_block]
-                rnd.pre = partial(_reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data)
+                rnd.holds.append(out_block)
+                if plan.hop is not None:  # one fused kernel, no accumulator
+                    rnd.pre = partial(plan.hop, x[a:b], partial_sum, out_block.data)
+                else:
+                    acc_block, acc = plan.accumulator(b - a)
+                    rnd.holds.append(acc_block)
+                    rnd.pre = partial(
+                        _reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data
+                    )
                 rnd.sends.append((right, out_block.data))
         a, b = plan.chunk(self.shards[recv_shard], c)
         if b > a:
@@ -84,13 +97,18 @@ class _ReduceScatterSteps:
             if t < n - 2:
                 self.received[c] = Pending(rnd, block.data, block.retain())
             else:  # the last step brings this rank's own shard: finish it
-                acc_block, acc = plan.accumulator(b - a)
-                rnd.holds.append(acc_block)
                 dst = self.dst_of(a, b)
                 result = result_payload(plan, dst, self.want_payload, rnd)
                 if result is not None:
                     self.results[c] = result
-                rnd.post = partial(reduce_chunk, plan, acc, x[a:b], [block.data], dst, result)
+                if plan.hop is not None and plan.op == "sum" and result and result.block:
+                    # AllReduce: the reduced chunk is encoded for the AllGather and the
+                    # owner decodes it; with no avg division between, that is a hop
+                    rnd.post = partial(_hop_decode, plan, x[a:b], block.data, result.data, dst)
+                else:
+                    acc_block, acc = plan.accumulator(b - a)
+                    rnd.holds.append(acc_block)
+                    rnd.post = partial(reduce_chunk, plan, acc, x[a:b], [block.data], dst, result)
         return rnd if rnd.sends or rnd.recvs else None
 
 

@@ -57,6 +57,8 @@ def main() -> None:
         ip = cp.empty(int8.encoded_nbytes(n, np.float32), dtype=np.uint8)
         taco.encode_into(x, tp, np.dtype(np.float32))
         int8.encode_into(x, ip, np.dtype(np.float32))
+        tp2 = cp.empty_like(tp)
+        hop = taco.reduce_encode_kernel(x, np.dtype(np.float32))
         dpool, ppool = device_pool(cp.cuda.Device()), pinned_pool()
         host = ppool.get(tp.size)
 
@@ -77,6 +79,7 @@ def main() -> None:
                 tp, acc, np.dtype(np.float32), True
             ),
             "taco decode_into": lambda: taco.decode_into(tp, acc, np.dtype(np.float32), False),
+            "taco fused hop (reduce_encode)": lambda: hop(x, tp, tp2),
             "int8 encode_into": lambda: int8.encode_into(x, ip, np.dtype(np.float32)),
             "int8 decode_into (accumulate)": lambda: int8.decode_into(
                 ip, acc, np.dtype(np.float32), True

@@ -7,6 +7,8 @@ limit's are lowered by the Communicator, as in any call.
 
     mpiexec -n 4 python3 bench/overlap_probe.py --out probe.json \\
         --depths 2,4 --chunks 4M,16M --sizes 64M,256M
+
+``--compressors taco-nohop`` is taco without its fused ring-hop kernel.
 """
 
 from __future__ import annotations
@@ -22,17 +24,31 @@ from mpi4py import MPI
 
 import coccl
 from coccl.bench.cli import datatype, parse_size
+from coccl.compressors import TacoCompressor
 
 
 def _line(row: dict, seconds: float) -> str:
     return (
         f"{row['dtype']:8s} {row['size'] >> 20:5d}M "
         f"chunk {row['chunk_bytes'] >> 20:3d}M d{row['depth']:<2d} {row['algorithm']:8s} "
-        f"{row['compressor']:5s} algbw {row['algbw_GBps']:5.2f} "
+        f"{row['compressor']:10s} algbw {row['algbw_GBps']:5.2f} "
         f"ov {row['overlap_efficiency']:.2f} pipe {row['pipelined_ms']:7.1f} "
         f"codec {row['codec_only_ms']:6.1f} wire {row['transport_only_ms']:7.1f} "
         f"peak {row['peak_staging_MiB']:5.0f} MiB ({seconds:.1f}s)"
     )
+
+
+class _TacoNoHop(TacoCompressor):
+    """taco without its fused ring-hop kernel: the ring loads, decode-accumulates and
+    encodes in three steps (the A/B of the hop)."""
+
+    def reduce_encode_kernel(self, like: object, dtype: object) -> None:
+        return None
+
+
+def _codec(name: str) -> object:
+    """A compressor name, or ``taco-nohop``."""
+    return _TacoNoHop() if name == "taco-nohop" else name
 
 
 def main() -> None:
@@ -72,7 +88,7 @@ def main() -> None:
                             "allreduce",
                             x,
                             algorithm=algorithm,
-                            compressor=compressor,
+                            compressor=_codec(compressor),
                             chunk_bytes=chunk,
                             iters=args.iters,
                         )

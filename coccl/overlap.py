@@ -79,5 +79,16 @@ class WireOnlyCodec(Compressor):
     def decode_into(self, payload: Any, out: Any, dtype: np.dtype, accumulate: bool) -> None:
         pass
 
+    def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:
+        # the real codec's schedule (a fused ring hop, or load + reduce + encode), minus
+        # its work: with a hop the ring holds no accumulator to load
+        if self.inner.reduce_encode_kernel(like, dtype) is None:
+            return None
+        return _no_hop
+
+
+def _no_hop(own: Any, payload: Any, out: Any) -> None:
+    pass
+
 
 __all__ = ["NullTransport", "WireOnlyCodec"]

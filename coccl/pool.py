@@ -34,10 +34,10 @@ class Block:
 
     __slots__ = ("pool", "base", "data", "refs")
 
-    def __init__(self, pool: BufferPool, base: Any, nbytes: int) -> None:
+    def __init__(self, pool: BufferPool, base: Any, data: Any) -> None:
         self.pool = pool
         self.base = base
-        self.data = base[:nbytes]
+        self.data = data
         self.refs = 1
 
     def as_array(self, dtype: Any, count: int) -> Any:
@@ -72,6 +72,9 @@ class BufferPool:
         self.allocated_bytes = 0  # all backing buffers ever made (kept for reuse)
         self.in_use_bytes = 0
         self.peak_in_use_bytes = 0
+        # backing buffer id -> (nbytes, its view): a pipeline asks each buffer for the same
+        # few sizes call after call, and slicing a CuPy array costs microseconds
+        self._views: dict[int, tuple[int, Any]] = {}
 
     def get(self, nbytes: int) -> Block:
         """A block of exactly ``nbytes`` bytes (contents undefined)."""
@@ -84,7 +87,13 @@ class BufferPool:
             self.allocated_bytes += size
         self.in_use_bytes += size
         self.peak_in_use_bytes = max(self.peak_in_use_bytes, self.in_use_bytes)
-        return Block(self, base, nbytes)
+        cached = self._views.get(id(base))
+        if cached is not None and cached[0] == nbytes:
+            view = cached[1]
+        else:
+            view = base[:nbytes]
+            self._views[id(base)] = (nbytes, view)
+        return Block(self, base, view)
 
     def _recycle(self, base: Any) -> None:
         size = int(base.size)

@@ -123,6 +123,18 @@ class Compressor(abc.ABC):
         into flat ``out``, or add into it when ``accumulate``. ``out`` may be of ``dtype``
         or a float32/float64 accumulator."""
 
+    def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:
+        """A fused kernel for one hop of a ring ReduceScatter, or None.
+
+        The callable, ``hop(own, payload, out)``, writes ``out = encode(own +
+        decode(payload))`` for ``dtype`` data ``own`` and payloads of ``own.size``
+        elements, bitwise what ``decode_into(payload, acc, dtype, True)`` on a float32
+        copy ``acc`` of ``own`` followed by ``encode_into(acc, out, dtype)`` gives. None
+        (the default) where the codec has no such kernel for arrays like ``like``: the
+        schedules then run those three steps.
+        """
+        return None
+
     # ------------------------------------------------------------------ public API
     def encode(self, x: Any, out: Any = None, *, dtype: Any = None) -> Any:
         """Encode an array into one payload.

@@ -6,7 +6,8 @@
 //
 //   OP      1 taco encode (32 elements per lane), 2 taco decode, 3 int8 encode,
 //           4 int8 decode, 5 int8 encode (any group size), 6 int8 decode (any group
-//           size), 7 taco encode (EPL elements per lane, the default)
+//           size), 7 taco encode (EPL elements per lane, the default), 8 taco ring hop
+//           (encode(own + decode(payload)) in one pass; five arguments, see the kernel)
 //   GS      group size G (taco: 32..512; int8 fast kernels: 32..1024; all powers of two)
 //   XT      element type of x (encode) or out (decode): 0 float32, 1 float16, 2 bfloat16
 //   FMT     taco: 0 e4m3, 1 e5m2
@@ -513,7 +514,7 @@ DEV void wht_group(float* v, int lig) {
 }
 
 // =============================================================== taco encode
-#if OP == 1 || OP == 7
+#if OP == 1 || OP == 7 || OP == 8
 // The largest |v| of a group's float32 values, as bits (exact: for non-negative floats
 // the integer order is the value order; a NaN is above +Inf).
 template <int N, int L>
@@ -1079,6 +1080,76 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 #else
     ((unsigned short*)dst)[e] = (unsigned short)out_bits1(v);
 #endif
+  }
+}
+#endif
+
+// ============================================ taco ring hop: decode, add own, encode (8)
+// One hop of a ring ReduceScatter in one pass: pout = encode(float32(own) + decode(pin)),
+// own holding `count` elements of type XT, pin and pout taco payloads of `count` elements.
+// Bitwise what the three-kernel path gives (acc = own; decode-accumulate pin into acc;
+// encode acc): the decode is kernel 2's arithmetic, the addition is its accumulate
+// (acc + decoded, one rounding), positions past `count` are zero as an encode of acc reads
+// them, and the encode is taco_encode_lane, which every encode kernel shares. Layout of the
+// fast kernels (32 elements per lane, tiles of 1024); accesses are per lane, unstaged: the
+// kernel saves the host two launches and the GPU an accumulator's round trip.
+#if OP == 8
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __restrict__ dst,
+            i64 count, i64 K) {
+  const char* xb = (const char*)own;
+  const unsigned char* pin = (const unsigned char*)src;
+  unsigned char* pout = (unsigned char*)dst;
+  const int lane = threadIdx.x & 31;
+  const int lig = lane & (LPG - 1);
+  const bool vin = (((u64)xb) & 15) == 0;
+  const bool vpi = (((u64)pin) & 15) == 0;
+  const bool vpo = (((u64)pout) & 15) == 0;
+  const bool a4i = (((u64)pin) & 3) == 0;
+  const bool a4o = (((u64)pout) & 3) == 0;
+  const i64 ncodes = K << LOG2_GS;  // a multiple of 32: a lane's codes are all in or all out
+  const i64 ntiles = (ncodes + 1023) >> 10;
+  // Whole warps iterate together (a group's lanes shuffle); a lane past the last group
+  // computes on zeros and stores nothing.
+  for (i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); tile < ntiles;
+       tile += (i64)gridDim.x * WARPS) {
+    const i64 base = (tile << 10) + lane * 32;
+    const i64 g = base >> LOG2_GS;
+    const bool live = base < ncodes;
+    float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
+    u32 cw[8];
+    if (live) {
+      if (DUAL) s = as_f(ld32(pin + ncodes + 4 * g, a4i));
+      if (ASH) alpha = as_f(ld32(pin + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4i));
+      load_bytes32(pin + base, cw, vpi);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) cw[i] = 0;
+    }
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) unpack4_fp8(cw[i], v + 4 * i);
+#if ASH
+    wht_group(v, lig);
+    const float c = as_f(CINV_BITS);
+#else
+    const float c = as_f(BITS_ONE);
+#endif
+    const float kp = f_div(f_mul(s, c), f_max(alpha, as_f(BITS_1EM12)));
+    u32 w[NW];
+    lane_load(xb, base, count, vin, w);  // zero past count
+#pragma unroll
+    for (int r = 0; r < 32; ++r)
+      v[r] = base + r < count ? f_add(elem_f32(w, r), f_mul(v[r], kp)) : 0.0f;
+    u32 codes[8], sbits, abits;
+    taco_encode_lane<32, LPG>(v, lig, codes, sbits, abits);
+    if (live) {
+      store_bytes32(pout + base, codes, vpo, 32);
+      if (lig == 0) {
+        if (DUAL) st32(pout + ncodes + 4 * g, sbits, a4o);
+        if (ASH) st32(pout + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4o);
+      }
+    }
   }
 }
 #endif

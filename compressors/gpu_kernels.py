@@ -22,7 +22,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["int8_decode", "int8_encode", "taco_decode", "taco_encode"]
+__all__ = ["int8_decode", "int8_encode", "taco_decode", "taco_encode", "taco_reduce_encode"]
 
 _SOURCE_PATH = Path(__file__).with_name("codec_kernels.cu")
 _BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -35,6 +35,7 @@ _TILE = 1024  # elements one warp handles per step in the fast kernels
 _OP_TACO_ENC, _OP_TACO_DEC, _OP_INT8_ENC, _OP_INT8_DEC = 1, 2, 3, 4
 _OP_INT8_ENC_ANY, _OP_INT8_DEC_ANY = 5, 6
 _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
+_OP_TACO_HOP = 8  # taco ring hop: encode(own + decode(payload)) in one kernel
 
 # Launch tuning, per kernel kind (encode, decode, accumulate = decode-accumulate).
 # ``resident``: threads per SM that the register budget is sized for (``__launch_bounds__``
@@ -47,9 +48,9 @@ _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 # ``epl_resident`` per SM. bench/NOTES.md records the measurements behind the defaults.
 _TUNING: dict[str, Any] = {
     "threads": 256,
-    "stage": {"encode": 0, "decode": 1, "accumulate": 1},
-    "prefetch": {"encode": 1, "decode": 0, "accumulate": 0},
-    "resident": {"encode": 768, "decode": 1024, "accumulate": 512},
+    "stage": {"encode": 0, "decode": 1, "accumulate": 1, "hop": 0},
+    "prefetch": {"encode": 1, "decode": 0, "accumulate": 0, "hop": 0},
+    "resident": {"encode": 768, "decode": 1024, "accumulate": 512, "hop": 512},
     "blocks_per_sm": 16,
     "sw_cvt": 0,
     "raw_check": 0,
@@ -57,7 +58,7 @@ _TUNING: dict[str, Any] = {
     "epl_threads": 128,
     "epl_resident": 512,
 }
-_KINDS = ("encode", "decode", "accumulate")
+_KINDS = ("encode", "decode", "accumulate", "hop")
 
 _lock = threading.Lock()
 _kernels: dict[tuple, Any] = {}
@@ -65,6 +66,7 @@ _kernels: dict[tuple, Any] = {}
 # a chunk-sized message is a few microseconds of GPU time, so its host cost matters.
 _launches: dict[tuple, tuple[Any, int, int, int]] = {}
 _sm_counts: dict[int, int] = {}
+_cupy_module: list[Any] = []
 _source: list[str] = []
 _last_kernel: list[Any] = [None]
 
@@ -99,9 +101,9 @@ def taco_encode(
         epl //= 2
     if epl >= 32:
         defs.update(OP=_OP_TACO_ENC_EPL, EPL=epl)
-        _launch(cp, defs, "encode", x, payload, count, K, warps=-(-K * G // (32 * epl)))
+        _launch(cp, defs, "encode", (x, payload), count, K, warps=-(-K * G // (32 * epl)))
     else:
-        _launch(cp, defs, "encode", x, payload, count, K, warps=-(-K * G // _TILE))
+        _launch(cp, defs, "encode", (x, payload), count, K, warps=-(-K * G // _TILE))
 
 
 def taco_decode(
@@ -137,7 +139,50 @@ def taco_decode(
         "CINV_BITS": _inv_sqrt_bits(G),
     }
     kind = "accumulate" if accumulate else "decode"
-    _launch(cp, defs, kind, payload, out, count, K, warps=-(-count // _TILE))
+    _launch(cp, defs, kind, (payload, out), count, K, warps=-(-count // _TILE))
+
+
+def taco_reduce_encode(
+    own: Any,
+    payload: Any,
+    out: Any,
+    *,
+    group_size: int,
+    fp8_format: str,
+    ash: bool,
+    dual_scale: bool,
+) -> None:
+    """One ring hop in one kernel: ``out = taco_encode(float32(own) + taco_decode(payload))``.
+
+    ``own`` holds float32/float16/bfloat16 data; ``payload`` and ``out`` are taco payloads
+    of ``own.size`` elements (distinct buffers). Bitwise what decoding ``payload`` with
+    ``accumulate`` into a float32 copy of ``own`` and encoding that copy give, without the
+    copy and with one launch instead of three.
+    """
+    cp = _cupy()
+    G = _taco_group(group_size)
+    fmt = _fp8_format(fp8_format)
+    xt = _element_type(cp, own, "own")
+    count = int(own.size)
+    K = -(-count // G)
+    nbytes = _taco_nbytes(K, G, ash, dual_scale)
+    _check_payload(cp, payload, nbytes, own)
+    _check_payload(cp, out, nbytes, own)
+    p0, o0 = payload.data.ptr, out.data.ptr
+    if p0 < o0 + nbytes and o0 < p0 + nbytes and nbytes:
+        raise ValueError("payload and out must not overlap")
+    if count == 0:
+        return
+    defs = {
+        "OP": _OP_TACO_HOP,
+        "GS": G,
+        "XT": xt,
+        "FMT": fmt,
+        "ASH": int(bool(ash)),
+        "DUAL": int(bool(dual_scale)),
+        "CINV_BITS": _inv_sqrt_bits(G),
+    }
+    _launch(cp, defs, "hop", (own, payload, out), count, K, warps=-(-K * G // _TILE))
 
 
 def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
@@ -156,7 +201,7 @@ def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
     else:
         defs = {"OP": _OP_INT8_ENC_ANY, "GS": G, "XT": xt}
         warps = K
-    _launch(cp, defs, "encode", x, payload, count, K, warps=warps)
+    _launch(cp, defs, "encode", (x, payload), count, K, warps=warps)
 
 
 def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) -> None:
@@ -175,15 +220,18 @@ def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) ->
     defs = {"OP": op, "GS": G, "XT": xt, "ACC": int(bool(accumulate))}
     warps = -(-count // (_TILE if op == _OP_INT8_DEC else 32))
     kind = "accumulate" if accumulate else "decode"
-    _launch(cp, defs, kind, payload, out, count, K, warps=warps)
+    _launch(cp, defs, kind, (payload, out), count, K, warps=warps)
 
 
 # ------------------------------------------------------------------ validation
 def _cupy() -> Any:
+    if _cupy_module:  # every launch asks: skip the import machinery after the first
+        return _cupy_module[0]
     try:
         import cupy  # noqa: PLC0415
     except Exception as exc:  # ImportError, or a broken CUDA install
         raise RuntimeError("the GPU codec kernels need CuPy") from exc
+    _cupy_module.append(cupy)
     return cupy
 
 
@@ -216,12 +264,12 @@ def _fp8_format(fmt: Any) -> int:
 def _element_type(cp: Any, a: Any, name: str) -> int:
     if not isinstance(a, cp.ndarray):
         raise TypeError(f"{name} must be a cupy.ndarray, got {type(a).__name__}")
-    dtype = np.dtype(a.dtype)
-    if dtype not in _XT:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dtype.name}")
+    xt = _XT.get(a.dtype)
+    if xt is None:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {a.dtype.name}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous")
-    return _XT[dtype]
+    return xt
 
 
 def _check_accumulate(out: Any, accumulate: bool) -> None:
@@ -232,13 +280,13 @@ def _check_accumulate(out: Any, accumulate: bool) -> None:
 def _check_payload(cp: Any, payload: Any, nbytes: int, like: Any) -> None:
     if not isinstance(payload, cp.ndarray):
         raise TypeError(f"payload must be a cupy.ndarray, got {type(payload).__name__}")
-    if np.dtype(payload.dtype) != np.uint8:
-        raise TypeError(f"payload must be uint8, got {np.dtype(payload.dtype).name}")
+    if payload.dtype != np.uint8:
+        raise TypeError(f"payload must be uint8, got {payload.dtype.name}")
     if not payload.flags.c_contiguous:
         raise ValueError("payload must be C-contiguous")
     if int(payload.size) != nbytes:
         raise ValueError(f"payload holds {payload.size} bytes; the payload is {nbytes} bytes")
-    if payload.device.id != like.device.id:
+    if payload.data.device_id != like.data.device_id:
         raise ValueError("payload and data must be on the same device")
 
 
@@ -307,22 +355,40 @@ def _sm_count(cp: Any) -> int:
 
 
 def _launch(
-    cp: Any, defs: dict[str, Any], kind: str, src: Any, dst: Any, count: int, K: int, warps: int
+    cp: Any, defs: dict[str, Any], kind: str, arrays: tuple, count: int, K: int, warps: int
 ) -> None:
-    dev = src.device
-    key = (dev.id, kind, *defs.items())
-    with dev:
-        cached = _launches.get(key)
-        if cached is None:
-            full = _variant_defines(defs, kind)
-            threads = full["THREADS"]
-            grid_cap = _sm_count(cp) * int(_TUNING["blocks_per_sm"])
-            cached = (_get_kernel(cp, full), threads, threads // 32, grid_cap)
-            _launches[key] = cached
-        kern, threads, per_block, grid_cap = cached
-        blocks = max(1, min(-(-warps // per_block), grid_cap))
-        kern((blocks,), (threads,), (src, dst, np.int64(count), np.int64(K)))
-        _last_kernel[0] = kern
+    """Launch the variant ``defs`` on ``arrays`` (all on one device) and ``count``, ``K``,
+    on the current stream of the arrays' device."""
+    device_id = arrays[0].data.device_id
+    if cp.cuda.runtime.getDevice() == device_id:  # the usual case: skip a device switch
+        _launch_here(cp, defs, kind, arrays, count, K, warps, device_id)
+    else:
+        with cp.cuda.Device(device_id):
+            _launch_here(cp, defs, kind, arrays, count, K, warps, device_id)
+
+
+def _launch_here(
+    cp: Any,
+    defs: dict[str, Any],
+    kind: str,
+    arrays: tuple,
+    count: int,
+    K: int,
+    warps: int,
+    device_id: int,
+) -> None:
+    key = (device_id, kind, *defs.items())
+    cached = _launches.get(key)
+    if cached is None:
+        full = _variant_defines(defs, kind)
+        threads = full["THREADS"]
+        grid_cap = _sm_count(cp) * int(_TUNING["blocks_per_sm"])
+        cached = (_get_kernel(cp, full), threads, threads // 32, grid_cap)
+        _launches[key] = cached
+    kern, threads, per_block, grid_cap = cached
+    blocks = max(1, min(-(-warps // per_block), grid_cap))
+    kern((blocks,), (threads,), (*arrays, np.int64(count), np.int64(K)))
+    _last_kernel[0] = kern
 
 
 # ------------------------------------------------------------- benchmarks' hooks

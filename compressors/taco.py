@@ -12,13 +12,18 @@ or ±Inf decodes to NaN as a whole.
 from __future__ import annotations
 
 import math
+from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from coccl.arrays import BFLOAT16
+
 from . import _dispatch, fp8
 from .base import Compressor, register_compressor
 from .int8 import check_group_size
+
+_HOP_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
 
 
 class TacoLayout(NamedTuple):
@@ -47,6 +52,12 @@ def taco_layout(
     if ash:
         alpha_offset, offset = offset, offset + 4 * groups
     return TacoLayout(groups, scale_offset, alpha_offset, offset)
+
+
+@lru_cache(maxsize=256)
+def _nbytes(count: int, group_size: int, ash: bool, dual_scale: bool) -> int:
+    # asked for every pooled payload of every chunk: the same few counts, call after call
+    return taco_layout(count, group_size, ash=ash, dual_scale=dual_scale).nbytes
 
 
 def _check_bool(name: str, value: Any) -> bool:
@@ -131,7 +142,7 @@ class TacoCompressor(Compressor):
         return _TYPICAL[(self.fp8_format, self.ash, self.dual_scale)]
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
-        return taco_layout(count, self.group_size, ash=self.ash, dual_scale=self.dual_scale).nbytes
+        return _nbytes(int(count), self.group_size, self.ash, self.dual_scale)
 
     def _kernel_options(self) -> dict[str, Any]:
         return {
@@ -140,6 +151,15 @@ class TacoCompressor(Compressor):
             "ash": self.ash,
             "dual_scale": self.dual_scale,
         }
+
+    def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:
+        # GPU data standing for a type the kernels read directly (float64 goes through
+        # the three-step path, whose accumulator is float64)
+        if isinstance(like, np.ndarray) or np.dtype(dtype) not in _HOP_DTYPES:
+            return None
+        from . import gpu_kernels  # noqa: PLC0415
+
+        return partial(gpu_kernels.taco_reduce_encode, **self._kernel_options())
 
     def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
         _dispatch.encode("taco_encode", x, payload, **self._kernel_options())

@@ -359,6 +359,69 @@ def test_taco_fp8_conversion_exhaustive_codes(fmt):
         assert_values_equal(got_sw, want_d, "sw fp8 decode")
 
 
+def cpu_taco_hop(own, p, G, fmt, ash, dual):
+    """The three-step ring hop: a float32 copy of own, decode-accumulate p, encode."""
+    acc = own.astype(np.float32)
+    ck.taco_decode(p, acc, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, accumulate=True)
+    return cpu_taco_encode(acc, G, fmt, ash, dual)
+
+
+def gpu_taco_hop(own, p, G, fmt, ash, dual, fill=0xA5, x_off=0, p_off=0, o_off=0):
+    od = dev_empty(own.size, own.dtype, 0, x_off)
+    od[...] = to_dev(own)
+    pd = dev_empty(p.size, np.uint8, 0, p_off)
+    pd[...] = to_dev(p)
+    out = dev_empty(p.size, np.uint8, fill, o_off)
+    gk.taco_reduce_encode(od, pd, out, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual)
+    return to_host(out)
+
+
+def _hop_cases():
+    cases = [
+        (G, fmt, ash, dual, DTYPES[0])
+        for G in (32, 128, 512)
+        for fmt in ("e4m3", "e5m2")
+        for ash in (True, False)
+        for dual in (True, False)
+    ]
+    cases += [(128, "e4m3", True, True, dt) for dt in DTYPES[1:]]
+    cases += [(G, "e4m3", True, True, BF16) for G in (64, 256)]
+    return [
+        pytest.param(*c, id=f"G{c[0]}-{c[1]}-ash{int(c[2])}-ds{int(c[3])}-{c[4].name}")
+        for c in cases
+    ]
+
+
+@needs_cpu
+@pytest.mark.parametrize("G,fmt,ash,dual,dtype", _hop_cases())
+def test_taco_reduce_encode_is_the_three_step_hop(G, fmt, ash, dual, dtype):
+    """The fused ring hop gives the payload of decode-accumulate into a float32 copy of
+    own, then encode, bit for bit: special groups on either side (NaN, Inf, subnormal,
+    huge), partial last groups, poisoned outputs, unaligned buffers."""
+    rng = np.random.default_rng(G + 3 * len(fmt) + 5 * ash + 7 * dual)
+    item = np.dtype(dtype).itemsize
+    for n in COUNTS:
+        own = make_data(n, dtype, rng, G)
+        received = cpu_taco_encode(make_data(n, dtype, rng, G)[::-1].copy(), G, fmt, ash, dual)
+        want = cpu_taco_hop(own, received, G, fmt, ash, dual)
+        for fill, offs in ((0xA5, (0, 0, 0)), (0x00, (0, 0, 0)), (0xA5, (item, 1, 3))):
+            got = gpu_taco_hop(own, received, G, fmt, ash, dual, fill, *offs)
+            assert_bytes_equal(got, want, f"hop n={n} fill={fill:#x} offsets {offs}")
+
+
+def test_taco_reduce_encode_argument_errors():
+    kw = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+    own = cupy.zeros(256, cupy.float32)
+    p = cupy.zeros(256 + 16, cupy.uint8)
+    with pytest.raises(ValueError, match="overlap"):
+        gk.taco_reduce_encode(own, p, p, **kw)
+    with pytest.raises(ValueError):
+        gk.taco_reduce_encode(own, p, cupy.zeros(256 + 15, cupy.uint8), **kw)
+    with pytest.raises(TypeError):
+        gk.taco_reduce_encode(own.astype(cupy.float64), p, p.copy(), **kw)
+    gk.taco_reduce_encode(own[:0], p[:0], p[:0].copy(), **kw)  # count 0: nothing to do
+
+
 # -------------------------------------------------------------------------- int8
 @needs_cpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

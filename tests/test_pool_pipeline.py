@@ -4,6 +4,9 @@ import random
 
 import numpy as np
 
+from coccl.communicator import staged_chunk_bytes
+from coccl.compressors import get_compressor
+from coccl.overlap import WireOnlyCodec
 from coccl.pipeline import Round, _EventHandle, _may_send
 from coccl.pool import BufferPool, size_class
 
@@ -41,6 +44,49 @@ def test_pool_reuses_a_block_of_the_same_class():
     assert pool.allocated_bytes == size_class(1_000_000)
     b.release()
     assert pool.in_use_bytes == 0
+
+
+def test_pool_views_have_the_asked_size_after_reuse():
+    """A reused backing buffer hands out a view of the size asked for, whatever size the
+    last holder had (views are cached per buffer)."""
+    pool = BufferPool(lambda n: np.empty(n, dtype=np.uint8), "host")
+    for nbytes in (1_000_000, 1_010_000, 1_010_000, 1_000_000, 999_999):
+        block = pool.get(nbytes)
+        assert block.data.size == nbytes
+        assert (
+            block.data.__array_interface__["data"][0] == block.base.__array_interface__["data"][0]
+        )
+        block.release()
+    assert pool.allocated_bytes == size_class(1_000_000)
+
+
+def test_staged_chunk_grows_only_with_four_chunks_per_shard():
+    mib = 1 << 20
+    # float32: 64 MiB on 4 ranks (16 MiB shards) keeps 8 MiB; 256 MiB (64 MiB shards)
+    # takes 4M elements = 16 MiB
+    assert staged_chunk_bytes(4 * mib, 4) == 8 * mib
+    assert staged_chunk_bytes(16 * mib - 1, 4) == 8 * mib
+    assert staged_chunk_bytes(16 * mib, 4) == 16 * mib
+    # bfloat16: 4M elements are 8 MiB, so it stays 8 MiB at every size
+    assert staged_chunk_bytes(8 * mib, 2) == 8 * mib
+    assert staged_chunk_bytes(1 << 30, 2) == 8 * mib
+
+
+def test_wire_only_codec_keeps_the_schedule_of_its_codec():
+    """transport-only runs the real codec's schedule: a fused ring hop (doing nothing)
+    where the codec has one, the three steps where it has none."""
+    taco = get_compressor("taco")
+    host = np.zeros(4, np.float32)
+    assert taco.reduce_encode_kernel(host, np.dtype(np.float32)) is None  # no CPU kernel
+    assert WireOnlyCodec(taco).reduce_encode_kernel(host, np.dtype(np.float32)) is None
+
+    class _WithHop(type(taco)):
+        def reduce_encode_kernel(self, like, dtype):
+            return lambda own, payload, out: None
+
+    hop = WireOnlyCodec(_WithHop()).reduce_encode_kernel(host, np.dtype(np.float32))
+    assert hop is not None
+    hop(host, None, None)  # no work
 
 
 class _Event:

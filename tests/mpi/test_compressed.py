@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import coccl
+from coccl.compressors import TacoCompressor
 
 from conftest import all_equal_across_ranks, case_seed, rank_data
 
@@ -200,3 +201,42 @@ def test_in_place_and_out(comm, codec):
     z = x.copy()
     comm.allreduce(z, z, algorithm="two_shot", compressor=codec)
     np.testing.assert_array_equal(z, y)
+
+
+class _TacoWithHop(TacoCompressor):
+    """taco whose ring-hop kernel is its three steps in numpy, so that CPU ranks run the
+    schedules' fused-hop path (on a GPU the hop is one CUDA kernel, tested against the
+    same three steps in test_codec_gpu.py)."""
+
+    def reduce_encode_kernel(self, like, dtype):
+        def hop(own, payload, out):
+            acc = own.astype(np.float32)
+            self.decode_into(payload, acc, dtype, True)
+            self.encode_into(acc, out, dtype)
+            hop.calls += 1
+
+        hop.calls = 0
+        self.hops.append(hop)
+        return hop
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
+def test_fused_ring_hop_is_bitwise_neutral(comm, collective, op, dtype):
+    """The ring with a codec's fused hop (middle ReduceScatter steps; an AllReduce sum's
+    last step too) gives bitwise what the three-step path gives, at every count."""
+    n = comm.size
+    fused = _TacoWithHop()
+    fused.hops = []
+    for count in (0, 1, n + 1, 128 * n + 37, 5000 * n):
+        if collective == "reduce_scatter":
+            count = (count // n + 1) * n
+        x = rank_data(case_seed("hop", collective, op, count), comm.rank, count, dtype)
+        fn = getattr(comm, collective)
+        for chunk in (1 << 30, 4096):
+            want = fn(x, op=op, algorithm="ring", compressor="taco", chunk_bytes=chunk)
+            got = fn(x, op=op, algorithm="ring", compressor=fused, chunk_bytes=chunk)
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    if n > 2 or (n == 2 and collective == "allreduce" and op == "sum"):
+        assert sum(hop.calls for hop in fused.hops) > 0  # the fused path did run
