@@ -64,12 +64,14 @@ def test_staged_chunk_grows_only_with_four_chunks_per_shard():
     mib = 1 << 20
     # float32: 64 MiB on 4 ranks (16 MiB shards) keeps 8 MiB; 256 MiB (64 MiB shards)
     # takes 4M elements = 16 MiB
-    assert staged_chunk_bytes(4 * mib, 4) == 8 * mib
-    assert staged_chunk_bytes(16 * mib - 1, 4) == 8 * mib
-    assert staged_chunk_bytes(16 * mib, 4) == 16 * mib
+    assert staged_chunk_bytes(4 * mib, 4, True) == 8 * mib
+    assert staged_chunk_bytes(16 * mib - 1, 4, True) == 8 * mib
+    assert staged_chunk_bytes(16 * mib, 4, True) == 16 * mib
     # bfloat16: 4M elements are 8 MiB, so it stays 8 MiB at every size
-    assert staged_chunk_bytes(8 * mib, 2) == 8 * mib
-    assert staged_chunk_bytes(1 << 30, 2) == 8 * mib
+    assert staged_chunk_bytes(8 * mib, 2, True) == 8 * mib
+    assert staged_chunk_bytes(1 << 30, 2, True) == 8 * mib
+    # uncompressed data has no codec cost per chunk to save: 8 MiB at every size
+    assert staged_chunk_bytes(1 << 30, 4, False) == 8 * mib
 
 
 def test_wire_only_codec_keeps_the_schedule_of_its_codec():
