@@ -37,7 +37,7 @@ BACKENDS = ("auto", "mpi", "nccl")
 # wake-up would cost more than the overlap it buys.
 INLINE_CHUNK_BYTES = 64 << 10
 # Default chunk of device data sent over MPI through pinned host staging (not CUDA-aware):
-# 8 MiB, or chunks of 4M elements once each rank's shard holds four of them.
+# 8 MiB, or (compressed data) chunks of 4M elements once each rank's shard holds four.
 STAGED_CHUNK_BYTES = 8 << 20
 STAGED_LARGE_CHUNK_ELEMS = 4 << 20
 

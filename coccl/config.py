@@ -14,8 +14,8 @@ _VARS: dict[str, tuple[str, str]] = {
     "COCCL_CHUNK_BYTES": (
         "4194304",
         "pipeline chunk size in bytes of input data; each chunk is one payload on the wire "
-        "(unset: 4 MiB; device data staged through pinned host memory: 8 MiB, or 4M "
-        "elements once each rank's shard holds four of them)",
+        "(unset: 4 MiB; device data staged through pinned host memory: 8 MiB, or, for "
+        "compressed data, 4M elements once each rank's shard holds four of them)",
     ),
     "COCCL_PIPELINE_DEPTH": ("4", "how many chunk rounds may be in flight at once (>= 1)"),
     "COCCL_STAGING_LIMIT_BYTES": (
