@@ -26,7 +26,6 @@ from .steps import (
     new_round,
     payload_of,
     reduce_chunk,
-    reduce_in,
     result_payload,
     run_all,
     send_own,
@@ -39,6 +38,13 @@ def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any) -> N
     plan.load(acc, own)
     plan.reduce(acc, received)
     plan.encode(acc, out)
+
+
+def _hop_decode(plan: Plan, own: Any, received: Any, result: Any, dst: Any) -> None:
+    """The last hop of an AllReduce's sum: result = encode(own + decode(received)), then
+    dst = decode(result), bitwise what ``reduce_chunk`` computes for a sum."""
+    plan.hop(own, received, result)
+    plan.decode(result, dst)
 
 
 class _ReduceScatterSteps:
@@ -98,12 +104,11 @@ class _ReduceScatterSteps:
                 if plan.hop is not None and plan.op == "sum" and result and result.block:
                     # AllReduce: the reduced chunk is encoded for the AllGather and the
                     # owner decodes it; with no avg division between, that is a hop
-                    rnd.post = partial(plan.hop, x[a:b], block.data, result.data)
-                    rnd.sink = partial(plan.decode, result.data, dst)
+                    rnd.post = partial(_hop_decode, plan, x[a:b], block.data, result.data, dst)
                 else:
                     acc_block, acc = plan.accumulator(b - a)
                     rnd.holds.append(acc_block)
-                    reduce_in(rnd, plan, acc, x[a:b], [block.data], dst, result)
+                    rnd.post = partial(reduce_chunk, plan, acc, x[a:b], [block.data], dst, result)
         return rnd if rnd.sends or rnd.recvs else None
 
 
@@ -140,7 +145,7 @@ class _AllGatherSteps:
                 block = plan.payload(b - a)
                 rnd.holds.append(block)
                 data, keep = block.data, block
-                rnd.sink = partial(plan.decode, data, dst)  # the forward need not wait
+                rnd.post = partial(plan.decode, data, dst)
             rnd.recvs.append((left, data))
             if t < n - 2:
                 self.received[c] = Pending(rnd, data, keep.retain() if keep else None)
@@ -211,8 +216,7 @@ def _own_round(
     payload = payload_of(item)
     if encodes([item]):
         block = rnd.holds[-1]
-        rnd.pre = item
-        rnd.sink = partial(plan.decode, payload, dst)
+        rnd.pre = run_all(item, partial(plan.decode, payload, dst))
         if keep:
             own[c] = Pending(rnd, payload, block.retain())
     else:  # identity: copy unless x already is out's own slot (in place)

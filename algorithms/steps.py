@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from coccl.pipeline import Round
@@ -101,55 +100,28 @@ def result_payload(plan: Plan, dst: Any, want: bool, rnd: Round) -> Pending | No
     return Pending(rnd, block.data, block.retain())
 
 
-def finish(plan: Plan, acc: Any, dst: Any, result: Pending | None, decode: bool = True) -> None:
+def finish(plan: Plan, acc: Any, dst: Any, result: Pending | None) -> None:
     """``acc`` holds a fully reduced chunk: apply avg's division, then write ``dst``.
 
     For an AllReduce the chunk is encoded once and the owner decodes its own payload,
-    so it holds bitwise what every other rank will decode; ``decode=False`` leaves that
-    decode to the caller (``reduce_in``: a round's sink).
+    so it holds bitwise what every other rank will decode.
     """
     plan.finalize(acc)
     if result is None or result.block is None:  # no payload, or the payload is dst itself
         dst[...] = acc
         return
     plan.encode(acc, result.data)
-    if decode:
-        plan.decode(result.data, dst)
+    plan.decode(result.data, dst)
 
 
 def reduce_chunk(
-    plan: Plan,
-    acc: Any,
-    own: Any,
-    payloads: list[Any],
-    dst: Any,
-    result: Pending | None,
-    decode: bool = True,
+    plan: Plan, acc: Any, own: Any, payloads: list[Any], dst: Any, result: Pending | None
 ) -> None:
     """``dst = own (op) decode(p) for p in payloads``, reduced in ``acc``, in order."""
     plan.load(acc, own)
     for payload in payloads:
         plan.reduce(acc, payload)
-    finish(plan, acc, dst, result, decode)
-
-
-def reduce_in(
-    rnd: Round,
-    plan: Plan,
-    acc: Any,
-    own: Any,
-    payloads: list[Any],
-    dst: Any,
-    result: Pending | None,
-) -> None:
-    """Make ``rnd`` reduce a chunk once its payloads landed (``reduce_chunk`` as its post).
-    With a result payload (AllReduce) the post ends at its encode, which the sends of the
-    AllGather wait for, and the owner's decode of it into ``dst`` is the round's sink."""
-    if result is not None and result.block is not None:
-        rnd.post = partial(reduce_chunk, plan, acc, own, payloads, dst, result, False)
-        rnd.sink = partial(plan.decode, result.data, dst)
-    else:
-        rnd.post = partial(reduce_chunk, plan, acc, own, payloads, dst, result)
+    finish(plan, acc, dst, result)
 
 
 StepBuilder = Callable[[int], "Round | None"]

@@ -24,7 +24,7 @@ from .steps import (
     encodes,
     new_round,
     payload_of,
-    reduce_in,
+    reduce_chunk,
     result_payload,
     run_all,
     send_own,
@@ -67,7 +67,7 @@ def _reduce_round(
         dst = dst_of(a, b)
         result = result_payload(plan, dst, want_payload, rnd)
         in_rank_order = [payloads[j] for j in range(n) if j != r]
-        reduce_in(rnd, plan, acc, x[a:b], in_rank_order, dst, result)
+        rnd.post = partial(reduce_chunk, plan, acc, x[a:b], in_rank_order, dst, result)
     return rnd, result
 
 
@@ -92,7 +92,7 @@ def _gather_round(plan: Plan, shards: list[Span], c: int, out: Any, own: Pending
                 rnd.holds.append(block)
                 rnd.recvs.append((j, block.data))
                 posts.append(partial(plan.decode, block.data, dst))
-    rnd.sink = run_all(*posts)  # decodes into the output only
+    rnd.post = run_all(*posts)
     return rnd
 
 
@@ -111,7 +111,7 @@ def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
         if c < nch:
             rnd, result = _reduce_round(plan, x, shards, c, lambda a, b: out[a:b], True)
             pending.append((c, result))
-            if rnd.sends or rnd.recvs or rnd.post or rnd.sink:
+            if rnd.sends or rnd.recvs or rnd.post:
                 yield rnd
         if c >= 1:
             prev, result = pending.pop(0)

@@ -23,7 +23,6 @@ import numpy as np
 from mpi4py import MPI
 
 import coccl
-from coccl import pipeline
 from coccl.bench.cli import datatype, parse_size
 from coccl.compressors import TacoCompressor
 
@@ -32,7 +31,7 @@ def _line(row: dict, seconds: float) -> str:
     return (
         f"{row['dtype']:8s} {row['size'] >> 20:5d}M "
         f"chunk {row['chunk_bytes'] >> 20:3d}M d{row['depth']:<2d} {row['algorithm']:8s} "
-        f"{row['compressor']:10s} {row['sinks'][:4]} algbw {row['algbw_GBps']:5.2f} "
+        f"{row['compressor']:10s} algbw {row['algbw_GBps']:5.2f} "
         f"ov {row['overlap_efficiency']:.2f} pipe {row['pipelined_ms']:7.1f} "
         f"codec {row['codec_only_ms']:6.1f} wire {row['transport_only_ms']:7.1f} "
         f"peak {row['peak_staging_MiB']:5.0f} MiB ({seconds:.1f}s)"
@@ -62,11 +61,6 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--depths", default="4", help="COCCL_PIPELINE_DEPTH values")
-    ap.add_argument(
-        "--sinks",
-        default="side",
-        help="where GPU output decodes run: side (a side stream), compute (in order), or both",
-    )
     args = ap.parse_args()
 
     import cupy as cp
@@ -82,12 +76,10 @@ def main() -> None:
             count = size // np_dtype.itemsize
             rng = np.random.default_rng(world.rank)
             x = cp.asarray(rng.standard_normal(count, dtype=np.float32).astype(np_dtype))
-            sinks = ["side", "compute"] if args.sinks == "both" else [args.sinks]
-            for depth, chunk, sink in itertools.product(
-                map(int, args.depths.split(",")), map(parse_size, args.chunks.split(",")), sinks
+            for depth, chunk in itertools.product(
+                map(int, args.depths.split(",")), map(parse_size, args.chunks.split(","))
             ):
                 comm._settings = dataclasses.replace(base_settings, pipeline_depth=depth)
-                pipeline.SIDE_STREAM_SINKS = sink == "side"
                 for algorithm in args.algorithms.split(","):
                     for compressor in args.compressors.split(","):
                         comm.reset_stats()
@@ -109,7 +101,6 @@ def main() -> None:
                             "size": size,
                             "chunk_bytes": chunk,
                             "depth": depth,
-                            "sinks": sink,
                             "algorithm": algorithm,
                             "compressor": compressor,
                             "algbw_GBps": size / prof["pipelined_s"] / 1e9,

@@ -365,7 +365,7 @@ class Communicator:
 
     def _executor(self, ctx: DeviceContext | None, chunk_nbytes: int) -> Any:
         if ctx is not None:
-            return GpuExecutor(ctx.compute, ctx.post)
+            return GpuExecutor(ctx.compute)
         if chunk_nbytes <= INLINE_CHUNK_BYTES:
             return InlineExecutor()
         if self._cpu is None:

@@ -8,12 +8,9 @@ and step. A round
    which fills its send buffers,
 3. exchanges: its receives were posted when it was admitted; its sends are posted once
    ``pre`` has completed,
-4. runs ``post`` once its receives have landed (the final reduce of a chunk...), then
-   ``sink``: work that only writes the collective's output (decodes into it), which no
-   later round reads, so on a GPU it runs on a side stream and a send that forwards the
-   same payload never queues behind it,
-5. finishes when its sends, ``post`` and ``sink`` are complete, and releases the pool
-   blocks it holds.
+4. runs ``post`` once its receives have landed (decode into the output, final reduce),
+5. finishes when its sends and ``post`` are complete, and releases the pool blocks it
+   holds.
 
 At most ``depth`` rounds are admitted at once, which bounds the staging memory by the
 chunk size and depth, never by the message size. While round i's payload is on the wire,
@@ -53,7 +50,6 @@ class Round:
     recvs: list[tuple[int, Any]] = field(default_factory=list)
     pre: Callable[[], None] | None = None
     post: Callable[[], None] | None = None
-    sink: Callable[[], None] | None = None  # writes only the output (see the module doc)
     deps: Sequence[Round] = ()
     holds: list[Block] = field(default_factory=list)
     wire_dtype: Any = None  # the element type of uncompressed payloads (None: bytes)
@@ -61,7 +57,6 @@ class Round:
     # engine state
     pre_handle: Any = None
     post_handle: Any = None
-    sink_handle: Any = None
     send_handles: list[Any] | None = None
     recv_handles: list[Any] = field(default_factory=list)
     recvs_done: bool = False
@@ -139,8 +134,6 @@ class CpuExecutor:
     def submit(self, fn: Callable[[], None] | None) -> Any:
         return DONE if fn is None else self._pool.submit(fn)
 
-    submit_sink = submit  # one FIFO thread: after everything submitted before
-
     idle = staticmethod(_backoff)
 
     def close(self) -> None:
@@ -158,8 +151,6 @@ class InlineExecutor:
             fn()
         return DONE
 
-    submit_sink = submit
-
     idle = staticmethod(_backoff)
 
 
@@ -176,36 +167,11 @@ class _EventHandle:
         return None
 
 
-# Whether GPU sinks run on the side stream (False: on the compute stream, in order; a
-# switch for benchmarks' A/B, like gpu_kernels._set_tuning).
-SIDE_STREAM_SINKS = True
-
-
 class GpuExecutor:
-    """A compute stream: ``submit`` enqueues the work and returns its completion event.
-    ``submit_sink`` enqueues output-only work on ``side`` after everything enqueued on the
-    compute stream so far (an event wait), so later compute-stream work (a send's copy)
-    does not queue behind it."""
+    """A compute stream: ``submit`` enqueues the work and returns its completion event."""
 
-    def __init__(self, stream: Any, side: Any = None) -> None:
+    def __init__(self, stream: Any) -> None:
         self.stream = stream
-        self.side = side
-
-    def submit_sink(self, fn: Callable[[], None] | None) -> Any:
-        if fn is None:
-            return DONE
-        if self.side is None or not SIDE_STREAM_SINKS:
-            return self.submit(fn)
-        import cupy as cp  # noqa: PLC0415
-
-        ready = cp.cuda.Event(block=False, disable_timing=True)
-        ready.record(self.stream)
-        self.side.wait_event(ready)
-        with self.side:
-            fn()
-        event = cp.cuda.Event(block=False, disable_timing=True)
-        event.record(self.side)
-        return _EventHandle(event)
 
     def submit(self, fn: Callable[[], None] | None) -> Any:
         if fn is None:
@@ -278,18 +244,15 @@ def _advance(rnd: Round, transport: Any, executor: Any) -> bool:
             changed = True
     if rnd.recvs_done and rnd.pre_handle is not None and rnd.post_handle is None:
         rnd.post_handle = executor.submit(rnd.post)
-        rnd.sink_handle = executor.submit_sink(rnd.sink)
         changed = True
     if rnd.send_handles is not None and not rnd.sends_done:
         if all([h.test() for h in rnd.send_handles]):
             rnd.sends_done = True
             changed = True
     if rnd.sends_done and rnd.post_handle is not None and rnd.post_handle.done():
-        if rnd.sink_handle.done():
-            rnd.post_handle.result()
-            rnd.sink_handle.result()
-            rnd.finished = True
-            changed = True
+        rnd.post_handle.result()
+        rnd.finished = True
+        changed = True
     return changed
 
 
@@ -396,12 +359,10 @@ def run_streamed(
         if rnd.sends or rnd.recvs:
             transport.group_exchange(rnd.sends, rnd.recvs, ctx.comm, rnd.wire_dtype)
         rnd.exchange_event = ctx.event(ctx.comm)
-        if rnd.post is not None or rnd.sink is not None:
+        if rnd.post is not None:
             ctx.post.wait_event(rnd.exchange_event)
             with ctx.post:
-                for fn in (rnd.post, rnd.sink):
-                    if fn is not None:
-                        fn()
+                rnd.post()
             rnd.done_event = ctx.event(ctx.post)
         else:
             rnd.done_event = rnd.exchange_event

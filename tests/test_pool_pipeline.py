@@ -6,8 +6,8 @@ import numpy as np
 
 from coccl.communicator import staged_chunk_bytes
 from coccl.compressors import get_compressor
-from coccl.overlap import NullTransport, WireOnlyCodec
-from coccl.pipeline import DONE, Round, _EventHandle, _may_send, run_polling
+from coccl.overlap import WireOnlyCodec
+from coccl.pipeline import Round, _EventHandle, _may_send
 from coccl.pool import BufferPool, size_class
 
 
@@ -127,62 +127,3 @@ def test_host_compute_is_waited_for():
     assert not _may_send(running, _Transport(follows=True))
     finished = _round(_Future(done=True))
     assert _may_send(finished, _Transport(follows=True))
-
-
-class _LateHandle:
-    """A sink still running on its side stream: done after a few polls."""
-
-    def __init__(self, log: list[str]) -> None:
-        self.log, self.polls = log, 0
-
-    def done(self) -> bool:
-        self.polls += 1
-        if self.polls == 5:
-            self.log.append("sink complete")
-        return self.polls >= 5
-
-    def result(self) -> None:
-        return None
-
-
-class _SideExecutor:
-    def __init__(self, log: list[str]) -> None:
-        self.log = log
-
-    def submit(self, fn):
-        if fn is not None:
-            fn()
-        return DONE
-
-    def submit_sink(self, fn):
-        if fn is None:
-            return DONE
-        fn()
-        return _LateHandle(self.log)
-
-    @staticmethod
-    def idle(spins: int) -> None:
-        pass
-
-
-def test_a_sink_runs_after_the_post_and_holds_no_dependent():
-    """A round's sink (output-only work) is submitted right after its post; a round that
-    depends on it starts without waiting for the sink; the round itself finishes only
-    once its sink completed."""
-    log: list[str] = []
-    first = Round(label="a", tag=0)
-    first.post = lambda: log.append("post a")
-    first.sink = lambda: log.append("sink a")
-    second = Round(label="b", tag=1, deps=[first])
-    second.pre = lambda: log.append("pre b")
-    run_polling(
-        [first, second],
-        NullTransport(0, 2),
-        _SideExecutor(log),
-        depth=2,
-        timeout_s=5.0,
-        what="test",
-    )
-    assert log.index("post a") < log.index("sink a") < log.index("pre b")
-    assert log.index("pre b") < log.index("sink complete")
-    assert first.finished and second.finished
