@@ -55,7 +55,7 @@ def staged_chunk_bytes(shard: int, itemsize: int, compressed: bool) -> int:
     reaches 4M elements at 8 MiB already, the size it was measured at. Uncompressed data
     keeps 8 MiB: it has no codec cost per chunk to save, and its payloads, four times a
     compressed chunk's, would make the staging limit cut the pipeline to depth 1 (float32
-    ring identity at 256 MiB: 0.86 GB/s at 16 MiB chunks against 1.84 at 8 MiB).
+    ring identity at 256 MiB: 0.86 GB/s at 16 MiB chunks against 1.54–1.84 at 8 MiB).
     """
     if compressed and shard >= 4 * STAGED_LARGE_CHUNK_ELEMS:
         return max(STAGED_CHUNK_BYTES, STAGED_LARGE_CHUNK_ELEMS * itemsize)

@@ -37,7 +37,8 @@ _OP_INT8_ENC_ANY, _OP_INT8_DEC_ANY = 5, 6
 _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 _OP_TACO_HOP = 8  # taco ring hop: encode(own + decode(payload)) in one kernel
 
-# Launch tuning, per kernel kind (encode, decode, accumulate = decode-accumulate).
+# Launch tuning, per kernel kind (encode, decode, accumulate = decode-accumulate, hop = the
+# fused ring hop).
 # ``resident``: threads per SM that the register budget is sized for (``__launch_bounds__``
 # min blocks = resident // threads): 1024 keeps encode and plain decode at 64 registers
 # without spills, 512 gives decode-accumulate its ~120 registers. ``stage``: 1 stages
