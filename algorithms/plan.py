@@ -46,7 +46,10 @@ class Plan:
         dtype: the data's dtype (what payloads stand for).
         op: the reduction op (ignored by AllGather).
         chunk_elems: elements per chunk, a multiple of the codec's alignment.
-        pool: pooled buffers on the data's device (payloads and accumulators).
+        pool: pooled buffers on the data's device (accumulators, and payloads unless
+            ``payload_pool`` is given).
+        payload_pool: where payloads live when not in ``pool`` (staged MPI: pinned host
+            memory the kernels write and read directly), or None.
         what: the collective's name, for labels and errors.
         lag: in schedules whose chunks each pass through a chain of steps, how many
             chunks apart consecutive steps run (the pipeline depth: so the rounds in
@@ -65,6 +68,7 @@ class Plan:
     what: str
     lag: int = 4
     hop: Any = None
+    payload_pool: BufferPool | None = None
     _tags: itertools.count = field(default_factory=itertools.count)
 
     @property
@@ -87,7 +91,8 @@ class Plan:
 
     # ------------------------------------------------------------------- buffers
     def payload(self, count: int) -> Block:
-        return self.pool.get(self.codec.encoded_nbytes(count, self.dtype))
+        pool = self.pool if self.payload_pool is None else self.payload_pool
+        return pool.get(self.codec.encoded_nbytes(count, self.dtype))
 
     def accumulator(self, count: int) -> tuple[Block, Any]:
         block = self.pool.get(count * self.acc_dtype.itemsize)
