@@ -46,10 +46,7 @@ class Plan:
         dtype: the data's dtype (what payloads stand for).
         op: the reduction op (ignored by AllGather).
         chunk_elems: elements per chunk, a multiple of the codec's alignment.
-        pool: pooled buffers on the data's device (accumulators, and payloads unless
-            ``payload_pool`` is given).
-        payload_pool: where payloads live when not in ``pool`` (staged MPI: pinned host
-            memory the kernels write and read directly), or None.
+        pool: pooled buffers on the data's device (payloads and accumulators).
         what: the collective's name, for labels and errors.
         lag: in schedules whose chunks each pass through a chain of steps, how many
             chunks apart consecutive steps run (the pipeline depth: so the rounds in
@@ -68,7 +65,6 @@ class Plan:
     what: str
     lag: int = 4
     hop: Any = None
-    payload_pool: BufferPool | None = None
     _tags: itertools.count = field(default_factory=itertools.count)
 
     @property
@@ -91,8 +87,7 @@ class Plan:
 
     # ------------------------------------------------------------------- buffers
     def payload(self, count: int) -> Block:
-        pool = self.pool if self.payload_pool is None else self.payload_pool
-        return pool.get(self.codec.encoded_nbytes(count, self.dtype))
+        return self.pool.get(self.codec.encoded_nbytes(count, self.dtype))
 
     def accumulator(self, count: int) -> tuple[Block, Any]:
         block = self.pool.get(count * self.acc_dtype.itemsize)

@@ -21,7 +21,7 @@ codec)
   timeout 300 python3 bench/gpu_codec_check.py --out "$OUT" 2>&1 | tee "$OUT/codec_log.txt" | tail -70 ;;
 tests)
   step pytest gpu single process
-  timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_mapped_gpu.py tests/test_codec_gpu.py tests/test_nccl.py 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -15 ;;
+  timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py tests/test_nccl.py 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -15 ;;
 mpitests)
   step pytest gpu multi-rank
   timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k "gpu and (2 or 4)" 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -25 ;;
@@ -33,9 +33,6 @@ sweep)
 tune)
   step codec tuning and throughput
   timeout 240 python3 bench/gpu_codec_check.py --out "$OUT" --skip-checks 2>&1 | tee "$OUT/codec_log.txt" | tail -45 ;;
-mapped)
-  step pytest mapped payloads, single process
-  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_mapped_gpu.py 2>&1 | tail -5 ;;
 mpitests_all)
   step pytest gpu multi-rank, 1-4 ranks
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k gpu 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -8 ;;

@@ -117,8 +117,6 @@ class Communicator:
         if self._nccl is not None:
             self._nccl.close()
         self._mpi.close()
-        for ctx in self._devices.values():
-            ctx.close()
 
     def barrier(self) -> None:
         """Block until every rank has called ``barrier``."""
@@ -377,8 +375,7 @@ class Communicator:
     def pools(self) -> list[BufferPool]:
         """Every buffer pool this communicator uses (for memory statistics)."""
         pools = [self._host_pool, *self._mpi.pools()]
-        for ctx in self._devices.values():
-            pools += ctx.pools()
+        pools += [ctx.pool for ctx in self._devices.values()]
         if self._nccl is not None:
             pools += self._nccl.pools()
         return pools
@@ -417,7 +414,7 @@ class Communicator:
         ctx: DeviceContext | None,
         staged: bool,
     ) -> None:
-        """Run one collective; ``staged``: device data through pinned host memory (the
+        """Run one collective; ``staged``: device data through pinned host copies (the
         codec-only and transport-only runs of ``overlap_profile`` pass the real call's
         value, so that all three size their pipeline alike)."""
         # device work is enqueued on coccl's compute stream (host data: no stream)
@@ -428,15 +425,6 @@ class Communicator:
             return
         align = codec.alignment
         chunk_elems = max(align, (chunk_bytes // src.dtype.itemsize) // align * align)
-        # Staged compressed payloads live in mapped pinned memory: MPI reads and writes
-        # them where the kernels do, so none is copied. (Identity's payloads are views of
-        # the user's device data: those still go through pinned copies.)
-        mapped = (
-            staged
-            and ctx is not None
-            and not codec.lossless
-            and self._settings.staged_payloads == "mapped"
-        )
         plan = algorithms.Plan(
             rank=self.rank,
             size=self.size,
@@ -446,11 +434,10 @@ class Communicator:
             chunk_elems=chunk_elems,
             pool=self._host_pool if ctx is None else ctx.pool,
             what=f"{collective} ({algorithm}, {codec.codec_id})",
-            payload_pool=ctx.mapped_pool() if mapped and ctx is not None else None,
         )
         if op in ("sum", "avg"):
             plan.hop = codec.reduce_encode_kernel(src.data, src.dtype)
-        depth = self._depth(plan, algorithm, collective, staged and not mapped)
+        depth = self._depth(plan, algorithm, collective, staged)
         plan.lag = depth
         rounds = algorithms.schedule(algorithm, collective)(plan, src.data, dst.data)
         if transport.name == "nccl":
@@ -474,11 +461,11 @@ class Communicator:
                 what=plan.what,
             )
 
-    def _depth(self, plan: algorithms.Plan, algorithm: str, collective: str, copies: bool) -> int:
+    def _depth(self, plan: algorithms.Plan, algorithm: str, collective: str, staged: bool) -> int:
         """The pipeline depth, lowered if needed so the pools' blocks in use stay within
         COCCL_STAGING_LIMIT_BYTES: staging memory is set by chunk size and depth, never
-        by message size. A window of ``d`` rounds holds per round its payloads (their
-        pinned copies too with ``copies``), an accumulator and a result payload; the payloads
+        by message size. A window of ``d`` rounds holds per round its payloads (pinned
+        copies too when ``staged``), an accumulator and a result payload; the payloads
         waiting between a chunk's steps, about one per step per round of depth (a chunk's
         next step runs ``depth`` waves later); and a ring's last ReduceScatter step, which
         holds a second accumulator, once per pass of the window over the steps. A chunk
@@ -494,7 +481,7 @@ class Communicator:
         else:
             messages, steps, waiting = 2 * max(1, n - 1), 2, 1
         per_round = (messages + 1 + waiting) * payload + acc
-        if copies:
+        if staged:
             per_round += messages * payload  # pinned host copies of every message
         limit = self._settings.staging_limit_bytes
         depth = self._settings.pipeline_depth

@@ -30,12 +30,6 @@ _VARS: dict[str, tuple[str, str]] = {
         "auto",
         "'1' to hand device buffers to MPI directly, '0' to stage through pinned host memory",
     ),
-    "COCCL_STAGED_PAYLOADS": (
-        "mapped",
-        "device data over an MPI that is not CUDA-aware: 'mapped' keeps compressed payloads "
-        "in pinned host memory that the codec kernels write and read directly, 'copy' keeps "
-        "them on the device and copies each one to and from pinned host memory",
-    ),
     "COCCL_CPU_THREADS": (
         "",
         "threads for the numba CPU codec kernels (default: cores / local ranks)",
@@ -73,7 +67,6 @@ class Settings:
     staging_limit_bytes: int
     timeout_s: float | None
     mpi_cuda_aware: bool | None  # None: ask the MPI library
-    staged_payloads: str  # "mapped" or "copy"
     cpu_threads: int | None
 
 
@@ -91,9 +84,6 @@ def settings() -> Settings:
     aware_raw = _raw("COCCL_MPI_CUDA_AWARE").lower()
     if aware_raw not in ("auto", "0", "1"):
         raise ValueError(f"COCCL_MPI_CUDA_AWARE={aware_raw!r} must be auto, 0 or 1")
-    staged_raw = _raw("COCCL_STAGED_PAYLOADS").lower()
-    if staged_raw not in ("mapped", "copy"):
-        raise ValueError(f"COCCL_STAGED_PAYLOADS={staged_raw!r} must be mapped or copy")
     threads_raw = _raw("COCCL_CPU_THREADS")
     return Settings(
         chunk_bytes=_int("COCCL_CHUNK_BYTES", 1),
@@ -102,6 +92,5 @@ def settings() -> Settings:
         staging_limit_bytes=_int("COCCL_STAGING_LIMIT_BYTES", 1 << 20),
         timeout_s=timeout,
         mpi_cuda_aware=None if aware_raw == "auto" else aware_raw == "1",
-        staged_payloads=staged_raw,
         cpu_threads=_int("COCCL_CPU_THREADS", 1) if threads_raw else None,
     )

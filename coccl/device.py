@@ -1,5 +1,4 @@
-"""Per-GPU state of a Communicator: its streams and pooled device buffers (and, for
-payloads staged through host memory, pooled mapped pinned buffers).
+"""Per-GPU state of a Communicator: its streams and pooled device buffers.
 
 coccl works on its own streams so that its pipeline can overlap compute and transfers,
 and orders them against the caller's current stream with events: the compute stream
@@ -13,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from coccl.pool import BufferPool, MappedPool, device_pool
+from coccl.pool import BufferPool, device_pool
 
 
 @dataclass
@@ -23,7 +22,6 @@ class DeviceContext:
     comm: Any
     post: Any
     pool: BufferPool
-    mapped: MappedPool | None = None
 
     @classmethod
     def create(cls, device_id: int) -> DeviceContext:
@@ -35,20 +33,6 @@ class DeviceContext:
             comm = cp.cuda.Stream(non_blocking=True)
             post = cp.cuda.Stream(non_blocking=True)
         return cls(device, compute, comm, post, device_pool(device))
-
-    def mapped_pool(self) -> MappedPool:
-        """Pinned host buffers this device's kernels read and write directly (made on
-        first use: only staged MPI transfers need them)."""
-        if self.mapped is None:
-            self.mapped = MappedPool(self.device.id)
-        return self.mapped
-
-    def pools(self) -> list[BufferPool]:
-        return [self.pool] if self.mapped is None else [self.pool, self.mapped]
-
-    def close(self) -> None:
-        if self.mapped is not None:
-            self.mapped.close()
 
     def event(self, stream: Any) -> Any:
         import cupy as cp  # noqa: PLC0415

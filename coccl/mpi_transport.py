@@ -2,19 +2,11 @@
 collectives as the ``native`` baseline.
 
 Host (numpy) buffers go to MPI directly. Device (CuPy) buffers go directly when the MPI
-library is CUDA-aware; otherwise they travel through pinned host memory:
-
-* a buffer in mapped pinned memory (``coccl.pool.MappedPool``: compressed payloads) is
-  host memory already: a send posts ``Isend`` of it once the current (compute) stream
-  has passed the point of the call (the kernels that fill it are done), or at once when
-  the caller says its bytes have landed (a received payload forwarded unchanged); a
-  receive lands in it, and the kernels enqueued after it read it there;
-* any other device buffer is staged: a send copies device -> pinned on the current
-  stream and posts ``Isend`` once that copy's event has completed; a receive lands in
-  pinned memory and, once MPI reports it complete, is copied pinned -> device on the
-  current stream, so every later kernel on that stream sees the data.
-
-The transport knows no schedule: it moves the bytes it is given.
+library is CUDA-aware; otherwise they travel through pinned host staging buffers: a send
+copies device -> pinned on the current (compute) stream and posts ``Isend`` only once that
+copy's event has completed; a receive lands in pinned memory and, once MPI reports it
+complete, is copied pinned -> device on the current stream, so every later kernel on that
+stream sees the data. The transport knows no schedule: it moves the bytes it is given.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from mpi4py import MPI
 
 from coccl.arrays import FLOAT_DTYPES, array_module, is_device_array
 from coccl.errors import CocclError
-from coccl.pool import Block, BufferPool, mapped_host_view, pinned_pool
+from coccl.pool import Block, BufferPool, pinned_pool
 from coccl.reduction import finalize
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
@@ -75,20 +67,19 @@ class Handle:
         return self._done
 
 
-class _StreamSend(Handle):
-    """MPI Isend of host bytes ``host`` once the current stream has reached this point:
-    either a device -> pinned copy into ``block`` was just enqueued (staging), or ``host``
-    is mapped memory that the kernels enqueued before write."""
+class _StagedSend(Handle):
+    """Device buffer -> pinned host (on the compute stream) -> MPI Isend once copied."""
 
-    __slots__ = ("_comm", "_host", "_block", "_event", "_tag")
+    __slots__ = ("_comm", "_block", "_event", "_tag")
 
-    def __init__(self, comm: MPI.Comm, host: Any, peer: int, tag: int, block: Block | None) -> None:
+    def __init__(self, comm: MPI.Comm, buf: Any, peer: int, tag: int, pool: BufferPool) -> None:
         import cupy as cp  # noqa: PLC0415
 
-        super().__init__(peer, "send", int(host.size), None)
+        super().__init__(peer, "send", int(buf.size), None)
         self._done = False
         self._comm, self._tag = comm, tag
-        self._host, self._block = host, block
+        self._block = pool.get(int(buf.size))
+        buf.get(out=self._block.data, blocking=False)
         self._event = cp.cuda.Event(block=False, disable_timing=True)
         self._event.record()
 
@@ -96,7 +87,7 @@ class _StreamSend(Handle):
         if self._req is None:
             if not self._event.done:
                 return False
-            self._req = self._comm.Isend([self._host, MPI.BYTE], self.peer, self._tag)
+            self._req = self._comm.Isend([self._block.data, MPI.BYTE], self.peer, self._tag)
         if super().test():
             if self._block is not None:
                 self._block.release()
@@ -185,32 +176,19 @@ class MpiTransport:
         return is_device_array(buf) and not self.cuda_aware
 
     # ----------------------------------------------------------- point to point
-    def isend(self, buf: Any, peer: int, tag: int, landed: bool = False) -> Handle:
+    def isend(self, buf: Any, peer: int, tag: int) -> Handle:
         """Start sending the uint8 array ``buf`` to ``peer``. A device buffer must already
-        be complete on the current stream's timeline (the engine ensures it). ``landed``:
-        no device work writes ``buf`` any more (its bytes arrived by a completed receive),
-        so mapped memory is sent at once."""
+        be complete on the current stream's timeline (the engine ensures it)."""
         self._reap()
-        nbytes = int(buf.size)
-        self.bytes_sent += nbytes
+        self.bytes_sent += int(buf.size)
         if self._staged(buf):
-            host = mapped_host_view(buf)
-            if host is None:
-                block = self._pinned.get(nbytes)
-                buf.get(out=block.data, blocking=False)
-                return _StreamSend(self.comm, block.data, peer, tag, block)
-            if not landed:
-                return _StreamSend(self.comm, host, peer, tag, None)
-            buf = host
-        return Handle(peer, "send", nbytes, self.comm.Isend([buf, MPI.BYTE], peer, tag))
+            return _StagedSend(self.comm, buf, peer, tag, self._pinned)
+        return Handle(peer, "send", int(buf.size), self.comm.Isend([buf, MPI.BYTE], peer, tag))
 
     def irecv(self, buf: Any, peer: int, tag: int) -> Handle:
         """Start receiving into the uint8 array ``buf`` from ``peer``."""
         if self._staged(buf):
-            host = mapped_host_view(buf)
-            if host is None:
-                return _StagedRecv(self, buf, peer, tag)
-            buf = host
+            return _StagedRecv(self, buf, peer, tag)
         return Handle(peer, "recv", int(buf.size), self.comm.Irecv([buf, MPI.BYTE], peer, tag))
 
     def finish(self) -> None:

@@ -29,7 +29,7 @@ class NullTransport:
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
 
-    def isend(self, buf: Any, peer: int, tag: int, landed: bool = False) -> Any:
+    def isend(self, buf: Any, peer: int, tag: int) -> Any:
         return _Complete(peer)
 
     def irecv(self, buf: Any, peer: int, tag: int) -> Any:

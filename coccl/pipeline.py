@@ -225,16 +225,6 @@ def _may_send(rnd: Round, transport: Any) -> bool:
     return handle.done()
 
 
-def _landed(rnd: Round) -> list[Any]:
-    """Buffers whose bytes have landed for good: a round with no compute of its own that
-    sends what its dependencies received (a ring AllGather forward) sends bytes that a
-    completed receive wrote and no kernel writes; the transport may send them without
-    waiting for the stream."""
-    if rnd.pre is not None:
-        return []
-    return [buf for dep in rnd.deps for _, buf in dep.recvs]
-
-
 def _advance(rnd: Round, transport: Any, executor: Any) -> bool:
     """Move one round as far as it can go without blocking; True if anything changed."""
     changed = False
@@ -245,11 +235,7 @@ def _advance(rnd: Round, transport: Any, executor: Any) -> bool:
         changed = True
     if rnd.send_handles is None and rnd.pre_handle is not None and _may_send(rnd, transport):
         rnd.pre_handle.result()  # re-raise a failure of the compute
-        landed = _landed(rnd)
-        rnd.send_handles = [
-            transport.isend(buf, peer, rnd.tag, landed=any(buf is b for b in landed))
-            for peer, buf in rnd.sends
-        ]
+        rnd.send_handles = [transport.isend(buf, peer, rnd.tag) for peer, buf in rnd.sends]
         changed = True
     if not rnd.recvs_done:
         # test every handle (no short-circuit): testing is what drives MPI progress
@@ -263,14 +249,7 @@ def _advance(rnd: Round, transport: Any, executor: Any) -> bool:
         if all([h.test() for h in rnd.send_handles]):
             rnd.sends_done = True
             changed = True
-    # every compute of the round done (not only the sends' and post's): its buffers may
-    # be host memory that the next user fills without waiting for the stream
-    if (
-        rnd.sends_done
-        and rnd.post_handle is not None
-        and rnd.post_handle.done()
-        and rnd.pre_handle.done()
-    ):
+    if rnd.sends_done and rnd.post_handle is not None and rnd.post_handle.done():
         rnd.post_handle.result()
         rnd.finished = True
         changed = True

@@ -6,10 +6,6 @@ reference-counted because one received payload can be both forwarded (ring AllGa
 and decoded; the backing buffer returns to the pool when the last holder releases it.
 The pool keeps what it allocated (it never shrinks), so memory is flat after warm-up and
 bounded by the pipeline's window, not by the message size.
-
-A ``mapped_pool`` holds pinned host memory mapped into a GPU's address space: its blocks
-are CuPy arrays that kernels write and read across the bus, and ``mapped_host_view``
-gives MPI the same bytes as host memory. Staged payloads kept there need no copies.
 """
 
 from __future__ import annotations
@@ -130,52 +126,3 @@ def pinned_pool() -> BufferPool:
         return np.frombuffer(mem, dtype=np.uint8, count=n)
 
     return BufferPool(alloc, "pinned")
-
-
-# id(memory object) -> (that object, a numpy view of all of it): the mapped buffers alive,
-# so that a transport can find the host bytes behind a device array. Holding the object
-# keeps its id from being reused while the entry exists; ``MappedPool.close`` drops them.
-_MAPPED: dict[int, tuple[Any, np.ndarray]] = {}
-
-
-class MappedPool(BufferPool):
-    """Pinned host buffers mapped into device ``device_id``'s address space, handed out as
-    CuPy uint8 arrays (kind "pinned": the memory is host memory)."""
-
-    def __init__(self, device_id: int) -> None:
-        super().__init__(self._alloc_mapped, "pinned")
-        self.device_id = device_id
-        self._mems: list[int] = []
-
-    def _alloc_mapped(self, n: int) -> Any:
-        import cupy as cp  # noqa: PLC0415
-
-        rt = cp.cuda.runtime
-        pinned = cp.cuda.PinnedMemory(n, rt.hostAllocPortable | rt.hostAllocMapped)
-        host = np.frombuffer(cp.cuda.PinnedMemoryPointer(pinned, 0), dtype=np.uint8, count=n)
-        # With unified addressing (every 64-bit CUDA platform) the device sees the host
-        # pointer itself.
-        mem = cp.cuda.UnownedMemory(pinned.ptr, n, pinned, self.device_id)
-        _MAPPED[id(mem)] = (mem, host)
-        self._mems.append(id(mem))
-        return cp.ndarray((n,), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
-
-    def close(self) -> None:
-        """Forget this pool's buffers (they are freed once no array refers to them)."""
-        for key in self._mems:
-            _MAPPED.pop(key, None)
-        self._mems.clear()
-        self._free.clear()
-        self._views.clear()
-
-
-def mapped_host_view(buf: Any) -> np.ndarray | None:
-    """The host view of ``buf`` if it is a CuPy array in a ``MappedPool``'s memory (a
-    block or a slice of one), else None."""
-    data = getattr(buf, "data", None)
-    entry = _MAPPED.get(id(getattr(data, "mem", None)))
-    if entry is None:
-        return None
-    mem, host = entry
-    offset = data.ptr - mem.ptr
-    return host[offset : offset + int(buf.nbytes)]

@@ -138,12 +138,6 @@ def test_settings_validation(monkeypatch):
         settings()
     monkeypatch.setenv("COCCL_TIMEOUT_S", "2.5")
     assert settings().timeout_s == 2.5 and settings().chunk_bytes == 4096
-    assert settings().staged_payloads == "mapped"
-    monkeypatch.setenv("COCCL_STAGED_PAYLOADS", "Copy")
-    assert settings().staged_payloads == "copy"
-    monkeypatch.setenv("COCCL_STAGED_PAYLOADS", "device")
-    with pytest.raises(ValueError, match="COCCL_STAGED_PAYLOADS"):
-        settings()
 
 
 def test_public_names():

@@ -1,16 +1,14 @@
-"""Unit tests of the buffer pool's size classes, of when the pipeline posts sends and
-which it may send at once, and of when a round may release its buffers."""
+"""Unit tests of the buffer pool's size classes and of when the pipeline posts sends."""
 
 import random
 
 import numpy as np
 
-from coccl import algorithms
 from coccl.communicator import staged_chunk_bytes
 from coccl.compressors import get_compressor
 from coccl.overlap import WireOnlyCodec
-from coccl.pipeline import DONE, Round, _advance, _EventHandle, _landed, _may_send
-from coccl.pool import BufferPool, host_pool, size_class
+from coccl.pipeline import Round, _EventHandle, _may_send
+from coccl.pool import BufferPool, size_class
 
 
 def test_size_classes_waste_at_most_an_eighth():
@@ -129,91 +127,3 @@ def test_host_compute_is_waited_for():
     assert not _may_send(running, _Transport(follows=True))
     finished = _round(_Future(done=True))
     assert _may_send(finished, _Transport(follows=True))
-
-
-def _ring_rounds(collective: str, rank: int = 1, size: int = 4) -> list[Round]:
-    plan = algorithms.Plan(
-        rank=rank,
-        size=size,
-        codec=get_compressor("taco"),
-        dtype=np.dtype(np.float32),
-        op="sum",
-        chunk_elems=256,
-        pool=host_pool(),
-        what="t",
-    )
-    x = np.ones(size * 1024, np.float32)
-    n_out = x.size if collective == "allreduce" else x.size // size
-    out = np.empty(n_out, np.float32) if collective != "allgather" else np.empty(x.size * size)
-    return list(algorithms.schedule("ring", collective)(plan, x, out))
-
-
-def test_ring_forwards_what_it_received_and_nothing_else_at_once():
-    """A ring AllGather step after the first forwards the payload its dependency
-    received: those sends may go without waiting for the stream. No send that a
-    round's own compute fills ever counts as landed."""
-    rounds = _ring_rounds("allreduce")
-    forwards = [r for r in rounds if "all-gather step" in r.label and "step 1/" not in r.label]
-    assert forwards
-    for rnd in rounds:
-        landed = _landed(rnd)
-        sent_landed = [buf for _, buf in rnd.sends if any(buf is b for b in landed)]
-        if rnd in forwards:
-            assert len(sent_landed) == len(rnd.sends) == 1
-        else:
-            assert not sent_landed, rnd.label
-        if rnd.pre is not None:
-            assert landed == []
-
-
-class _Recorder:
-    sends_follow_stream = True
-
-    def __init__(self) -> None:
-        self.landed: list[bool] = []
-
-    def isend(self, buf, peer, tag, landed=False):
-        self.landed.append(landed)
-        return _Test(True)
-
-    def irecv(self, buf, peer, tag):
-        return _Test(True)
-
-
-class _Test:
-    def __init__(self, done: bool) -> None:
-        self._done = done
-
-    def test(self) -> bool:
-        return self._done
-
-
-class _Executor:
-    @staticmethod
-    def submit(fn):
-        return _EventHandle(_Event())  # enqueued, not yet run
-
-
-def test_engine_tells_the_transport_which_sends_have_landed():
-    producer = Round(label="recv", tag=0)
-    buf, other = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
-    producer.recvs = [(0, buf)]
-    producer.recvs_done, producer.post_handle = True, DONE
-    forward = Round(label="fwd", tag=1, sends=[(1, buf), (2, other)], deps=[producer])
-    transport = _Recorder()
-    _advance(forward, transport, _Executor())
-    assert transport.landed == [True, False]
-
-
-def test_a_round_finishes_only_when_its_compute_has():
-    """Sends and post done is not enough: the pre's kernels may still read buffers that
-    a host receive would refill once the round releases them."""
-    rnd = Round(label="r", tag=0)
-    rnd.pre_handle = _Future(done=False)
-    rnd.send_handles, rnd.sends_done = [], True
-    rnd.recvs_done, rnd.post_handle = True, DONE
-    _advance(rnd, _Recorder(), _Executor())
-    assert not rnd.finished
-    rnd.pre_handle = _Future(done=True)
-    _advance(rnd, _Recorder(), _Executor())
-    assert rnd.finished
