@@ -147,7 +147,8 @@ class _AllGatherSteps:
                 data, keep = block.data, block
                 rnd.post = partial(plan.decode, data, dst)
             rnd.recvs.append((left, data))
-            if t < n - 2:
+            if t < n - 2:  # the next step forwards it unchanged
+                rnd.forwards = True
                 self.received[c] = Pending(rnd, data, keep.retain() if keep else None)
         return rnd if rnd.sends or rnd.recvs else None
 

@@ -8,7 +8,9 @@ limit's are lowered by the Communicator, as in any call.
     mpiexec -n 4 python3 bench/overlap_probe.py --out probe.json \\
         --depths 2,4 --chunks 4M,16M --sizes 64M,256M
 
-``--compressors taco-nohop`` is taco without its fused ring-hop kernel.
+``--compressors taco-nohop`` is taco without its fused ring-hop kernel; ``--forward
+host,device`` is the A/B of ring AllGather forwards sent from the pinned copy they
+arrived in (host) or copied back from the device.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from coccl.compressors import TacoCompressor
 
 def _line(row: dict, seconds: float) -> str:
     return (
-        f"{row['dtype']:8s} {row['size'] >> 20:5d}M "
+        f"{row['forward']:6s} {row['dtype']:8s} {row['size'] >> 20:5d}M "
         f"chunk {row['chunk_bytes'] >> 20:3d}M d{row['depth']:<2d} {row['algorithm']:8s} "
         f"{row['compressor']:10s} algbw {row['algbw_GBps']:5.2f} "
         f"ov {row['overlap_efficiency']:.2f} pipe {row['pipelined_ms']:7.1f} "
@@ -61,6 +63,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--depths", default="4", help="COCCL_PIPELINE_DEPTH values")
+    ap.add_argument("--forward", default="host", help="host,device: see the docstring")
     args = ap.parse_args()
 
     import cupy as cp
@@ -76,43 +79,47 @@ def main() -> None:
             count = size // np_dtype.itemsize
             rng = np.random.default_rng(world.rank)
             x = cp.asarray(rng.standard_normal(count, dtype=np.float32).astype(np_dtype))
-            for depth, chunk in itertools.product(
-                map(int, args.depths.split(",")), map(parse_size, args.chunks.split(","))
+            for depth, chunk, algorithm, compressor, forward in itertools.product(
+                map(int, args.depths.split(",")),
+                map(parse_size, args.chunks.split(",")),
+                args.algorithms.split(","),
+                args.compressors.split(","),
+                args.forward.split(","),  # innermost: an A/B's two runs are neighbours
             ):
                 comm._settings = dataclasses.replace(base_settings, pipeline_depth=depth)
-                for algorithm in args.algorithms.split(","):
-                    for compressor in args.compressors.split(","):
-                        comm.reset_stats()
-                        t0 = time.perf_counter()
-                        prof = comm.overlap_profile(
-                            "allreduce",
-                            x,
-                            algorithm=algorithm,
-                            compressor=_codec(compressor),
-                            chunk_bytes=chunk,
-                            iters=args.iters,
-                        )
-                        st = comm.stats()
-                        peak = world.allreduce(
-                            st["peak_pinned_bytes"] + st["peak_device_bytes"], op=MPI.MAX
-                        )
-                        row = {
-                            "dtype": dtype,
-                            "size": size,
-                            "chunk_bytes": chunk,
-                            "depth": depth,
-                            "algorithm": algorithm,
-                            "compressor": compressor,
-                            "algbw_GBps": size / prof["pipelined_s"] / 1e9,
-                            "overlap_efficiency": prof["overlap_efficiency"],
-                            "pipelined_ms": prof["pipelined_s"] * 1e3,
-                            "codec_only_ms": prof["codec_only_s"] * 1e3,
-                            "transport_only_ms": prof["transport_only_s"] * 1e3,
-                            "peak_staging_MiB": peak / 2**20,
-                        }
-                        rows.append(row)
-                        if world.rank == 0:
-                            print(_line(row, time.perf_counter() - t0), flush=True)
+                comm._mpi.forward_from_host = forward == "host"
+                comm.reset_stats()
+                t0 = time.perf_counter()
+                prof = comm.overlap_profile(
+                    "allreduce",
+                    x,
+                    algorithm=algorithm,
+                    compressor=_codec(compressor),
+                    chunk_bytes=chunk,
+                    iters=args.iters,
+                )
+                st = comm.stats()
+                peak = world.allreduce(
+                    st["peak_pinned_bytes"] + st["peak_device_bytes"], op=MPI.MAX
+                )
+                row = {
+                    "forward": forward,
+                    "dtype": dtype,
+                    "size": size,
+                    "chunk_bytes": chunk,
+                    "depth": depth,
+                    "algorithm": algorithm,
+                    "compressor": compressor,
+                    "algbw_GBps": size / prof["pipelined_s"] / 1e9,
+                    "overlap_efficiency": prof["overlap_efficiency"],
+                    "pipelined_ms": prof["pipelined_s"] * 1e3,
+                    "codec_only_ms": prof["codec_only_s"] * 1e3,
+                    "transport_only_ms": prof["transport_only_s"] * 1e3,
+                    "peak_staging_MiB": peak / 2**20,
+                }
+                rows.append(row)
+                if world.rank == 0:
+                    print(_line(row, time.perf_counter() - t0), flush=True)
             del x
     if world.rank == 0:
         with open(args.out, "w") as f:

@@ -467,10 +467,12 @@ class Communicator:
         by message size. A window of ``d`` rounds holds per round its payloads (pinned
         copies too when ``staged``), an accumulator and a result payload; the payloads
         waiting between a chunk's steps, about one per step per round of depth (a chunk's
-        next step runs ``depth`` waves later); and a ring's last ReduceScatter step, which
-        holds a second accumulator, once per pass of the window over the steps. A chunk
-        whose one round needs more than the limit runs at depth 1. bench/NOTES.md compares
-        this bound with measured peaks; tests/mpi/test_compressed.py checks it."""
+        next step runs ``depth`` waves later; ``staged``, a ring AllGather payload waiting
+        to be forwarded keeps its pinned copy too); and a ring's last ReduceScatter step,
+        which holds a second accumulator, once per pass of the window over the steps. A
+        chunk whose one round needs more than the limit runs at depth 1. bench/NOTES.md
+        compares this bound with measured peaks; tests/mpi/test_compressed.py (host) and
+        tests/mpi/test_gpu_collectives.py (device) check it."""
         n = self.size
         payload = size_class(plan.codec.encoded_nbytes(plan.chunk_elems, plan.dtype))
         acc = size_class(plan.chunk_elems * plan.acc_dtype.itemsize)
@@ -483,6 +485,8 @@ class Communicator:
         per_round = (messages + 1 + waiting) * payload + acc
         if staged:
             per_round += messages * payload  # pinned host copies of every message
+            if algorithm == "ring" and collective != "reduce_scatter":
+                per_round += max(0, n - 2) * payload  # kept for the forwards
         limit = self._settings.staging_limit_bytes
         depth = self._settings.pipeline_depth
         while depth > 1:

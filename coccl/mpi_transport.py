@@ -6,7 +6,10 @@ library is CUDA-aware; otherwise they travel through pinned host staging buffers
 copies device -> pinned on the current (compute) stream and posts ``Isend`` only once that
 copy's event has completed; a receive lands in pinned memory and, once MPI reports it
 complete, is copied pinned -> device on the current stream, so every later kernel on that
-stream sees the data. The transport knows no schedule: it moves the bytes it is given.
+stream sees the data. A receive that will be forwarded unchanged (``forward``) keeps its
+pinned copy, and the send that forwards it (``landed``) goes from there: no copy back to
+the host, no wait for the stream. The transport knows no schedule: it moves the bytes it
+is given.
 """
 
 from __future__ import annotations
@@ -68,24 +71,27 @@ class Handle:
 
 
 class _StagedSend(Handle):
-    """Device buffer -> pinned host (on the compute stream) -> MPI Isend once copied."""
+    """MPI Isend of a pinned block, released once sent. ``buf`` given: the block is
+    filled from that device buffer on the compute stream first, and sent once copied."""
 
     __slots__ = ("_comm", "_block", "_event", "_tag")
 
-    def __init__(self, comm: MPI.Comm, buf: Any, peer: int, tag: int, pool: BufferPool) -> None:
-        import cupy as cp  # noqa: PLC0415
-
-        super().__init__(peer, "send", int(buf.size), None)
+    def __init__(self, comm: MPI.Comm, block: Block, peer: int, tag: int, buf: Any) -> None:
+        super().__init__(peer, "send", int(block.data.size), None)
         self._done = False
         self._comm, self._tag = comm, tag
-        self._block = pool.get(int(buf.size))
-        buf.get(out=self._block.data, blocking=False)
-        self._event = cp.cuda.Event(block=False, disable_timing=True)
-        self._event.record()
+        self._block = block
+        self._event = None
+        if buf is not None:
+            import cupy as cp  # noqa: PLC0415
+
+            buf.get(out=block.data, blocking=False)
+            self._event = cp.cuda.Event(block=False, disable_timing=True)
+            self._event.record()
 
     def test(self) -> bool:
         if self._req is None:
-            if not self._event.done:
+            if self._event is not None and not self._event.done:
                 return False
             self._req = self._comm.Isend([self._block.data, MPI.BYTE], self.peer, self._tag)
         if super().test():
@@ -99,11 +105,11 @@ class _StagedSend(Handle):
 class _StagedRecv(Handle):
     """MPI Irecv into pinned host -> device copy on the compute stream once received."""
 
-    __slots__ = ("_buf", "_block", "_transport")
+    __slots__ = ("_buf", "_block", "_transport", "_keep")
 
-    def __init__(self, transport: MpiTransport, buf: Any, peer: int, tag: int) -> None:
+    def __init__(self, transport: MpiTransport, buf: Any, peer: int, tag: int, keep: bool) -> None:
         self._transport = transport
-        self._buf = buf
+        self._buf, self._keep = buf, keep
         self._block = transport._pinned.get(int(buf.size))
         req = transport.comm.Irecv([self._block.data, MPI.BYTE], peer, tag)
         super().__init__(peer, "recv", int(buf.size), req)
@@ -121,6 +127,8 @@ class _StagedRecv(Handle):
         event.record()
         # The pinned block must outlive the asynchronous copy: release it later.
         self._transport._deferred.append((event, self._block))
+        if self._keep:  # the forwarding send takes this reference
+            self._transport._forwardable[id(self._buf)] = (self._buf, self._block.retain())
         self._block = None
         return True
 
@@ -143,6 +151,10 @@ class MpiTransport:
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
         self._pinned_pool: BufferPool | None = None
         self._deferred: list[tuple[Any, Block]] = []
+        # id(device buffer) -> (the buffer, the pinned block it was received through), for
+        # receives that a later send forwards unchanged (the buffer is held: ids stay unique)
+        self._forwardable: dict[int, tuple[Any, Block]] = {}
+        self.forward_from_host = True  # a benchmark's switch for the A/B of this path
         self.bytes_sent = 0  # payload bytes handed to isend (statistics)
 
     # ------------------------------------------------------------------ plumbing
@@ -176,24 +188,34 @@ class MpiTransport:
         return is_device_array(buf) and not self.cuda_aware
 
     # ----------------------------------------------------------- point to point
-    def isend(self, buf: Any, peer: int, tag: int) -> Handle:
+    def isend(self, buf: Any, peer: int, tag: int, landed: bool = False) -> Handle:
         """Start sending the uint8 array ``buf`` to ``peer``. A device buffer must already
-        be complete on the current stream's timeline (the engine ensures it)."""
+        be complete on the current stream's timeline (the engine ensures it). ``landed``:
+        ``buf``'s bytes are those of a completed receive (a forward): a staged one goes
+        from the pinned copy it arrived in, if that receive kept it."""
         self._reap()
         self.bytes_sent += int(buf.size)
         if self._staged(buf):
-            return _StagedSend(self.comm, buf, peer, tag, self._pinned)
+            kept = self._forwardable.pop(id(buf), None) if landed else None
+            if kept is not None:
+                return _StagedSend(self.comm, kept[1], peer, tag, None)
+            return _StagedSend(self.comm, self._pinned.get(int(buf.size)), peer, tag, buf)
         return Handle(peer, "send", int(buf.size), self.comm.Isend([buf, MPI.BYTE], peer, tag))
 
-    def irecv(self, buf: Any, peer: int, tag: int) -> Handle:
-        """Start receiving into the uint8 array ``buf`` from ``peer``."""
+    def irecv(self, buf: Any, peer: int, tag: int, forward: bool = False) -> Handle:
+        """Start receiving into the uint8 array ``buf`` from ``peer``. ``forward``: a
+        later send forwards these bytes unchanged (``isend(..., landed=True)``)."""
         if self._staged(buf):
-            return _StagedRecv(self, buf, peer, tag)
+            return _StagedRecv(self, buf, peer, tag, forward and self.forward_from_host)
         return Handle(peer, "recv", int(buf.size), self.comm.Irecv([buf, MPI.BYTE], peer, tag))
 
     def finish(self) -> None:
-        """Release staging buffers whose copies are still in flight (end of a collective)."""
+        """Release staging buffers whose copies are still in flight, and kept receives
+        that no send forwarded (end of a collective)."""
         self._reap(wait=True)
+        for _, block in self._forwardable.values():
+            block.release()
+        self._forwardable.clear()
 
     @staticmethod
     def has_native(collective: str, dtype: Any, op: str) -> bool:

@@ -29,10 +29,10 @@ class NullTransport:
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
 
-    def isend(self, buf: Any, peer: int, tag: int) -> Any:
+    def isend(self, buf: Any, peer: int, tag: int, landed: bool = False) -> Any:
         return _Complete(peer)
 
-    def irecv(self, buf: Any, peer: int, tag: int) -> Any:
+    def irecv(self, buf: Any, peer: int, tag: int, forward: bool = False) -> Any:
         return _Complete(peer)
 
     def finish(self) -> None:

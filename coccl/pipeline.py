@@ -53,6 +53,7 @@ class Round:
     deps: Sequence[Round] = ()
     holds: list[Block] = field(default_factory=list)
     wire_dtype: Any = None  # the element type of uncompressed payloads (None: bytes)
+    forwards: bool = False  # later rounds send its received payloads on unchanged
 
     # engine state
     pre_handle: Any = None
@@ -225,6 +226,15 @@ def _may_send(rnd: Round, transport: Any) -> bool:
     return handle.done()
 
 
+def _landed(rnd: Round) -> list[Any]:
+    """Buffers whose bytes are those of a completed receive: a round with no compute of
+    its own that sends what its dependencies received (a ring AllGather forward). A
+    staged transport may send them from the host copy they arrived in."""
+    if rnd.pre is not None:
+        return []
+    return [buf for dep in rnd.deps if dep.forwards for _, buf in dep.recvs]
+
+
 def _advance(rnd: Round, transport: Any, executor: Any) -> bool:
     """Move one round as far as it can go without blocking; True if anything changed."""
     changed = False
@@ -235,7 +245,11 @@ def _advance(rnd: Round, transport: Any, executor: Any) -> bool:
         changed = True
     if rnd.send_handles is None and rnd.pre_handle is not None and _may_send(rnd, transport):
         rnd.pre_handle.result()  # re-raise a failure of the compute
-        rnd.send_handles = [transport.isend(buf, peer, rnd.tag) for peer, buf in rnd.sends]
+        landed = _landed(rnd)
+        rnd.send_handles = [
+            transport.isend(buf, peer, rnd.tag, landed=any(buf is b for b in landed))
+            for peer, buf in rnd.sends
+        ]
         changed = True
     if not rnd.recvs_done:
         # test every handle (no short-circuit): testing is what drives MPI progress
@@ -284,7 +298,10 @@ def run_polling(
                 if rnd is None:
                     exhausted = True
                     break
-                rnd.recv_handles = [transport.irecv(buf, peer, rnd.tag) for peer, buf in rnd.recvs]
+                rnd.recv_handles = [
+                    transport.irecv(buf, peer, rnd.tag, forward=rnd.forwards)
+                    for peer, buf in rnd.recvs
+                ]
                 active.append(rnd)
             if not active:
                 return

@@ -1,14 +1,16 @@
-"""Unit tests of the buffer pool's size classes and of when the pipeline posts sends."""
+"""Unit tests of the buffer pool's size classes, of when the pipeline posts sends, and of
+which sends forward what a receive brought (and may go from its host copy)."""
 
 import random
 
 import numpy as np
 
+from coccl import algorithms
 from coccl.communicator import staged_chunk_bytes
 from coccl.compressors import get_compressor
 from coccl.overlap import WireOnlyCodec
-from coccl.pipeline import Round, _EventHandle, _may_send
-from coccl.pool import BufferPool, size_class
+from coccl.pipeline import DONE, Round, _advance, _EventHandle, _landed, _may_send, run_polling
+from coccl.pool import BufferPool, host_pool, size_class
 
 
 def test_size_classes_waste_at_most_an_eighth():
@@ -127,3 +129,117 @@ def test_host_compute_is_waited_for():
     assert not _may_send(running, _Transport(follows=True))
     finished = _round(_Future(done=True))
     assert _may_send(finished, _Transport(follows=True))
+
+
+def _schedule(algorithm: str, collective: str, codec: str = "taco", size: int = 4):
+    plan = algorithms.Plan(
+        rank=1,
+        size=size,
+        codec=get_compressor(codec),
+        dtype=np.dtype(np.float32),
+        op="sum",
+        chunk_elems=256,
+        pool=host_pool(),
+        what="t",
+    )
+    n = size * 1024
+    x = np.ones(n // size if collective == "allgather" else n, np.float32)
+    out = np.empty(n // size if collective == "reduce_scatter" else n, np.float32)
+    return algorithms.schedule(algorithm, collective)(plan, x, out)
+
+
+def test_only_ring_allgather_forwards_are_landed_sends():
+    """A ring AllGather step after the first sends on unchanged what the step before
+    received; nothing else is a forward (a send filled by compute never is)."""
+    for algorithm in ("ring", "two_shot"):
+        for collective in ("allreduce", "reduce_scatter", "allgather"):
+            for codec in ("taco", "identity"):
+                rounds = list(_schedule(algorithm, collective, codec))
+                for rnd in rounds:
+                    landed = [b for _, b in rnd.sends if any(b is x for x in _landed(rnd))]
+                    forward = (
+                        algorithm == "ring"
+                        and collective != "reduce_scatter"
+                        and "all-gather step 1/" not in rnd.label
+                        and "all-gather" in rnd.label
+                    )
+                    assert len(landed) == (1 if forward else 0), rnd.label
+                    if rnd.pre is not None:
+                        assert _landed(rnd) == []
+                    # receives are kept for forwarding exactly when a later step forwards
+                    last = "all-gather step 3/3" in rnd.label
+                    wants = forward or "all-gather step 1/" in rnd.label
+                    assert rnd.forwards == (wants and not last and algorithm == "ring"), rnd.label
+
+
+class _Recorder:
+    """A transport whose messages complete at once, recording the engine's hints."""
+
+    sends_follow_stream = True
+
+    def __init__(self) -> None:
+        self.landed: list[bool] = []
+        self.forward: list[bool] = []
+
+    def isend(self, buf, peer, tag, landed=False):
+        self.landed.append(landed)
+        return _Test()
+
+    def irecv(self, buf, peer, tag, forward=False):
+        self.forward.append(forward)
+        return _Test()
+
+    def finish(self) -> None:
+        pass
+
+
+class _Test:
+    @staticmethod
+    def test() -> bool:
+        return True
+
+
+class _Executor:
+    @staticmethod
+    def submit(fn):
+        return _EventHandle(_Event())  # enqueued, not yet run
+
+    @staticmethod
+    def idle(spins: int) -> None:
+        pass
+
+
+def test_engine_tells_the_transport_what_is_forwarded():
+    producer = Round(label="recv", tag=0, forwards=True)
+    buf, other = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
+    producer.recvs = [(0, buf)]
+    producer.recvs_done, producer.post_handle = True, DONE
+    forward = Round(label="fwd", tag=1, sends=[(1, buf), (2, other)], deps=[producer])
+    transport = _Recorder()
+    _advance(forward, transport, _Executor())
+    assert transport.landed == [True, False]
+    producer.forwards = False  # a receive that was not kept is not sent from the host
+    again = Round(label="fwd", tag=2, sends=[(1, buf)], deps=[producer])
+    _advance(again, transport, _Executor())
+    assert transport.landed[-1] is False
+
+
+def test_engine_passes_the_forward_hint_of_each_receive():
+    rounds = list(_schedule("ring", "allreduce"))
+    transport = _Recorder()
+    run_polling(iter(rounds), transport, _ImmediateExecutor(), depth=4, timeout_s=None, what="t")
+    expected = [rnd.forwards for rnd in rounds for _ in rnd.recvs]
+    assert transport.forward == expected and any(expected)
+    assert sum(transport.landed) == sum(
+        1 for rnd in rounds for _, b in rnd.sends if any(b is x for x in _landed(rnd))
+    )
+
+
+class _ImmediateExecutor:
+    @staticmethod
+    def submit(fn):
+        return DONE  # nothing is computed: only the engine's hints are under test
+
+    @staticmethod
+    def idle(spins: int) -> None:
+        pass

@@ -4,6 +4,8 @@ one GPU (Open MPI is not CUDA-aware there: pinned host staging). Skipped without
 The GPU codec kernels are bitwise identical to the CPU ones, and the reduction arithmetic
 is the same, so a collective on device data must give bitwise the CPU result."""
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -46,6 +48,56 @@ def test_device_equals_host_bitwise(comm, collective, algorithm, codec, dtype, c
     np.testing.assert_array_equal(got.view(np.uint8), host.view(np.uint8))
     if collective != "reduce_scatter":
         assert all_equal_across_ranks(got)
+
+
+@pytest.mark.parametrize("codec", ["identity", "taco"])
+@pytest.mark.parametrize("collective", ["allreduce", "allgather"])
+def test_ring_forwards_from_host_copies(comm, collective, codec):
+    """Ring AllGather forwards go from the pinned copy their payload arrived in: bitwise
+    what forwarding the device copy gives, and every pinned block is back in the pool."""
+    count = 70001
+    x = cp.asarray(rank_data(case_seed("fwd", collective, codec), comm.rank, count, BF16))
+    fn = getattr(comm, collective)
+    mpi = comm._mpi
+    try:
+        mpi.forward_from_host = False
+        ref = cp.asnumpy(fn(x, algorithm="ring", compressor=codec, chunk_bytes=8192))
+        mpi.forward_from_host = True
+        got = cp.asnumpy(fn(x, algorithm="ring", compressor=codec, chunk_bytes=8192))
+    finally:
+        mpi.forward_from_host = True
+    np.testing.assert_array_equal(got.view(np.uint8), ref.view(np.uint8))
+    assert not mpi._forwardable
+    assert sum(pool.in_use_bytes for pool in mpi.pools()) == 0
+
+
+@pytest.mark.parametrize("codec", ["identity", "taco"])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_staging_limit_bounds_device_and_pinned_memory(comm, collective, algorithm, codec):
+    """For device data the depth keeps pooled device + pinned memory within the limit
+    (payloads, their pinned copies, accumulators)."""
+    if comm.size == 1:
+        pytest.skip("one rank runs no pipeline")
+    limit = 1 << 20
+    count = comm.size << 18
+    x = rank_data(case_seed("limit-gpu", collective, algorithm), comm.rank, count, np.float32)
+    if collective == "allgather":
+        x = x[: count // comm.size]
+    chunk = (64 if codec == "identity" else 128) << 10
+    saved = comm._settings
+    comm._settings = dataclasses.replace(saved, staging_limit_bytes=limit)
+    try:
+        comm.reset_stats()
+        getattr(comm, collective)(
+            cp.asarray(x), algorithm=algorithm, compressor=codec, chunk_bytes=chunk
+        )
+        cp.cuda.Device().synchronize()
+        st = comm.stats()
+    finally:
+        comm._settings = saved
+    peak = st["peak_pinned_bytes"] + st["peak_device_bytes"]
+    assert 0 < st["peak_pinned_bytes"] and peak <= limit, f"peak {peak} over {limit}"
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "two_shot", "native", "auto"])
