@@ -513,6 +513,28 @@ DEV void wht_group(float* v, int lig) {
   }
 }
 
+// =============================================================== taco decode
+#if OP == 2 || OP == 8
+// One lane's 32 codes cw of a group (spread over LPG lanes, lig: the lane's index in it)
+// decoded in place of v: FP8 values, the inverse Hadamard when ASH, times the group's
+// s * c / max(alpha, 1e-12) (FORMAT.md), s and alpha 1 where the payload has none. Shared
+// by the decode kernel (2) and the ring hop (8), so the two decode bitwise alike.
+DEV void taco_dequant_lane(const u32* cw, float s, float alpha, int lig, float* v) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) unpack4_fp8(cw[i], v + 4 * i);
+#if ASH
+  wht_group(v, lig);
+  const float c = as_f(CINV_BITS);
+#else
+  const float c = as_f(BITS_ONE);
+  (void)lig;
+#endif
+  const float kp = f_div(f_mul(s, c), f_max(alpha, as_f(BITS_1EM12)));
+#pragma unroll
+  for (int r = 0; r < 32; ++r) v[r] = f_mul(v[r], kp);
+}
+#endif
+
 // =============================================================== taco encode
 #if OP == 1 || OP == 7 || OP == 8
 // The largest |v| of a group's float32 values, as bits (exact: for non-negative floats
@@ -915,17 +937,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     }
     float v[32];
 #if OP == 2
-#pragma unroll
-    for (int i = 0; i < 8; ++i) unpack4_fp8(cw[i], v + 4 * i);
-#if ASH
-    wht_group(v, lig);
-    const float c = as_f(CINV_BITS);
-#else
-    const float c = as_f(BITS_ONE);
-#endif
-    const float kp = f_div(f_mul(s, c), f_max(alpha, as_f(BITS_1EM12)));
-#pragma unroll
-    for (int r = 0; r < 32; ++r) v[r] = f_mul(v[r], kp);
+    taco_dequant_lane(cw, s, alpha, lig, v);
 #else
 #pragma unroll
     for (int r = 0; r < 32; ++r) {
@@ -1127,20 +1139,11 @@ coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __
       for (int i = 0; i < 8; ++i) cw[i] = 0;
     }
     float v[32];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) unpack4_fp8(cw[i], v + 4 * i);
-#if ASH
-    wht_group(v, lig);
-    const float c = as_f(CINV_BITS);
-#else
-    const float c = as_f(BITS_ONE);
-#endif
-    const float kp = f_div(f_mul(s, c), f_max(alpha, as_f(BITS_1EM12)));
+    taco_dequant_lane(cw, s, alpha, lig, v);
     u32 w[NW];
     lane_load(xb, base, count, vin, w);  // zero past count
 #pragma unroll
-    for (int r = 0; r < 32; ++r)
-      v[r] = base + r < count ? f_add(elem_f32(w, r), f_mul(v[r], kp)) : 0.0f;
+    for (int r = 0; r < 32; ++r) v[r] = base + r < count ? f_add(elem_f32(w, r), v[r]) : 0.0f;
     u32 codes[8], sbits, abits;
     taco_encode_lane<32, LPG>(v, lig, codes, sbits, abits);
     if (live) {

@@ -27,6 +27,7 @@ __all__ = ["int8_decode", "int8_encode", "taco_decode", "taco_encode", "taco_red
 _SOURCE_PATH = Path(__file__).with_name("codec_kernels.cu")
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2}
+KERNEL_DTYPES = frozenset(_XT)  # the element types the kernels read and write
 _FMT = {"e4m3": 0, "e5m2": 1}
 _TACO_GROUPS = (32, 64, 128, 256, 512)
 _INT8_FAST_GROUPS = (32, 64, 128, 256, 512, 1024)
@@ -78,23 +79,12 @@ def taco_encode(
 ) -> None:
     """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size)."""
     cp = _cupy()
-    G = _taco_group(group_size)
-    fmt = _fp8_format(fp8_format)
-    xt = _element_type(cp, x, "x")
-    count = int(x.size)
-    K = -(-count // G)
-    _check_payload(cp, payload, _taco_nbytes(K, G, ash, dual_scale), x)
+    count, K, defs = _taco_variant(
+        cp, _OP_TACO_ENC, x, "x", (payload,), group_size, fp8_format, ash, dual_scale
+    )
     if count == 0:
         return
-    defs = {
-        "OP": _OP_TACO_ENC,
-        "GS": G,
-        "XT": xt,
-        "FMT": fmt,
-        "ASH": int(bool(ash)),
-        "DUAL": int(bool(dual_scale)),
-        "CINV_BITS": _inv_sqrt_bits(G),
-    }
+    G = defs["GS"]
     # Elements per lane: at most G, and the warps' two shared-memory buffers (2 x threads x
     # elements per lane x element size) must fit the 48 KiB a block gets by default.
     epl = min(G, int(_TUNING["encode_epl"]))
@@ -120,25 +110,13 @@ def taco_decode(
     """Decode ``payload`` into flat ``out`` (float32/float16/bfloat16); with
     ``accumulate`` add into ``out`` (float32 only)."""
     cp = _cupy()
-    G = _taco_group(group_size)
-    fmt = _fp8_format(fp8_format)
-    xt = _element_type(cp, out, "out")
+    count, K, defs = _taco_variant(
+        cp, _OP_TACO_DEC, out, "out", (payload,), group_size, fp8_format, ash, dual_scale
+    )
     _check_accumulate(out, accumulate)
-    count = int(out.size)
-    K = -(-count // G)
-    _check_payload(cp, payload, _taco_nbytes(K, G, ash, dual_scale), out)
     if count == 0:
         return
-    defs = {
-        "OP": _OP_TACO_DEC,
-        "GS": G,
-        "XT": xt,
-        "FMT": fmt,
-        "ASH": int(bool(ash)),
-        "DUAL": int(bool(dual_scale)),
-        "ACC": int(bool(accumulate)),
-        "CINV_BITS": _inv_sqrt_bits(G),
-    }
+    defs["ACC"] = int(bool(accumulate))
     kind = "accumulate" if accumulate else "decode"
     _launch(cp, defs, kind, (payload, out), count, K, warps=-(-count // _TILE))
 
@@ -161,29 +139,16 @@ def taco_reduce_encode(
     copy and with one launch instead of three.
     """
     cp = _cupy()
-    G = _taco_group(group_size)
-    fmt = _fp8_format(fp8_format)
-    xt = _element_type(cp, own, "own")
-    count = int(own.size)
-    K = -(-count // G)
-    nbytes = _taco_nbytes(K, G, ash, dual_scale)
-    _check_payload(cp, payload, nbytes, own)
-    _check_payload(cp, out, nbytes, own)
+    count, K, defs = _taco_variant(
+        cp, _OP_TACO_HOP, own, "own", (payload, out), group_size, fp8_format, ash, dual_scale
+    )
+    nbytes = int(out.size)
     p0, o0 = payload.data.ptr, out.data.ptr
     if p0 < o0 + nbytes and o0 < p0 + nbytes and nbytes:
         raise ValueError("payload and out must not overlap")
     if count == 0:
         return
-    defs = {
-        "OP": _OP_TACO_HOP,
-        "GS": G,
-        "XT": xt,
-        "FMT": fmt,
-        "ASH": int(bool(ash)),
-        "DUAL": int(bool(dual_scale)),
-        "CINV_BITS": _inv_sqrt_bits(G),
-    }
-    _launch(cp, defs, "hop", (own, payload, out), count, K, warps=-(-K * G // _TILE))
+    _launch(cp, defs, "hop", (own, payload, out), count, K, warps=-(-K * defs["GS"] // _TILE))
 
 
 def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
@@ -225,6 +190,40 @@ def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) ->
 
 
 # ------------------------------------------------------------------ validation
+def _taco_variant(
+    cp: Any,
+    op: int,
+    data: Any,
+    name: str,
+    payloads: tuple,
+    group_size: Any,
+    fp8_format: Any,
+    ash: Any,
+    dual_scale: Any,
+) -> tuple[int, int, dict[str, Any]]:
+    """Check a taco kernel's arguments (``data``, the elements, called ``name``;
+    ``payloads``, taco payloads of ``data.size`` elements) and return the element count,
+    the group count and the kernel variant's defines for operation ``op``."""
+    G = _taco_group(group_size)
+    fmt = _fp8_format(fp8_format)
+    xt = _element_type(cp, data, name)
+    count = int(data.size)
+    K = -(-count // G)
+    nbytes = _taco_nbytes(K, G, ash, dual_scale)
+    for payload in payloads:
+        _check_payload(cp, payload, nbytes, data)
+    defs = {
+        "OP": op,
+        "GS": G,
+        "XT": xt,
+        "FMT": fmt,
+        "ASH": int(bool(ash)),
+        "DUAL": int(bool(dual_scale)),
+        "CINV_BITS": _inv_sqrt_bits(G),
+    }
+    return count, K, defs
+
+
 def _cupy() -> Any:
     if _cupy_module:  # every launch asks: skip the import machinery after the first
         return _cupy_module[0]

@@ -17,13 +17,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from coccl.arrays import BFLOAT16
-
-from . import _dispatch, fp8
+from . import _dispatch, fp8, gpu_kernels
 from .base import Compressor, register_compressor
 from .int8 import check_group_size
-
-_HOP_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
 
 
 class TacoLayout(NamedTuple):
@@ -155,10 +151,8 @@ class TacoCompressor(Compressor):
     def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:
         # GPU data standing for a type the kernels read directly (float64 goes through
         # the three-step path, whose accumulator is float64)
-        if isinstance(like, np.ndarray) or np.dtype(dtype) not in _HOP_DTYPES:
+        if isinstance(like, np.ndarray) or np.dtype(dtype) not in gpu_kernels.KERNEL_DTYPES:
             return None
-        from . import gpu_kernels  # noqa: PLC0415
-
         return partial(gpu_kernels.taco_reduce_encode, **self._kernel_options())
 
     def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
