@@ -11,8 +11,9 @@ None where compression never paid in the measurements (auto then stays native):
   staging). taco/int8 two-shot beat native from 16 MiB on (4.9x at 16 MiB, 8.6x at
   256 MiB, float32; 10.7x-14.4x bfloat16) and lost at 4 MiB and below.
   ``bash bench/h200_check.sh "sweeps latency"`` -> h200-mpi-4ranks-latency.json (commit
-  596055b) and the sweeps; the latest sweep (bench/results/h200-mpi-4ranks.json, be9f1ab,
-  8 MiB staged chunks) agrees: two_shot taco 4.7x native at 16 MiB, 9.6x at 256 MiB.
+  596055b) and the sweeps; the later sweeps agree (h200-mpi-4ranks-be9f1ab.json: two_shot
+  taco 4.7x native at 16 MiB, 9.6x at 256 MiB; h200-mpi-4ranks.json, 6b65a2e: 7.2x and
+  12.6x, and at 4 MiB 0.24x float32, 1.2x bfloat16, a single 4-call sample).
 * ``("mpi", "cpu")``: 2-core CPU ranks over shared memory. The numba codecs move fewer
   bytes per second than the memory copies they save, so compression lost at every size
   up to 32 MiB: ``coccl-bench allreduce --np 4 -b 8 -e 64M -f 4 --algorithm
