@@ -1,0 +1,76 @@
+"""Collectives over the NCCL backend with one GPU per rank, against the same collective
+on host data over MPI. Skipped unless every rank can have a GPU of its own (NCCL refuses
+two ranks on one GPU; tests/test_nccl.py covers that refusal and the one-rank case).
+
+coccl's schedules do the same arithmetic on every transport, so ring and two-shot give
+bitwise the host result; NCCL's own collectives (native) sum in their own order."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import coccl
+
+from conftest import all_equal_across_ranks, case_seed, rank_data
+
+pytest.importorskip("cupy")
+import cupy as cp  # noqa: E402
+
+try:
+    _ndev = cp.cuda.runtime.getDeviceCount()
+except Exception:
+    _ndev = 0
+# skipped, not left out: a rank whose whole file is skipped would report no tests
+pytestmark = pytest.mark.skipif(
+    _ndev < MPI.COMM_WORLD.Get_size(),
+    reason=f"needs a GPU per rank ({_ndev} for {MPI.COMM_WORLD.Get_size()} ranks)",
+)
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def ncomm():
+    with coccl.init(MPI.COMM_WORLD, backend="nccl") as c:
+        yield c
+
+
+def test_backend_is_nccl(ncomm):
+    assert ncomm.backend == "nccl"
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 4099, 1 << 17])
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("codec", ["identity", "int8", "taco"])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_nccl_equals_host_bitwise(comm, ncomm, collective, algorithm, codec, dtype, count):
+    n = comm.size
+    if collective == "reduce_scatter":
+        count *= n
+    seed = case_seed("nccl", collective, algorithm, codec, np.dtype(dtype).name, count)
+    x = rank_data(seed, comm.rank, count, dtype)
+    host = getattr(comm, collective)(x, algorithm=algorithm, compressor=codec, chunk_bytes=65536)
+    dev = getattr(ncomm, collective)(
+        cp.asarray(x), algorithm=algorithm, compressor=codec, chunk_bytes=65536
+    )
+    got = cp.asnumpy(dev)
+    np.testing.assert_array_equal(got.view(np.uint8), host.view(np.uint8))
+    if collective != "reduce_scatter":
+        assert all_equal_across_ranks(got)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_native_nccl_against_float64(ncomm, collective):
+    n = ncomm.size
+    count = 10007 * (n if collective == "reduce_scatter" else 1)
+    parts = [rank_data(11, r, count, np.float32) for r in range(n)]
+    got = cp.asnumpy(getattr(ncomm, collective)(cp.asarray(parts[ncomm.rank]), algorithm="native"))
+    if collective == "allgather":
+        np.testing.assert_array_equal(got, np.concatenate(parts))
+        return
+    ref = np.sum([p.astype(np.float64) for p in parts], axis=0)
+    if collective == "reduce_scatter":
+        ref = ref.reshape(n, -1)[ncomm.rank]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
