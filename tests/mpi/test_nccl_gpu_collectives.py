@@ -32,12 +32,9 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 @pytest.fixture(scope="module")
 def ncomm():
+    # backend="nccl" raises rather than fall back to MPI: the tests run over NCCL
     with coccl.init(MPI.COMM_WORLD, backend="nccl") as c:
         yield c
-
-
-def test_backend_is_nccl(ncomm):
-    assert ncomm.backend == "nccl"
 
 
 @pytest.mark.parametrize("count", [0, 1, 5, 4099, 1 << 17])
