@@ -2,7 +2,6 @@
 reduction close to what the quantization model predicts, every rank bitwise identical,
 chunking (pipelining) bitwise neutral, any count."""
 
-import dataclasses
 import math
 
 import ml_dtypes
@@ -12,7 +11,13 @@ import pytest
 import coccl
 from coccl.compressors import TacoCompressor
 
-from conftest import all_equal_across_ranks, case_seed, rank_data
+from conftest import (
+    STAGING_LIMIT,
+    all_equal_across_ranks,
+    case_seed,
+    rank_data,
+    stats_at_staging_limit,
+)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 CODECS = [
@@ -142,24 +147,10 @@ def test_staging_limit_bounds_the_pools(comm, collective, algorithm, codec):
     and accumulators, and the payloads waiting between a chunk's steps. With a 1 MiB
     limit, these chunks make the depth drop from the default 4 to 1-3. (A chunk whose
     one round needs more than the limit runs at depth 1.)"""
-    n = comm.size
-    if n == 1:
+    if comm.size == 1:
         pytest.skip("one rank runs no pipeline")
-    limit = 1 << 20
-    saved = comm._settings
-    comm._settings = dataclasses.replace(saved, staging_limit_bytes=limit)
-    try:
-        chunk = (64 if codec == "identity" else 128) << 10
-        count = n << 18  # dozens of chunks per shard: the window is full
-        x = rank_data(case_seed("limit", collective, algorithm), comm.rank, count, np.float32)
-        if collective == "allgather":
-            x = x[: count // n]
-        comm.reset_stats()
-        getattr(comm, collective)(x, algorithm=algorithm, compressor=codec, chunk_bytes=chunk)
-        peak = comm.stats()["peak_host_bytes"]
-    finally:
-        comm._settings = saved
-    assert peak <= limit, f"peak pooled bytes {peak} over the {limit}-byte limit"
+    peak = stats_at_staging_limit(comm, collective, algorithm, codec)["peak_host_bytes"]
+    assert peak <= STAGING_LIMIT, f"peak pooled bytes {peak} over the {STAGING_LIMIT}-byte limit"
 
 
 @pytest.mark.parametrize("codec", ["int8", "taco"])

@@ -4,13 +4,17 @@ one GPU (Open MPI is not CUDA-aware there: pinned host staging). Skipped without
 The GPU codec kernels are bitwise identical to the CPU ones, and the reduction arithmetic
 is the same, so a collective on device data must give bitwise the CPU result."""
 
-import dataclasses
-
 import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import all_equal_across_ranks, case_seed, rank_data
+from conftest import (
+    STAGING_LIMIT,
+    all_equal_across_ranks,
+    case_seed,
+    rank_data,
+    stats_at_staging_limit,
+)
 
 pytest.importorskip("cupy")
 import cupy as cp  # noqa: E402
@@ -79,25 +83,9 @@ def test_staging_limit_bounds_device_and_pinned_memory(comm, collective, algorit
     (payloads, their pinned copies, accumulators)."""
     if comm.size == 1:
         pytest.skip("one rank runs no pipeline")
-    limit = 1 << 20
-    count = comm.size << 18
-    x = rank_data(case_seed("limit-gpu", collective, algorithm), comm.rank, count, np.float32)
-    if collective == "allgather":
-        x = x[: count // comm.size]
-    chunk = (64 if codec == "identity" else 128) << 10
-    saved = comm._settings
-    comm._settings = dataclasses.replace(saved, staging_limit_bytes=limit)
-    try:
-        comm.reset_stats()
-        getattr(comm, collective)(
-            cp.asarray(x), algorithm=algorithm, compressor=codec, chunk_bytes=chunk
-        )
-        cp.cuda.Device().synchronize()
-        st = comm.stats()
-    finally:
-        comm._settings = saved
+    st = stats_at_staging_limit(comm, collective, algorithm, codec, place=cp.asarray)
     peak = st["peak_pinned_bytes"] + st["peak_device_bytes"]
-    assert 0 < st["peak_pinned_bytes"] and peak <= limit, f"peak {peak} over {limit}"
+    assert 0 < st["peak_pinned_bytes"] and peak <= STAGING_LIMIT, f"peak {peak} over the limit"
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "two_shot", "native", "auto"])
