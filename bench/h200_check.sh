@@ -59,6 +59,15 @@ latency)
   timeout 60 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 8 -e 4M -f 4 -n 10 -w 3 --no-progress \
     --algorithm two_shot,auto --compressor identity,taco -d bfloat16 \
     --json "$JSONDIR/mpi4-latency.json" 2>&1 | grep -v "^#  Rank" | tail -30 ;;
+ncclchunks)
+  # Two or more GPUs, one rank each, coccl over NCCL: the chunk size's effect (NCCL_CHUNKS).
+  for dt in ${NCCL_DTYPES:-bfloat16 float32}; do for cb in ${NCCL_CHUNKS:-4M 16M 32M 64M}; do
+    step "NCCL AllReduce on ${NCCL_NP:-2} GPUs, $dt, chunks of $cb"
+    timeout ${NCCL_TIMEOUT:-150} python3 -m coccl.bench.cli allreduce --np ${NCCL_NP:-2} --device gpu --backend nccl \
+      -b ${NCCL_MIN:-4M} -e 1G -f 4 -n 5 -w 2 --no-progress --algorithm ${NCCL_ALGOS:-native,ring,two_shot} \
+      --compressor identity,taco -d $dt --chunk-bytes $cb --json "$JSONDIR/nccl-$dt-$cb.json" 2>&1 \
+      | grep -v "^#  Rank" | tail -22
+  done; done ;;
 tp)
   step "TP GPT smoke on the GPU: 2 ranks sharing it over MPI"
   timeout 150 mpiexec --oversubscribe -n 2 python3 -m mpi4py examples/tp_gpt.py --device cuda --backend mpi \

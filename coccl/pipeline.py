@@ -364,9 +364,15 @@ def run_streamed(
         )
         rnd.release()
 
-    for rnd in rounds:
+    source = iter(rounds)
+    while True:
+        # Retire before taking the next round: the schedule allocates a round's blocks
+        # as it yields it, so the window must have room first (depth rounds, not depth + 1).
         if len(inflight) >= depth:
             retire(inflight.popleft())
+        rnd = next(source, None)
+        if rnd is None:
+            break
         for dep in rnd.deps:
             ctx.compute.wait_event(dep.done_event)
         if rnd.pre is not None:

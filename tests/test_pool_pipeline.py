@@ -1,17 +1,28 @@
 """Unit tests of the buffer pool's size classes, of when the pipeline posts sends, and of
 which sends forward what a receive brought (and may go from its host copy)."""
 
+import contextlib
 import itertools
 import random
 import re
 
 import numpy as np
+import pytest
 
 from coccl import algorithms
 from coccl.communicator import staged_chunk_bytes
 from coccl.compressors import get_compressor
 from coccl.overlap import WireOnlyCodec
-from coccl.pipeline import DONE, Round, _advance, _EventHandle, _landed, _may_send, run_polling
+from coccl.pipeline import (
+    DONE,
+    Round,
+    _advance,
+    _EventHandle,
+    _landed,
+    _may_send,
+    run_polling,
+    run_streamed,
+)
 from coccl.pool import BufferPool, host_pool, size_class
 
 
@@ -245,3 +256,68 @@ class _ImmediateExecutor:
     @staticmethod
     def idle(spins: int) -> None:
         pass
+
+
+class _Hold:
+    """A stand-in for a pool block that records which rounds' blocks are alive."""
+
+    def __init__(self, live: list) -> None:
+        self.live = live
+        live.append(self)
+
+    def release(self) -> None:
+        self.live.remove(self)
+
+
+class _Stream(contextlib.nullcontext):
+    @staticmethod
+    def wait_event(event) -> None:
+        pass
+
+
+class _StreamCtx:
+    compute, comm, post = _Stream(), _Stream(), _Stream()
+
+    @staticmethod
+    def event(stream):
+        return _DoneEvent()
+
+
+class _DoneEvent:
+    done = True
+
+
+class _StreamTransport:
+    @staticmethod
+    def group_exchange(sends, recvs, stream, wire_dtype) -> None:
+        pass
+
+    @staticmethod
+    def check_async_error() -> None:
+        pass
+
+
+@pytest.mark.parametrize("engine", ["polling", "streamed"])
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_engines_hold_at_most_depth_rounds(engine, depth):
+    """A schedule allocates a round's blocks as it yields the round, so an engine may take
+    the next round only once its window has room: the depth bound on staging memory
+    counts ``depth`` rounds (the streamed engine once held one more)."""
+    live: list = []
+    peak = [0]
+
+    def rounds():
+        for i in range(12):
+            rnd = Round(label=f"r{i}", tag=i, sends=[(1, None)], holds=[_Hold(live)])
+            peak[0] = max(peak[0], len(live))
+            yield rnd
+
+    if engine == "polling":
+        run_polling(
+            rounds(), _Recorder(), _ImmediateExecutor(), depth=depth, timeout_s=None, what="t"
+        )
+    else:
+        run_streamed(
+            rounds(), _StreamTransport(), _StreamCtx(), depth=depth, timeout_s=None, what="t"
+        )
+    assert peak[0] == depth and not live
