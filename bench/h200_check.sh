@@ -33,6 +33,9 @@ sweep)
 tune)
   step codec tuning and throughput
   timeout 240 python3 bench/gpu_codec_check.py --out "$OUT" --skip-checks 2>&1 | tee "$OUT/codec_log.txt" | tail -45 ;;
+nccltests)
+  step "pytest NCCL: one rank, then one GPU per rank"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_nccl.py tests/test_mpi.py -k "nccl" 2>&1 | tee "$OUT/pytest_nccl.txt" | tail -8 ;;
 mpitests_all)
   step pytest gpu multi-rank, 1-4 ranks
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k gpu 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -8 ;;
@@ -60,12 +63,14 @@ latency)
     --algorithm two_shot,auto --compressor identity,taco -d bfloat16 \
     --json "$JSONDIR/mpi4-latency.json" 2>&1 | grep -v "^#  Rank" | tail -30 ;;
 ncclchunks)
-  # Two or more GPUs, one rank each, coccl over NCCL: the chunk size's effect (NCCL_CHUNKS).
+  # Two or more GPUs, one rank each, coccl over NCCL: the chunk size's effect (NCCL_CHUNKS;
+  # "default" leaves it to coccl).
   for dt in ${NCCL_DTYPES:-bfloat16 float32}; do for cb in ${NCCL_CHUNKS:-4M 16M 32M 64M}; do
     step "NCCL AllReduce on ${NCCL_NP:-2} GPUs, $dt, chunks of $cb"
     timeout ${NCCL_TIMEOUT:-150} python3 -m coccl.bench.cli allreduce --np ${NCCL_NP:-2} --device gpu --backend nccl \
       -b ${NCCL_MIN:-4M} -e 1G -f 4 -n 5 -w 2 --no-progress --algorithm ${NCCL_ALGOS:-native,ring,two_shot} \
-      --compressor identity,taco -d $dt --chunk-bytes $cb --json "$JSONDIR/nccl-$dt-$cb.json" 2>&1 \
+      --compressor identity,taco -d $dt -c ${NCCL_CHECK:-1} $([ $cb = default ] || echo --chunk-bytes $cb) \
+      --json "$JSONDIR/nccl-$dt-$cb.json" 2>&1 \
       | grep -v "^#  Rank" | tail -22
   done; done ;;
 tp)

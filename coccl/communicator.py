@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from coccl import algorithms
-from coccl.arrays import Flat, as_flat, dtype_name
+from coccl.arrays import Flat, accumulate_dtype, as_flat, dtype_name
 from coccl.compressors import Compressor, get_compressor
 from coccl.config import settings
 from coccl.device import DeviceContext
@@ -60,6 +60,72 @@ def staged_chunk_bytes(shard: int, itemsize: int, compressed: bool) -> int:
     if compressed and shard >= 4 * STAGED_LARGE_CHUNK_ELEMS:
         return max(STAGED_CHUNK_BYTES, STAGED_LARGE_CHUNK_ELEMS * itemsize)
     return STAGED_CHUNK_BYTES
+
+
+# Largest default chunk over NCCL, in elements; nccl_chunk_bytes halves it until a window of
+# two rounds fits the staging limit.
+NCCL_MAX_CHUNK_ELEMS = 16 << 20
+
+
+def window_bytes(
+    n: int,
+    codec: Compressor,
+    dtype: np.dtype,
+    chunk_elems: int,
+    algorithm: str,
+    collective: str,
+    staged: bool,
+    depth: int,
+) -> int:
+    """An upper bound on the pool bytes a pipeline window of ``depth`` rounds holds, on
+    ``n`` ranks with chunks of ``chunk_elems`` elements. Per round: its payloads (their
+    pinned copies too when ``staged``), an accumulator and a result payload; the payloads
+    waiting between a chunk's steps, about one per step per round of depth (a chunk's
+    next step runs ``depth`` waves later; ``staged``, a ring AllGather payload waiting to
+    be forwarded keeps its pinned copy too); and a ring's last ReduceScatter step, which
+    holds a second accumulator, once per pass of the window over the steps.
+    bench/NOTES.md compares this bound with measured peaks."""
+    payload = size_class(codec.encoded_nbytes(chunk_elems, dtype))
+    acc = size_class(chunk_elems * accumulate_dtype(dtype).itemsize)
+    if algorithm == "ring":
+        messages = 2
+        steps = 2 * (n - 1) if collective == "allreduce" else n - 1
+        waiting = steps - 1
+    else:
+        messages, steps, waiting = 2 * max(1, n - 1), 2, 1
+    per_round = (messages + 1 + waiting) * payload + acc
+    if staged:
+        per_round += messages * payload  # pinned host copies of every message
+        if algorithm == "ring" and collective != "reduce_scatter":
+            per_round += max(0, n - 2) * payload  # kept for the forwards
+    second_accs = depth // max(1, steps) + 1 if algorithm == "ring" else 0
+    return depth * per_round + second_accs * acc
+
+
+def nccl_chunk_bytes(
+    n: int,
+    codec: Compressor,
+    dtype: np.dtype,
+    algorithm: str,
+    collective: str,
+    limit: int,
+    floor: int,
+) -> int:
+    """The default chunk of a collective over NCCL: NCCL_MAX_CHUNK_ELEMS elements, halved
+    until a window of two rounds fits ``limit`` (so the pipeline keeps a round in flight
+    while the next is enqueued), never below ``floor`` bytes (COCCL_CHUNK_BYTES).
+
+    Every round costs ~100-150 us of host work (launches, events, an NCCL group), which
+    over NVLink is longer than its transfer: on two H200s, bfloat16 AllReduce ran at
+    27-48 GB/s with 4 MiB chunks at 1 GiB and 71-202 GB/s with 16-64 MiB chunks
+    (bench/NOTES.md)."""
+    itemsize = np.dtype(dtype).itemsize
+    elems = NCCL_MAX_CHUNK_ELEMS
+    while elems * itemsize > floor and (
+        window_bytes(n, codec, dtype, elems, algorithm, collective, False, 2) > limit
+    ):
+        elems //= 2
+    return max(elems * itemsize, floor)
 
 
 # overlap_profile's three runs: (name of the time, variant of _collective)
@@ -243,9 +309,8 @@ class Communicator:
                 f"x has {src.size}"
             )
         chunk = self._settings.chunk_bytes if chunk_bytes is None else chunk_bytes
-        host_unpipelined = (
-            chunk_bytes is None and not self._settings.chunk_bytes_set and self._cpu_threads < 2
-        )
+        chunk_default = chunk_bytes is None and not self._settings.chunk_bytes_set
+        host_unpipelined = chunk_default and self._cpu_threads < 2
         if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
             raise ValueError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
         dst = self._output(collective, src, out)
@@ -257,10 +322,9 @@ class Communicator:
             chunk = max(int(chunk), src.size * src.dtype.itemsize, 1)
         transport = self._nccl if (on_device and self._nccl is not None) else self._mpi
         staged = on_device and transport is self._mpi and not self._mpi.cuda_aware
-        if staged:
-            if chunk_bytes is None and not self._settings.chunk_bytes_set:
-                shard = src.size if collective == "allgather" else -(-src.size // self.size)
-                chunk = staged_chunk_bytes(shard, src.dtype.itemsize, not codec.lossless)
+        if staged and chunk_default:
+            shard = src.size if collective == "allgather" else -(-src.size // self.size)
+            chunk = staged_chunk_bytes(shard, src.dtype.itemsize, not codec.lossless)
 
         if algorithm == "auto":
             algorithm, codec = algorithms.choose(
@@ -277,6 +341,16 @@ class Communicator:
             raise TypeError(
                 f"the {transport.name} transport has no native {collective} of "
                 f"{dtype_name(src.dtype)} with op {op!r}; use algorithm='ring' or 'two_shot'"
+            )
+        if transport.name == "nccl" and chunk_default and algorithm != "native":
+            chunk = nccl_chunk_bytes(
+                self.size,
+                codec,
+                src.dtype,
+                algorithm,
+                collective,
+                self._settings.staging_limit_bytes,
+                int(chunk),
             )
         # --- run -------------------------------------------------------------------
         if variant == "codec_only":
@@ -463,36 +537,26 @@ class Communicator:
 
     def _depth(self, plan: algorithms.Plan, algorithm: str, collective: str, staged: bool) -> int:
         """The pipeline depth, lowered if needed so the pools' blocks in use stay within
-        COCCL_STAGING_LIMIT_BYTES: staging memory is set by chunk size and depth, never
-        by message size. A window of ``d`` rounds holds per round its payloads (pinned
-        copies too when ``staged``), an accumulator and a result payload; the payloads
-        waiting between a chunk's steps, about one per step per round of depth (a chunk's
-        next step runs ``depth`` waves later; ``staged``, a ring AllGather payload waiting
-        to be forwarded keeps its pinned copy too); and a ring's last ReduceScatter step,
-        which holds a second accumulator, once per pass of the window over the steps. A
-        chunk whose one round needs more than the limit runs at depth 1. bench/NOTES.md
-        compares this bound with measured peaks; tests/mpi/test_compressed.py (host) and
-        tests/mpi/test_gpu_collectives.py (device) check it."""
-        n = self.size
-        payload = size_class(plan.codec.encoded_nbytes(plan.chunk_elems, plan.dtype))
-        acc = size_class(plan.chunk_elems * plan.acc_dtype.itemsize)
-        if algorithm == "ring":
-            messages = 2
-            steps = 2 * (n - 1) if collective == "allreduce" else n - 1
-            waiting = steps - 1
-        else:
-            messages, steps, waiting = 2 * max(1, n - 1), 2, 1
-        per_round = (messages + 1 + waiting) * payload + acc
-        if staged:
-            per_round += messages * payload  # pinned host copies of every message
-            if algorithm == "ring" and collective != "reduce_scatter":
-                per_round += max(0, n - 2) * payload  # kept for the forwards
+        COCCL_STAGING_LIMIT_BYTES (``window_bytes`` bounds them): staging memory is set by
+        chunk size and depth, never by message size. A chunk whose one round needs more
+        than the limit runs at depth 1. tests/mpi/test_compressed.py (host),
+        test_gpu_collectives.py (staged device) and test_nccl_gpu_collectives.py check
+        it."""
         limit = self._settings.staging_limit_bytes
         depth = self._settings.pipeline_depth
-        while depth > 1:
-            second_accs = depth // max(1, steps) + 1 if algorithm == "ring" else 0
-            if depth * per_round + second_accs * acc <= limit:
-                break
+        while depth > 1 and (
+            window_bytes(
+                self.size,
+                plan.codec,
+                plan.dtype,
+                plan.chunk_elems,
+                algorithm,
+                collective,
+                staged,
+                depth,
+            )
+            > limit
+        ):
             depth -= 1
         return depth
 

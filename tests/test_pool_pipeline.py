@@ -6,11 +6,17 @@ import itertools
 import random
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from coccl import algorithms
-from coccl.communicator import staged_chunk_bytes
+from coccl.communicator import (
+    NCCL_MAX_CHUNK_ELEMS,
+    nccl_chunk_bytes,
+    staged_chunk_bytes,
+    window_bytes,
+)
 from coccl.compressors import get_compressor
 from coccl.overlap import WireOnlyCodec
 from coccl.pipeline import (
@@ -87,6 +93,41 @@ def test_staged_chunk_grows_only_with_four_chunks_per_shard():
     assert staged_chunk_bytes(1 << 30, 2, True) == 8 * mib
     # uncompressed data has no codec cost per chunk to save: 8 MiB at every size
     assert staged_chunk_bytes(1 << 30, 4, False) == 8 * mib
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_nccl_chunk_is_the_largest_whose_two_rounds_fit(n, algorithm, collective):
+    """Over NCCL the default chunk is the largest of NCCL_MAX_CHUNK_ELEMS, halved, whose
+    window of two rounds fits the staging limit, never below COCCL_CHUNK_BYTES."""
+    mib = 1 << 20
+    for name in ("identity", "taco", "int8"):
+        codec = get_compressor(name)
+        for dtype in (np.dtype(np.float32), np.dtype(np.float16)):
+            item = dtype.itemsize
+
+            def fits(nbytes, codec=codec, dtype=dtype, item=item):
+                elems = nbytes // item
+                return window_bytes(n, codec, dtype, elems, algorithm, collective, False, 2) <= (
+                    256 * mib
+                )
+
+            got = nccl_chunk_bytes(n, codec, dtype, algorithm, collective, 256 * mib, 4 * mib)
+            assert 4 * mib <= got <= NCCL_MAX_CHUNK_ELEMS * item
+            if got > 4 * mib:
+                assert fits(got)
+            if got < NCCL_MAX_CHUNK_ELEMS * item:
+                assert not fits(2 * got)
+            # an explicit floor above the largest chunk wins
+            assert nccl_chunk_bytes(n, codec, dtype, algorithm, collective, 1, 512 * mib) == (
+                512 * mib
+            )
+    # two H200s, bfloat16 taco: 8M elements (16 MiB); 4 MiB chunks ran ~3x slower at 1 GiB
+    if n == 2 and collective == "allreduce":
+        taco, bf16 = get_compressor("taco"), np.dtype(ml_dtypes.bfloat16)
+        got = nccl_chunk_bytes(2, taco, bf16, algorithm, collective, 256 * mib, 4 * mib)
+        assert got == 16 * mib
 
 
 def test_wire_only_codec_keeps_the_schedule_of_its_codec():

@@ -12,7 +12,13 @@ from mpi4py import MPI
 
 import coccl
 
-from conftest import all_equal_across_ranks, case_seed, rank_data
+from conftest import (
+    STAGING_LIMIT,
+    all_equal_across_ranks,
+    case_seed,
+    rank_data,
+    stats_at_staging_limit,
+)
 
 pytest.importorskip("cupy")
 import cupy as cp  # noqa: E402
@@ -71,3 +77,17 @@ def test_native_nccl_against_float64(ncomm, collective):
     if collective == "reduce_scatter":
         ref = ref.reshape(n, -1)[ncomm.rank]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("codec", ["identity", "taco"])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_nccl_staging_stays_within_the_limit(ncomm, collective, algorithm, codec):
+    """The streamed engine's window holds what the depth bound counts: the device blocks
+    in use stay within COCCL_STAGING_LIMIT_BYTES (it held one round more before)."""
+    if ncomm.size == 1:
+        pytest.skip("one rank runs no pipeline")
+    st = stats_at_staging_limit(ncomm, collective, algorithm, codec, place=cp.asarray)
+    peak = st["peak_device_bytes"]
+    assert st["peak_pinned_bytes"] == 0, "NCCL sends device memory, nothing is staged"
+    assert 0 < peak <= STAGING_LIMIT, f"peak {peak} over the limit {STAGING_LIMIT}"
