@@ -90,4 +90,6 @@ def test_nccl_staging_stays_within_the_limit(ncomm, collective, algorithm, codec
     st = stats_at_staging_limit(ncomm, collective, algorithm, codec, place=cp.asarray)
     peak = st["peak_device_bytes"]
     assert st["peak_pinned_bytes"] == 0, "NCCL sends device memory, nothing is staged"
-    assert 0 < peak <= STAGING_LIMIT, f"peak {peak} over the limit {STAGING_LIMIT}"
+    assert peak <= STAGING_LIMIT, f"peak {peak} over the limit {STAGING_LIMIT}"
+    # an identity AllGather sends from the input and receives into the output: no blocks
+    assert (peak == 0) == (collective == "allgather" and codec == "identity")
