@@ -18,9 +18,11 @@ None where compression never paid in the measurements (auto then stays native):
   bytes per second than the memory copies they save, so compression lost at every size
   up to 32 MiB: ``coccl-bench allreduce --np 4 -b 8 -e 64M -f 4 --algorithm
   ring,two_shot --compressor identity,taco,int8`` (bench/NOTES.md).
-* ``("nccl", "gpu")``: 2 H200s over NVLink (h200x2-nccl-2ranks.json): NCCL's own
-  AllReduce ran 106-313 GB/s at 16 MiB-1 GiB bfloat16, coccl's schedules 19-41 GB/s with
-  or without compression (bound by their host-side rounds): native NCCL.
+* ``("nccl", "gpu")``: 2 H200s over NVLink: NCCL's own AllReduce ran 190-313 GB/s at
+  64 MiB-1 GiB; coccl's schedules, bound by their host-side rounds, stayed below it at
+  every size even with the larger NCCL chunks of h200x2-nccl-chunks.json (float32 ring
+  taco 0.6-0.9 of native, bfloat16 0.2-0.6; 4 MiB chunks in h200x2-nccl-2ranks.json:
+  0.1-0.2): native NCCL.
 """
 
 from __future__ import annotations

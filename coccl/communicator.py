@@ -116,9 +116,9 @@ def nccl_chunk_bytes(
     while the next is enqueued), never below ``floor`` bytes (COCCL_CHUNK_BYTES).
 
     Every round costs ~100-150 us of host work (launches, events, an NCCL group), which
-    over NVLink is longer than its transfer: on two H200s, bfloat16 AllReduce ran at
-    27-48 GB/s with 4 MiB chunks at 1 GiB and 71-202 GB/s with 16-64 MiB chunks
-    (bench/NOTES.md)."""
+    over NVLink is longer than its transfer, so fewer rounds are faster until the limit
+    stops them: on two H200s a 1 GiB AllReduce with taco ran at 24-31 GB/s with 4 MiB
+    chunks, 71-260 GB/s with this default (bench/NOTES.md)."""
     itemsize = np.dtype(dtype).itemsize
     elems = NCCL_MAX_CHUNK_ELEMS
     while elems * itemsize > floor and (

@@ -15,7 +15,9 @@ _VARS: dict[str, tuple[str, str]] = {
         "4194304",
         "pipeline chunk size in bytes of input data; each chunk is one payload on the wire "
         "(unset: 4 MiB; device data staged through pinned host memory: 8 MiB, or, for "
-        "compressed data, 4M elements once each rank's shard holds four of them)",
+        "compressed data, 4M elements once each rank's shard holds four of them; device "
+        "data over NCCL: up to 16M elements, as many as keep two rounds within the "
+        "staging limit)",
     ),
     "COCCL_PIPELINE_DEPTH": ("4", "how many chunk rounds may be in flight at once (>= 1)"),
     "COCCL_STAGING_LIMIT_BYTES": (
