@@ -8,7 +8,8 @@ limit's are lowered by the Communicator, as in any call.
     mpiexec -n 4 python3 bench/overlap_probe.py --out probe.json \\
         --depths 2,4 --chunks 4M,16M --sizes 64M,256M
 
-``--compressors taco-nohop`` is taco without its fused ring-hop kernel; ``--forward
+``--compressors taco-nohop,int8-nohop`` are the codecs without their fused ring-hop
+kernels; ``--forward
 host,device`` is the A/B of ring AllGather forwards sent from the pinned copy they
 arrived in (host) or copied back from the device.
 """
@@ -26,7 +27,7 @@ from mpi4py import MPI
 
 import coccl
 from coccl.bench.cli import datatype, parse_size
-from coccl.compressors import TacoCompressor
+from coccl.compressors import Int8Compressor, TacoCompressor
 
 
 def _line(row: dict, seconds: float) -> str:
@@ -40,17 +41,25 @@ def _line(row: dict, seconds: float) -> str:
     )
 
 
-class _TacoNoHop(TacoCompressor):
-    """taco without its fused ring-hop kernel: the ring loads, decode-accumulates and
+class _NoHop:
+    """A codec without its fused ring-hop kernel: the ring loads, decode-accumulates and
     encodes in three steps (the A/B of the hop)."""
 
     def reduce_encode_kernel(self, like: object, dtype: object) -> None:
         return None
 
 
+class _TacoNoHop(_NoHop, TacoCompressor):
+    pass
+
+
+class _Int8NoHop(_NoHop, Int8Compressor):
+    pass
+
+
 def _codec(name: str) -> object:
-    """A compressor name, or ``taco-nohop``."""
-    return _TacoNoHop() if name == "taco-nohop" else name
+    """A compressor name, or ``taco-nohop`` / ``int8-nohop``."""
+    return {"taco-nohop": _TacoNoHop, "int8-nohop": _Int8NoHop}.get(name, lambda: name)()
 
 
 def main() -> None:

@@ -7,7 +7,8 @@
 //   OP      1 taco encode (32 elements per lane), 2 taco decode, 3 int8 encode,
 //           4 int8 decode, 5 int8 encode (any group size), 6 int8 decode (any group
 //           size), 7 taco encode (EPL elements per lane, the default), 8 taco ring hop
-//           (encode(own + decode(payload)) in one pass; five arguments, see the kernel)
+//           (encode(own + decode(payload)) in one pass; five arguments, see the kernel),
+//           9 int8 ring hop (the same for int8)
 //   GS      group size G (taco: 32..512; int8 fast kernels: 32..1024; all powers of two)
 //   XT      element type of x (encode) or out (decode): 0 float32, 1 float16, 2 bfloat16
 //   FMT     taco: 0 e4m3, 1 e5m2
@@ -623,11 +624,14 @@ DEV void taco_encode_lane(float* v, int lig, u32* codes, u32& sbits, u32& abits)
 #endif
 
 // =============================================================== int8 encode
-#if OP == 3
-DEV void int8_encode_lane(const u32* w, u32* codes, u32& sbits) {
-  const u32 mb = group_umax(raw_absmax(w));
-  const bool bad = mb >= INF_BITS;
-  const float amax = raw_to_f32(mb);
+#if OP == 3 || OP == 9
+// One lane's 32 values v of a group (spread over LPG lanes) whose largest |x| has the
+// bits mb in the values' own type (inf: that type's infinity) and the value amax: the
+// codes and the group's scale, FORMAT.md's int8 arithmetic. Shared by the encode kernel
+// (3) and the ring hop (9), so the two quantize bitwise alike.
+DEV void int8_quantize_lane(const float* v, u32 mb, u32 inf, float amax, u32* codes,
+                            u32& sbits) {
+  const bool bad = mb >= inf;
   const float scale = f_div(amax, as_f(BITS_127));
   const float inv = mb != 0 ? f_div(as_f(BITS_ONE), scale) : 0.0f;
 #pragma unroll
@@ -635,13 +639,23 @@ DEV void int8_encode_lane(const u32* w, u32* codes, u32& sbits) {
     u32 word = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      int q = f2i_rn(f_mul(elem_f32(w, 4 * i + j), inv));
+      int q = f2i_rn(f_mul(v[4 * i + j], inv));
       q = min(max(q, -127), 127);
       word |= ((u32)q & 0xffu) << (8 * j);
     }
     codes[i] = bad ? 0u : word;
   }
   sbits = bad ? BITS_NAN : as_u(scale);
+}
+#endif
+
+#if OP == 3
+DEV void int8_encode_lane(const u32* w, u32* codes, u32& sbits) {
+  const u32 mb = group_umax(raw_absmax(w));
+  float v[32];
+#pragma unroll
+  for (int r = 0; r < 32; ++r) v[r] = elem_f32(w, r);
+  int8_quantize_lane(v, mb, INF_BITS, raw_to_f32(mb), codes, sbits);
 }
 #endif
 
@@ -1152,6 +1166,69 @@ coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __
         if (DUAL) st32(pout + ncodes + 4 * g, sbits, a4o);
         if (ASH) st32(pout + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4o);
       }
+    }
+  }
+}
+#endif
+
+// ============================================ int8 ring hop: decode, add own, encode (9)
+// Kernel 8's int8 twin: pout = int8_encode(float32(own) + int8_decode(pin)), own holding
+// `count` elements of type XT, pin and pout int8 payloads of `count` elements (count
+// codes, then K float32 scales at byte count). Bitwise the three-kernel path: kernel 4's
+// decode and accumulate (acc + q * scale, one rounding each), then kernel 3's quantizer
+// on the float32 sum (whose infinity is float32's); positions past `count` are zero, which
+// leaves a partial group's absmax as an encode of the `count` elements finds it.
+#if OP == 9
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __restrict__ dst,
+            i64 count, i64 K) {
+  const char* xb = (const char*)own;
+  const unsigned char* pin = (const unsigned char*)src;
+  unsigned char* pout = (unsigned char*)dst;
+  const int lane = threadIdx.x & 31;
+  const int lig = lane & (LPG - 1);
+  const bool vin = (((u64)xb) & 15) == 0;
+  const bool vpi = (((u64)pin) & 15) == 0;
+  const bool vpo = (((u64)pout) & 15) == 0;
+  const bool a4i = (((u64)pin + (u64)count) & 3) == 0;
+  const bool a4o = (((u64)pout + (u64)count) & 3) == 0;
+  const i64 ntiles = (count + 1023) >> 10;
+  // Whole warps iterate together (a group's lanes shuffle); a lane past `count` computes
+  // on zeros and stores nothing.
+  for (i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); tile < ntiles;
+       tile += (i64)gridDim.x * WARPS) {
+    const i64 base = (tile << 10) + lane * 32;
+    const i64 g = base >> LOG2_GS;
+    float scale = 0.0f;
+    u32 cw[8];
+    if (base < count) scale = as_f(ld32(pin + count + 4 * g, a4i));
+    if (base + 32 <= count) {
+      load_bytes32(pin + base, cw, vpi);
+    } else {
+#pragma unroll
+      for (int r = 0; r < 8; ++r) cw[r] = 0;
+#pragma unroll
+      for (int r = 0; r < 32; ++r)
+        if (base + r < count) cw[r >> 2] |= (u32)pin[base + r] << (8 * (r & 3));
+    }
+    u32 w[NW];
+    lane_load(xb, base, count, vin, w);  // zero past count
+    float v[32];
+    u32 m = 0;
+#pragma unroll
+    for (int r = 0; r < 32; ++r) {
+      const int q = ((int)(cw[r >> 2] << (24 - 8 * (r & 3)))) >> 24;
+      const float fq = f_sub(as_f(BITS_MAGIC + (u32)q), as_f(BITS_MAGIC));
+      v[r] = base + r < count ? f_add(elem_f32(w, r), f_mul(fq, scale)) : 0.0f;
+      m = max(m, as_u(v[r]) & 0x7fffffffu);
+    }
+    const u32 mb = group_umax(m);
+    u32 codes[8], sbits;
+    int8_quantize_lane(v, mb, 0x7f800000u, as_f(mb), codes, sbits);
+    if (base < count) {
+      const i64 left = count - base;
+      store_bytes32(pout + base, codes, vpo, left >= 32 ? 32 : (int)left);
+      if (lig == 0) st32(pout + count + 4 * g, sbits, a4o);
     }
   }
 }

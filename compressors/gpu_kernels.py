@@ -22,7 +22,14 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["int8_decode", "int8_encode", "taco_decode", "taco_encode", "taco_reduce_encode"]
+__all__ = [
+    "int8_decode",
+    "int8_encode",
+    "int8_reduce_encode",
+    "taco_decode",
+    "taco_encode",
+    "taco_reduce_encode",
+]
 
 _SOURCE_PATH = Path(__file__).with_name("codec_kernels.cu")
 _BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -37,6 +44,7 @@ _OP_TACO_ENC, _OP_TACO_DEC, _OP_INT8_ENC, _OP_INT8_DEC = 1, 2, 3, 4
 _OP_INT8_ENC_ANY, _OP_INT8_DEC_ANY = 5, 6
 _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 _OP_TACO_HOP = 8  # taco ring hop: encode(own + decode(payload)) in one kernel
+_OP_INT8_HOP = 9  # the same for int8
 
 # Launch tuning, per kernel kind (encode, decode, accumulate = decode-accumulate, hop = the
 # fused ring hop).
@@ -142,10 +150,7 @@ def taco_reduce_encode(
     count, K, defs = _taco_variant(
         cp, _OP_TACO_HOP, own, "own", (payload, out), group_size, fp8_format, ash, dual_scale
     )
-    nbytes = int(out.size)
-    p0, o0 = payload.data.ptr, out.data.ptr
-    if p0 < o0 + nbytes and o0 < p0 + nbytes and nbytes:
-        raise ValueError("payload and out must not overlap")
+    _check_disjoint(payload, out)
     if count == 0:
         return
     _launch(cp, defs, "hop", (own, payload, out), count, K, warps=-(-K * defs["GS"] // _TILE))
@@ -187,6 +192,26 @@ def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) ->
     warps = -(-count // (_TILE if op == _OP_INT8_DEC else 32))
     kind = "accumulate" if accumulate else "decode"
     _launch(cp, defs, kind, (payload, out), count, K, warps=warps)
+
+
+def int8_reduce_encode(own: Any, payload: Any, out: Any, *, group_size: int) -> None:
+    """One int8 ring hop in one kernel: ``out = int8_encode(float32(own) +
+    int8_decode(payload))``, bitwise the three-step path (see ``taco_reduce_encode``).
+    ``group_size`` must be a power of two from 32 to 1024 (the fast kernels' groups)."""
+    cp = _cupy()
+    G = _int8_group(group_size)
+    if G not in _INT8_FAST_GROUPS:
+        raise ValueError(f"the int8 ring hop takes group_size in {_INT8_FAST_GROUPS}, got {G}")
+    xt = _element_type(cp, own, "own")
+    count = int(own.size)
+    K = -(-count // G)
+    for p in (payload, out):
+        _check_payload(cp, p, count + 4 * K, own)
+    _check_disjoint(payload, out)
+    if count == 0:
+        return
+    defs = {"OP": _OP_INT8_HOP, "GS": G, "XT": xt}
+    _launch(cp, defs, "hop", (own, payload, out), count, K, warps=-(-count // _TILE))
 
 
 # ------------------------------------------------------------------ validation
@@ -288,6 +313,13 @@ def _check_payload(cp: Any, payload: Any, nbytes: int, like: Any) -> None:
         raise ValueError(f"payload holds {payload.size} bytes; the payload is {nbytes} bytes")
     if payload.data.device_id != like.data.device_id:
         raise ValueError("payload and data must be on the same device")
+
+
+def _check_disjoint(payload: Any, out: Any) -> None:
+    nbytes = int(out.size)
+    p0, o0 = payload.data.ptr, out.data.ptr
+    if p0 < o0 + nbytes and o0 < p0 + nbytes and nbytes:
+        raise ValueError("payload and out must not overlap")
 
 
 def _taco_nbytes(K: int, G: int, ash: bool, dual_scale: bool) -> int:

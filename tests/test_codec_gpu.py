@@ -464,6 +464,58 @@ def test_int8_unaligned_buffers(dtype):
             assert_values_equal(got_d, want_d, f"decode n={n} offsets {x_off},{p_off}")
 
 
+def cpu_int8_hop(own, p, G):
+    """The three-step int8 ring hop: a float32 copy of own, decode-accumulate p, encode."""
+    acc = own.astype(np.float32)
+    ck.int8_decode(p, acc, group_size=G, accumulate=True)
+    return cpu_int8_encode(acc, G)
+
+
+def gpu_int8_hop(own, p, G, fill=0xA5, x_off=0, p_off=0, o_off=0):
+    od = dev_empty(own.size, own.dtype, 0, x_off)
+    od[...] = to_dev(own)
+    pd = dev_empty(p.size, np.uint8, 0, p_off)
+    pd[...] = to_dev(p)
+    out = dev_empty(p.size, np.uint8, fill, o_off)
+    gk.int8_reduce_encode(od, pd, out, group_size=G)
+    return to_host(out)
+
+
+@needs_cpu
+@pytest.mark.parametrize(
+    "G,dtype",
+    [(G, DTYPES[0]) for G in (32, 64, 128, 256, 512, 1024)] + [(128, dt) for dt in DTYPES[1:]],
+    ids=lambda v: str(v) if isinstance(v, int) else np.dtype(v).name,
+)
+def test_int8_reduce_encode_is_the_three_step_hop(G, dtype):
+    """The fused int8 ring hop gives the payload of decode-accumulate into a float32 copy
+    of own, then encode, bit for bit: special groups on either side, partial last groups
+    (odd counts put the scales at unaligned offsets), poisoned outputs, unaligned buffers."""
+    rng = np.random.default_rng(G + 11)
+    item = np.dtype(dtype).itemsize
+    for n in COUNTS + [4097]:
+        own = make_data(n, dtype, rng, G)
+        received = cpu_int8_encode(make_data(n, dtype, rng, G)[::-1].copy(), G)
+        want = cpu_int8_hop(own, received, G)
+        for fill, offs in ((0xA5, (0, 0, 0)), (0x00, (0, 0, 0)), (0xA5, (item, 1, 3))):
+            got = gpu_int8_hop(own, received, G, fill, *offs)
+            assert_bytes_equal(got, want, f"hop n={n} fill={fill:#x} offsets {offs}")
+
+
+def test_int8_reduce_encode_argument_errors():
+    own = cupy.zeros(256, cupy.float32)
+    p = cupy.zeros(256 + 8, cupy.uint8)
+    with pytest.raises(ValueError, match="overlap"):
+        gk.int8_reduce_encode(own, p, p, group_size=128)
+    with pytest.raises(ValueError):
+        gk.int8_reduce_encode(own, p, cupy.zeros(256 + 7, cupy.uint8), group_size=128)
+    with pytest.raises(ValueError, match="group_size"):
+        gk.int8_reduce_encode(own, cupy.zeros(256 + 12, cupy.uint8), p, group_size=100)
+    with pytest.raises(TypeError):
+        gk.int8_reduce_encode(own.astype(cupy.float64), p, p.copy(), group_size=128)
+    gk.int8_reduce_encode(own[:0], p[:0], p[:0].copy(), group_size=128)  # count 0
+
+
 # ---------------------------------------------------------------- interface checks
 def test_count_zero_is_a_no_op():
     x = cupy.empty(0, cupy.float32)
