@@ -878,6 +878,17 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 }
 #endif
 
+// =============================================================== int8 decode
+#if OP == 4 || OP == 6 || OP == 9
+// Int8 code q as a float32, exactly: (1.5 * 2^23 + q) - 1.5 * 2^23. A value decodes as
+// int8_float(q) * scale (FORMAT.md); the decode kernels (4, 6) and the ring hop (9) all
+// use this, so they decode bitwise alike.
+DEV float int8_float(int q) { return f_sub(as_f(BITS_MAGIC + (u32)q), as_f(BITS_MAGIC)); }
+
+// Code r (0..31) of a lane's 32 codes packed in cw, sign-extended.
+DEV int int8_code(const u32* cw, int r) { return ((int)(cw[r >> 2] << (24 - 8 * (r & 3)))) >> 24; }
+#endif
+
 // ======================================================== fast decode kernel (2, 4)
 #if OP == 2 || OP == 4
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
@@ -954,12 +965,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     taco_dequant_lane(cw, s, alpha, lig, v);
 #else
 #pragma unroll
-    for (int r = 0; r < 32; ++r) {
-      // int8 -> float32 exactly: (1.5 * 2^23 + q) - 1.5 * 2^23
-      const int q = ((int)(cw[r >> 2] << (24 - 8 * (r & 3)))) >> 24;
-      const float fq = f_sub(as_f(BITS_MAGIC + (u32)q), as_f(BITS_MAGIC));
-      v[r] = f_mul(fq, scale);
-    }
+    for (int r = 0; r < 32; ++r) v[r] = f_mul(int8_float(int8_code(cw, r)), scale);
 #endif
     // ---- output
     if (staged) {
@@ -1098,7 +1104,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   for (i64 e = (i64)blockIdx.x * THREADS + threadIdx.x; e < count; e += (i64)gridDim.x * THREADS) {
     const float scale = as_f(ld32(pay + count + 4 * (e / GS), a4));
     const int q = (int)(signed char)pay[e];
-    const float v = f_mul(f_sub(as_f(BITS_MAGIC + (u32)q), as_f(BITS_MAGIC)), scale);
+    const float v = f_mul(int8_float(q), scale);
 #if ACC
     ((float*)dst)[e] = f_add(((float*)dst)[e], v);
 #elif XT == 0
@@ -1217,8 +1223,7 @@ coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __
     u32 m = 0;
 #pragma unroll
     for (int r = 0; r < 32; ++r) {
-      const int q = ((int)(cw[r >> 2] << (24 - 8 * (r & 3)))) >> 24;
-      const float fq = f_sub(as_f(BITS_MAGIC + (u32)q), as_f(BITS_MAGIC));
+      const float fq = int8_float(int8_code(cw, r));
       v[r] = base + r < count ? f_add(elem_f32(w, r), f_mul(fq, scale)) : 0.0f;
       m = max(m, as_u(v[r]) & 0x7fffffffu);
     }
