@@ -9,9 +9,8 @@ limit's are lowered by the Communicator, as in any call.
         --depths 2,4 --chunks 4M,16M --sizes 64M,256M
 
 ``--compressors taco-nohop,int8-nohop`` are the codecs without their fused ring-hop
-kernels; ``--forward
-host,device`` is the A/B of ring AllGather forwards sent from the pinned copy they
-arrived in (host) or copied back from the device.
+kernels; ``--forward host,device`` is the A/B of ring AllGather forwards sent from the
+pinned copy they arrived in (host) or copied back from the device.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ __all__ = [
     "int8_decode",
     "int8_encode",
     "int8_reduce_encode",
+    "ring_hop",
     "taco_decode",
     "taco_encode",
     "taco_reduce_encode",
@@ -212,6 +213,15 @@ def int8_reduce_encode(own: Any, payload: Any, out: Any, *, group_size: int) -> 
         return
     defs = {"OP": _OP_INT8_HOP, "GS": G, "XT": xt}
     _launch(cp, defs, "hop", (own, payload, out), count, K, warps=-(-count // _TILE))
+
+
+def ring_hop(like: Any, dtype: Any, hop: Any, **options: Any) -> Any:
+    """``hop`` (``taco_reduce_encode`` or ``int8_reduce_encode``) with ``options`` bound,
+    for a codec's ``reduce_encode_kernel``: None for host arrays and for element types the
+    kernels do not read (float64 takes the three-step path, whose accumulator is float64)."""
+    if isinstance(like, np.ndarray) or np.dtype(dtype) not in KERNEL_DTYPES:
+        return None
+    return functools.partial(hop, **options)
 
 
 # ------------------------------------------------------------------ validation

@@ -9,7 +9,6 @@ float32 arithmetic). A group holding NaN or ±Inf decodes to NaN as a whole.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -85,11 +84,9 @@ class Int8Compressor(Compressor):
         return int8_layout(count, self.group_size).nbytes
 
     def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:
-        # GPU data of a type the kernels read directly (float64 and host data take the
-        # three-step path)
-        if isinstance(like, np.ndarray) or np.dtype(dtype) not in gpu_kernels.KERNEL_DTYPES:
-            return None
-        return partial(gpu_kernels.int8_reduce_encode, group_size=self.group_size)
+        return gpu_kernels.ring_hop(
+            like, dtype, gpu_kernels.int8_reduce_encode, group_size=self.group_size
+        )
 
     def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
         _dispatch.encode("int8_encode", x, payload, group_size=self.group_size)

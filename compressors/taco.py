@@ -12,7 +12,7 @@ or ±Inf decodes to NaN as a whole.
 from __future__ import annotations
 
 import math
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -149,11 +149,9 @@ class TacoCompressor(Compressor):
         }
 
     def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:
-        # GPU data standing for a type the kernels read directly (float64 goes through
-        # the three-step path, whose accumulator is float64)
-        if isinstance(like, np.ndarray) or np.dtype(dtype) not in gpu_kernels.KERNEL_DTYPES:
-            return None
-        return partial(gpu_kernels.taco_reduce_encode, **self._kernel_options())
+        return gpu_kernels.ring_hop(
+            like, dtype, gpu_kernels.taco_reduce_encode, **self._kernel_options()
+        )
 
     def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
         _dispatch.encode("taco_encode", x, payload, **self._kernel_options())
