@@ -14,7 +14,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -700,6 +700,21 @@ def _refuse(mpi: Any, comm: Any, message: str) -> int:
 
 
 # -------------------------------------------------------------------------- output
+# The settings that change a measurement: coccl's own, and the MPI library's tuning
+# (Open MPI's MCA parameters, MPICH's control variables), e.g. Open MPI's shared-memory
+# single-copy mechanism, which moves staged GPU results by a large factor (bench/NOTES.md).
+_RECORDED_PREFIXES = ("COCCL_", "OMPI_MCA_", "MPIR_CVAR_")
+
+
+def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` a result depends on (the launcher's own excluded)."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(_RECORDED_PREFIXES) and not k.startswith("COCCL_BENCH_")
+    }
+
+
 def _metadata(sweep: Sweep, args: argparse.Namespace, device: dict[str, Any]) -> dict[str, Any]:
     """The JSON record's header (a collective call; only rank 0's is filled in)."""
     from mpi4py import MPI  # noqa: PLC0415
@@ -739,11 +754,7 @@ def _metadata(sweep: Sweep, args: argparse.Namespace, device: dict[str, Any]) ->
         "compressors": {name: coccl.get_compressor(name).get_config() for name in args.compressor},
         "coccl_version": coccl.__version__,
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-        "environment": {
-            k: v
-            for k, v in os.environ.items()
-            if k.startswith("COCCL_") and not k.startswith("COCCL_BENCH_")
-        },
+        "environment": recorded_environment(os.environ),
         "ranks": ranks,
     }
 

@@ -22,6 +22,7 @@ from coccl.bench.collective import (
     REDUCE_SCATTER,
     exact_reduction,
     rank_data,
+    recorded_environment,
     sweep_counts,
     sweep_sizes,
     worst,
@@ -198,6 +199,22 @@ def test_bus_factors(nranks: int) -> None:
     assert ALLREDUCE.bus_factor(n) == pytest.approx(2 * (n - 1) / n)
     assert REDUCE_SCATTER.bus_factor(n) == pytest.approx((n - 1) / n)
     assert ALLGATHER.bus_factor(n) == pytest.approx((n - 1) / n)
+
+
+def test_recorded_environment() -> None:
+    env = {
+        "COCCL_CHUNK_BYTES": "8M",
+        "COCCL_BENCH_COMMAND": "coccl-bench ...",  # the launcher's own: not a setting
+        "OMPI_MCA_btl_vader_single_copy_mechanism": "cma",
+        "MPIR_CVAR_CH3_NOLOCAL": "1",
+        "HOME": "/root",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",  # not a tuning parameter
+    }
+    assert recorded_environment(env) == {
+        "COCCL_CHUNK_BYTES": "8M",
+        "OMPI_MCA_btl_vader_single_copy_mechanism": "cma",
+        "MPIR_CVAR_CH3_NOLOCAL": "1",
+    }
 
 
 def test_sweep_sizes() -> None:
