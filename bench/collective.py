@@ -252,6 +252,7 @@ class Sweep:
     chunk_bytes: int | None
     sync: Callable[[], None]
     overlap_min: int = 0  # measure overlap efficiency from this size on (0: never)
+    overlap_iters: int | None = None  # timed runs of each half (None: from iters, 3-5)
 
     def caller(self, algorithm: str, codec: Any, x: Any, out: Any) -> Callable[[], Any]:
         """A no-argument function that runs the collective once on ``x`` into ``out``."""
@@ -398,7 +399,7 @@ class Sweep:
             algorithm=algorithm,
             compressor=codec,
             chunk_bytes=self.chunk_bytes,
-            iters=max(3, min(self.iters, 5)),
+            iters=self.overlap_iters or max(3, min(self.iters, 5)),
             op=self.op,
         )
         return {k: float(v) for k, v in profile.items()}
@@ -441,6 +442,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--overlap-min", type=parse_size, default=0,
         help="from this size on, also measure each compressed schedule's overlap "
              "efficiency: max(codec-only, transport-only) / pipelined time (default: off)")
+    add("--overlap-iters", type=positive_int, default=None,
+        help="timed runs of each of the three (median taken; default: -n, within 3-5)")
     # fmt: on
 
 
@@ -504,6 +507,7 @@ def run(spec: Spec, args: argparse.Namespace) -> int:
                 args.chunk_bytes,
                 sync,
                 args.overlap_min,
+                args.overlap_iters,
             )
             native_ok = _probe(sweep, variants, codecs)
             _preflight(mpi, args)

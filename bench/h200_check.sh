@@ -4,6 +4,10 @@
 # 4-rank MPI sweep. Logs and JSON land in $OUT. Usage: bash bench/h200_check.sh [parts]
 set -u
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+# Open MPI's shared-memory transport copies a large message in one call on the receiver
+# (Linux CMA) instead of through 32 KiB fragments that both ranks' threads must move; the
+# H200's Open MPI defaults to the fragments. Set it to none to reproduce earlier figures.
+export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-cma}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 parts=${1:-"info codec tests mpitests sweep"}
 JSONDIR=${JSONDIR:-$OUT}
@@ -44,7 +48,7 @@ sweeps)
     step "4-rank MPI sweep on the GPU, $dt, with overlap"
     timeout ${SWEEP_TIMEOUT:-290} python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e 1G -f 4 -n ${SWEEP_ITERS:-4} -w 1 --no-progress \
       --algorithm ring,two_shot --compressor identity,taco,int8 -d $dt --overlap-min 64M \
-      --json "$JSONDIR/mpi4-$dt.json" 2>&1 | tee "$OUT/sweep-$dt.txt" | grep -v "^#  Rank" | tail -24
+      --overlap-iters ${SWEEP_OVERLAP_ITERS:-15} --json "$JSONDIR/mpi4-$dt.json" 2>&1 | tee "$OUT/sweep-$dt.txt" | grep -v "^#  Rank" | tail -24
   done ;;
 chunks)
   for cb in 4M 16M; do

@@ -159,6 +159,7 @@ def test_subcommands_registered() -> None:
         ["allreduce", "-b", "1M", "-e", "1K"],
         ["allreduce", "-b", "0"],
         ["allreduce", "--np", "0"],
+        ["allreduce", "--overlap-iters", "0"],
         ["allreduce", "--device", "tpu"],
         ["nonsense"],
     ],
@@ -450,6 +451,23 @@ def test_allreduce_end_to_end(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert any("out-of-place" in line for line in lines)
     assert sum(not line.startswith("#") for line in lines) == 14  # rank 0 prints, once
+
+
+@pytest.mark.mpi
+def test_overlap_measured_from_overlap_min(tmp_path: Path) -> None:
+    args = "allreduce --np 2 -b 16K -e 64K -f 4 -n 2 -w 1 --algorithm ring,two_shot"
+    args += " --compressor identity,int8 --overlap-min 64K --overlap-iters 2 --json o.json"
+    proc = run_bench(args.split(), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((tmp_path / "o.json").read_text())["rows"]
+    for row in rows:
+        measured = row["size"] >= 65536 and row["compressor"] == "int8"
+        assert (row["overlap_efficiency"] is not None) == measured, row
+        if measured:
+            times = row["overlap_times_us"]
+            assert set(times) == {"pipelined", "codec_only", "transport_only"}
+            longest = max(times["codec_only"], times["transport_only"])
+            assert row["overlap_efficiency"] == pytest.approx(longest / times["pipelined"], 1e-3)
 
 
 @pytest.mark.mpi
