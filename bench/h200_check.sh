@@ -6,8 +6,9 @@ set -u
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 # Open MPI's shared-memory transport copies a large message in one call on the receiver
 # (Linux CMA) instead of through 32 KiB fragments that both ranks' threads must move; the
-# H200's Open MPI defaults to the fragments. Set it to none to reproduce earlier figures.
-export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-cma}
+# H200 machine's environment sets the fragments (none). H200_SINGLE_COPY=none reproduces
+# the figures measured before session 7.
+export OMPI_MCA_btl_vader_single_copy_mechanism=${H200_SINGLE_COPY:-cma}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 parts=${1:-"info codec tests mpitests sweep"}
 JSONDIR=${JSONDIR:-$OUT}
