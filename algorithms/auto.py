@@ -12,8 +12,10 @@ None where compression never paid in the measurements (auto then stays native):
   256 MiB, float32; 10.7x-14.4x bfloat16) and lost at 4 MiB and below.
   ``bash bench/h200_check.sh "sweeps latency"`` -> h200-mpi-4ranks-latency.json (commit
   596055b) and the sweeps; the later sweeps agree (h200-mpi-4ranks-be9f1ab.json: two_shot
-  taco 4.7x native at 16 MiB, 9.6x at 256 MiB; h200-mpi-4ranks.json, 6b65a2e: 7.2x and
-  12.6x, and at 4 MiB 0.24x float32, 1.2x bfloat16, a single 4-call sample).
+  taco 4.7x native at 16 MiB, 9.6x at 256 MiB; h200-mpi-4ranks-6b65a2e.json: 7.2x and
+  12.6x, and at 4 MiB 0.24x float32, 1.2x bfloat16, a single 4-call sample; with Open
+  MPI's single-copy shared memory, h200-mpi-4ranks.json at 0258862: 1.9x and 10.0x
+  float32, 4.2x and 14.4x bfloat16, and at 4 MiB 0.32x and 0.74x).
 * ``("mpi", "cpu")``: 2-core CPU ranks over shared memory. The numba codecs move fewer
   bytes per second than the memory copies they save, so compression lost at every size
   up to 32 MiB: ``coccl-bench allreduce --np 4 -b 8 -e 64M -f 4 --algorithm
