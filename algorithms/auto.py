@@ -13,9 +13,11 @@ None where compression never paid in the measurements (auto then stays native):
   ``bash bench/h200_check.sh "sweeps latency"`` -> h200-mpi-4ranks-latency.json (commit
   596055b) and the sweeps; the later sweeps agree (h200-mpi-4ranks-be9f1ab.json: two_shot
   taco 4.7x native at 16 MiB, 9.6x at 256 MiB; h200-mpi-4ranks-6b65a2e.json: 7.2x and
-  12.6x, and at 4 MiB 0.24x float32, 1.2x bfloat16, a single 4-call sample; with Open
-  MPI's single-copy shared memory, h200-mpi-4ranks.json at 0258862: 1.9x and 10.0x
-  float32, 4.2x and 14.4x bfloat16, and at 4 MiB 0.32x and 0.74x).
+  12.6x, and at 4 MiB 0.24x float32, 1.2x bfloat16, a single 4-call sample). With Open
+  MPI's single-copy shared memory and the check after the timing (h200-mpi-4ranks.json,
+  float32 at 134f75e) two_shot taco ran 8.9x native at 16 MiB, 10.2x at 256 MiB, and at
+  4 MiB 1.4x, where uncompressed two-shot ran 1.5x: the table was not re-derived from it
+  (bfloat16 at 4 MiB read 0.74x at 0258862, before the bench's reorder).
 * ``("mpi", "cpu")``: 2-core CPU ranks over shared memory. The numba codecs move fewer
   bytes per second than the memory copies they save, so compression lost at every size
   up to 32 MiB: ``coccl-bench allreduce --np 4 -b 8 -e 64M -f 4 --algorithm
