@@ -712,14 +712,23 @@ def _refuse(mpi: Any, comm: Any, message: str) -> int:
 # (Open MPI's MCA parameters, MPICH's control variables), e.g. Open MPI's shared-memory
 # single-copy mechanism, which moves staged GPU results by a large factor (bench/NOTES.md).
 _RECORDED_PREFIXES = ("COCCL_", "OMPI_MCA_", "MPIR_CVAR_")
+# Set by the launchers for their ranks (coccl-bench's own; Open MPI's mpiexec: its daemon's
+# address, session directories, job ids), not settings that change a result.
+_LAUNCHER_PREFIXES = (
+    "COCCL_BENCH_",
+    "OMPI_MCA_orte_",
+    "OMPI_MCA_ess",
+    "OMPI_MCA_initial_wdir",
+    "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
+)
 
 
 def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` a result depends on (the launcher's own excluded)."""
+    """The variables of ``env`` a result depends on (the launchers' own excluded)."""
     return {
         k: v
         for k, v in env.items()
-        if k.startswith(_RECORDED_PREFIXES) and not k.startswith("COCCL_BENCH_")
+        if k.startswith(_RECORDED_PREFIXES) and not k.startswith(_LAUNCHER_PREFIXES)
     }
 
 

@@ -210,6 +210,10 @@ def test_recorded_environment() -> None:
         "MPIR_CVAR_CH3_NOLOCAL": "1",
         "HOME": "/root",
         "OMPI_ALLOW_RUN_AS_ROOT": "1",  # not a tuning parameter
+        # set by Open MPI's mpiexec for its ranks
+        "OMPI_MCA_orte_hnp_uri": "1747451904.0;tcp://192.0.2.2:39095",
+        "OMPI_MCA_ess_base_vpid": "0",
+        "OMPI_MCA_initial_wdir": "/work",
     }
     assert recorded_environment(env) == {
         "COCCL_CHUNK_BYTES": "8M",
