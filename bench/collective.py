@@ -274,7 +274,7 @@ class Sweep:
         """A first call, the warm-up, timed out-of-place and in-place calls, then the check
         of the outputs the last timed calls left (as nccl-tests: the check's host work
         comes after the timing, so no timed call follows it; on the H200 the calls right
-        after it ran up to twice as slow, bench/NOTES.md)."""
+        after it ran up to 2.5x as slow, bench/NOTES.md)."""
         from mpi4py import MPI  # noqa: PLC0415
 
         oop = self.caller(algorithm, codec, bufs.x, bufs.out)
@@ -719,6 +719,7 @@ _LAUNCHER_PREFIXES = (
     "OMPI_MCA_orte_",
     "OMPI_MCA_ess",
     "OMPI_MCA_initial_wdir",
+    "OMPI_MCA_pmix",
     "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
 )
 
