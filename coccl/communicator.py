@@ -148,9 +148,19 @@ class Communicator:
             return
         self._closed = True
         self._finalizer.detach()
+        if self._broken is not None and self._nccl is not None:
+            self._nccl.abort()  # first: a graph's memory is freed once its work has ended
         for plan in self._plans.clear():
             _release_graph(plan)
         self._resources.release(abort=self._broken is not None)
+
+    def abort(self) -> None:
+        """Free the communicator without waiting for its peers (``ncclCommAbort``): after
+        a failure, or when a peer is known to be gone. The communicator is then closed."""
+        if self._closed:
+            return
+        self._broken = self._broken or "aborted"
+        self.close()
 
     def barrier(self) -> None:
         """Block until every rank has called ``barrier`` (at most COCCL_TIMEOUT_S)."""
@@ -505,7 +515,7 @@ class Communicator:
         if choice.algorithm == "native":
             plan.graph_reason = "the transport's own collective: one launch already"
             return plan
-        graphs = route == "nccl" and env.graphs and n > 1
+        graphs = route == "nccl" and env.graphs
         chunk = chunk_bytes
         if chunk is None:
             chunk = default_chunk_bytes(
@@ -546,7 +556,7 @@ class Communicator:
             )  # fmt: skip
             plan.graph_bytes = buffers + window
         elif route == "nccl":
-            plan.graph_reason = "COCCL_GRAPHS=0" if n > 1 else "one rank"
+            plan.graph_reason = "COCCL_GRAPHS=0"
         else:
             plan.graph_reason = f"{route} data travels over MPI (the host drives each message)"
         return plan
