@@ -328,13 +328,28 @@ def _torch_stream_ptr(device: int) -> int:
 _EXTERNAL: dict[int, Any] = {}
 
 
+class _ForeignStream:
+    """A raw ``cudaStream_t`` seen through the CUDA stream protocol (``__cuda_stream__``)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
 def external_stream(ptr: int) -> Any:
     """A CuPy object for a stream some other framework owns (one per pointer)."""
     stream = _EXTERNAL.get(ptr)
     if stream is None:
         import cupy as cp  # noqa: PLC0415
 
-        stream = _EXTERNAL[ptr] = cp.cuda.ExternalStream(ptr)
+        from_external = getattr(cp.cuda.Stream, "from_external", None)  # CuPy >= 14
+        if from_external is not None:
+            stream = from_external(_ForeignStream(ptr))
+        else:
+            stream = cp.cuda.ExternalStream(ptr)
+        _EXTERNAL[ptr] = stream
     return stream
 
 
@@ -347,12 +362,12 @@ def data_ptr(x: Any) -> int:
 
 def is_contiguous(x: Any) -> bool:
     """Whether a caller's array is C-contiguous (read from its attributes)."""
-    flags = getattr(x, "flags", None)
-    if flags is not None:
-        return bool(flags.c_contiguous)
     if _module_of(x) == "torch":
         return bool(x.is_contiguous())
-    return as_flat(x).data.flags.c_contiguous  # numba: through its CuPy view
+    flags = getattr(x, "flags", None)
+    if isinstance(flags, dict):  # numba's device arrays
+        return bool(flags["C_CONTIGUOUS"])
+    return bool(flags.c_contiguous)
 
 
 def new_like(x: Any, shape: tuple[int, ...]) -> Any:

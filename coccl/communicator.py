@@ -535,7 +535,6 @@ class Communicator:
                 count=count,
                 algorithm=choice.algorithm,
                 collective=collective,
-                graphs=graphs,
             )
         plan.chunk_bytes = int(chunk)
         plan.chunk_elems = chunk_elems(int(chunk), dtype.itemsize, choice.codec.alignment)

@@ -1,7 +1,7 @@
 """How a collective is cut into chunks and how many chunk rounds run at once.
 
 Every rule that sizes a pipeline lives here: the default chunk of each route (host data,
-device data staged over MPI, device data over NCCL, with and without CUDA graphs), the
+device data staged over MPI, device data over NCCL), the
 bound on the pool memory a window of rounds holds, and the depth that keeps that bound
 under ``COCCL_STAGING_LIMIT_BYTES``. Every rank applies the same rules to the same
 arguments and settings (``coccl.init`` checks that the settings agree), so every rank cuts
@@ -29,10 +29,6 @@ STAGED_LARGE_CHUNK_ELEMS = 4 << 20
 # Largest default chunk over NCCL, in elements (the accumulators are float32 whatever the
 # input, so the bound is counted in elements).
 NCCL_MAX_CHUNK_ELEMS = 16 << 20
-# A replayed (CUDA graph) schedule costs the host nothing per round, so it can cut each
-# shard into several chunks to overlap the codec with the wire, down to this size.
-GRAPH_CHUNKS_PER_SHARD = 4
-GRAPH_MIN_CHUNK_ELEMS = 2 << 20
 
 ROUTES = ("host", "staged", "device", "nccl")
 
@@ -95,24 +91,19 @@ def nccl_chunk_bytes(
     collective: str,
     limit: int,
     floor: int,
-    shard: int | None = None,
 ) -> int:
     """The default chunk of a collective over NCCL: NCCL_MAX_CHUNK_ELEMS elements, halved
     until a window of two rounds fits ``limit`` (so one round stays in flight while the
     next is enqueued), never below ``floor`` bytes (COCCL_CHUNK_BYTES).
 
-    Run from the host, every round costs ~100-150 us of Python (launches, events, an NCCL
-    group), longer than its transfer over NVLink, so fewer rounds are faster. Replayed as
-    a CUDA graph (``shard`` given: the elements of the largest shard), rounds cost the host
-    nothing, and the chunk also shrinks towards GRAPH_CHUNKS_PER_SHARD chunks per shard
-    (not below GRAPH_MIN_CHUNK_ELEMS), so that the codec of one chunk overlaps the
-    transfer of the previous one."""
+    Few, large chunks are fastest whether the schedule runs from the host (every round
+    costs ~100-150 us of Python) or from a CUDA graph: NCCL's point-to-point messages
+    reach their bandwidth only at several MiB, and the codec kernels run ~15x faster
+    than NVLink moves bytes (150x faster than a PCIe-class link), so cutting a shard to
+    overlap the codec with the wire gains less than the smaller messages lose
+    (bench/NOTES.md)."""
     itemsize = np.dtype(dtype).itemsize
     elems = NCCL_MAX_CHUNK_ELEMS
-    if shard is not None:
-        target = max(GRAPH_MIN_CHUNK_ELEMS, -(-shard // GRAPH_CHUNKS_PER_SHARD))
-        while elems // 2 >= target:
-            elems //= 2
     while elems * itemsize > floor and (
         window_bytes(n, codec, dtype, elems, algorithm, collective, False, 2) > limit
     ):
@@ -172,7 +163,6 @@ def default_chunk_bytes(
     count: int,
     algorithm: str,
     collective: str,
-    graphs: bool,
 ) -> int:
     """The chunk of a call that gives none, by route (see ``ROUTES``):
 
@@ -181,7 +171,7 @@ def default_chunk_bytes(
       chunk: chunks could only run one after the other on the polling thread, so
       pipelining would add per-chunk cost and overlap nothing (bench/NOTES.md);
     * ``staged``: ``staged_chunk_bytes``; ``device`` (CUDA-aware MPI): COCCL_CHUNK_BYTES;
-    * ``nccl``: ``nccl_chunk_bytes`` (``graphs``: cut for a replayed schedule).
+    * ``nccl``: ``nccl_chunk_bytes``, whether or not the schedule is replayed.
 
     ``count`` is the call's element count (AllGather: each rank's input).
     """
@@ -194,8 +184,5 @@ def default_chunk_bytes(
     if route == "staged" and not chunk_set:
         return staged_chunk_bytes(shard, itemsize, not codec.lossless)
     if route == "nccl" and not chunk_set:
-        return nccl_chunk_bytes(
-            n, codec, dtype, algorithm, collective, limit, settings_chunk,
-            shard if graphs else None,
-        )  # fmt: skip
+        return nccl_chunk_bytes(n, codec, dtype, algorithm, collective, limit, settings_chunk)
     return settings_chunk

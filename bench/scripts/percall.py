@@ -74,11 +74,12 @@ def main() -> None:
     args = parse()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
     addr = world.bcast(socket.gethostname() if rank == 0 else None)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1" if addr == socket.gethostname() else addr)
     os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl", rank=rank, world_size=size, device_id=torch.device("cuda"))
+    dist.init_process_group("nccl", rank=rank, world_size=size, device_id=device)
     comm = coccl.init(world, backend="nccl")
     import cupy as cp
     from cupy.cuda import nccl

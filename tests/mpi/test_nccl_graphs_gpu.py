@@ -71,6 +71,8 @@ def test_replay_equals_eager_bitwise(graphed, eager, collective, algorithm, code
 
 def test_gather_phase_by_allgather_equals_p2p(eager):
     """Two-shot's AllGather phase through ncclAllGather gives bitwise the p2p result."""
+    if eager.size == 1:
+        pytest.skip("one rank has no AllGather phase")
     with communicator("nccl", COCCL_NCCL_GATHER="allgather") as c:
         for count in (5, 70001, 1 << 20):
             x = cp.asarray(rank_data(case_seed("gather", count), c.rank, count, BF16))
