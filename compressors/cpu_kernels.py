@@ -35,8 +35,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import fp8
-from .int8 import int8_layout
-from .taco import taco_layout
+from .layout import int8_layout, taco_layout
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError(

@@ -22,6 +22,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .layout import GROUP_SIZES, int8_layout, num_groups, taco_nbytes
+
 __all__ = [
     "int8_decode",
     "int8_encode",
@@ -37,7 +39,6 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2}
 KERNEL_DTYPES = frozenset(_XT)  # the element types the kernels read and write
 _FMT = {"e4m3": 0, "e5m2": 1}
-_TACO_GROUPS = (32, 64, 128, 256, 512)
 _INT8_FAST_GROUPS = (32, 64, 128, 256, 512, 1024)
 _TILE = 1024  # elements one warp handles per step in the fast kernels
 
@@ -163,8 +164,9 @@ def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
     G = _int8_group(group_size)
     xt = _element_type(cp, x, "x")
     count = int(x.size)
-    K = -(-count // G)
-    _check_payload(cp, payload, count + 4 * K, x)
+    layout = int8_layout(count, G)
+    K = layout.groups
+    _check_payload(cp, payload, layout.nbytes, x)
     if count == 0:
         return
     if G in _INT8_FAST_GROUPS:
@@ -184,8 +186,9 @@ def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) ->
     xt = _element_type(cp, out, "out")
     _check_accumulate(out, accumulate)
     count = int(out.size)
-    K = -(-count // G)
-    _check_payload(cp, payload, count + 4 * K, out)
+    layout = int8_layout(count, G)
+    K = layout.groups
+    _check_payload(cp, payload, layout.nbytes, out)
     if count == 0:
         return
     op = _OP_INT8_DEC if G in _INT8_FAST_GROUPS else _OP_INT8_DEC_ANY
@@ -205,9 +208,10 @@ def int8_reduce_encode(own: Any, payload: Any, out: Any, *, group_size: int) -> 
         raise ValueError(f"the int8 ring hop takes group_size in {_INT8_FAST_GROUPS}, got {G}")
     xt = _element_type(cp, own, "own")
     count = int(own.size)
-    K = -(-count // G)
+    layout = int8_layout(count, G)
+    K = layout.groups
     for p in (payload, out):
-        _check_payload(cp, p, count + 4 * K, own)
+        _check_payload(cp, p, layout.nbytes, own)
     _check_disjoint(payload, out)
     if count == 0:
         return
@@ -243,8 +247,8 @@ def _taco_variant(
     fmt = _fp8_format(fp8_format)
     xt = _element_type(cp, data, name)
     count = int(data.size)
-    K = -(-count // G)
-    nbytes = _taco_nbytes(K, G, ash, dual_scale)
+    K = num_groups(count, G)
+    nbytes = taco_nbytes(count, G, bool(ash), bool(dual_scale))
     for payload in payloads:
         _check_payload(cp, payload, nbytes, data)
     defs = {
@@ -272,8 +276,8 @@ def _cupy() -> Any:
 
 def _taco_group(group_size: Any) -> int:
     G = _as_int(group_size, "group_size")
-    if G not in _TACO_GROUPS:
-        raise ValueError(f"taco group_size must be one of {_TACO_GROUPS}, got {group_size!r}")
+    if G not in GROUP_SIZES:
+        raise ValueError(f"taco group_size must be one of {GROUP_SIZES}, got {group_size!r}")
     return G
 
 
@@ -330,10 +334,6 @@ def _check_disjoint(payload: Any, out: Any) -> None:
     p0, o0 = payload.data.ptr, out.data.ptr
     if p0 < o0 + nbytes and o0 < p0 + nbytes and nbytes:
         raise ValueError("payload and out must not overlap")
-
-
-def _taco_nbytes(K: int, G: int, ash: bool, dual_scale: bool) -> int:
-    return K * G + 4 * K * (int(bool(ash)) + int(bool(dual_scale)))
 
 
 @functools.cache

@@ -9,37 +9,13 @@ float32 arithmetic). A group holding NaN or ±Inf decodes to NaN as a whole.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from . import _dispatch, gpu_kernels
 from .base import Compressor, register_compressor
-
-GROUP_SIZES = (32, 64, 128, 256, 512)
-
-
-class Int8Layout(NamedTuple):
-    """Where the parts of an int8 payload lie (byte offsets)."""
-
-    groups: int  # K = ceil(count / G)
-    scale_offset: int  # the K float32 scales start here (= count; not 4-aligned in general)
-    nbytes: int  # the whole payload
-
-
-def int8_layout(count: int, group_size: int) -> Int8Layout:
-    """The layout of the int8 payload of ``count`` elements in groups of ``group_size``."""
-    groups = -(-int(count) // int(group_size))
-    return Int8Layout(groups, int(count), int(count) + 4 * groups)
-
-
-def check_group_size(group_size: Any) -> int:
-    """Validate a ``group_size`` option: an int power of two in 32..512."""
-    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
-        raise TypeError(f"group_size must be an int, got {group_size!r}")
-    if int(group_size) not in GROUP_SIZES:
-        raise ValueError(f"group_size must be a power of two in 32..512, got {group_size!r}")
-    return int(group_size)
+from .layout import check_group_size, int8_layout
 
 
 @register_compressor

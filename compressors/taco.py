@@ -12,48 +12,13 @@ or ±Inf decodes to NaN as a whole.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from . import _dispatch, fp8, gpu_kernels
 from .base import Compressor, register_compressor
-from .int8 import check_group_size
-
-
-class TacoLayout(NamedTuple):
-    """Where the parts of a taco payload lie (byte offsets; None for an absent part)."""
-
-    groups: int  # K = ceil(count / G)
-    scale_offset: int | None  # K float32 s, when dual_scale
-    alpha_offset: int | None  # K float32 alpha, when ash
-    nbytes: int  # the whole payload
-
-
-def taco_layout(
-    count: int, group_size: int, *, ash: bool = True, dual_scale: bool = True
-) -> TacoLayout:
-    """The layout of the taco payload of ``count`` elements.
-
-    The ``K * G`` FP8 codes come first (the last group whole, padding included: after the
-    rotation its padded positions hold coefficients that decoding needs), then the scales
-    ``s`` if ``dual_scale``, then the ``alpha`` if ``ash``.
-    """
-    groups = -(-int(count) // int(group_size))
-    offset = groups * int(group_size)
-    scale_offset = alpha_offset = None
-    if dual_scale:
-        scale_offset, offset = offset, offset + 4 * groups
-    if ash:
-        alpha_offset, offset = offset, offset + 4 * groups
-    return TacoLayout(groups, scale_offset, alpha_offset, offset)
-
-
-@lru_cache(maxsize=256)
-def _nbytes(count: int, group_size: int, ash: bool, dual_scale: bool) -> int:
-    # asked for every pooled payload of every chunk: the same few counts, call after call
-    return taco_layout(count, group_size, ash=ash, dual_scale=dual_scale).nbytes
+from .layout import check_group_size, taco_nbytes
 
 
 def _check_bool(name: str, value: Any) -> bool:
@@ -138,7 +103,7 @@ class TacoCompressor(Compressor):
         return _TYPICAL[(self.fp8_format, self.ash, self.dual_scale)]
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
-        return _nbytes(int(count), self.group_size, self.ash, self.dual_scale)
+        return taco_nbytes(int(count), self.group_size, self.ash, self.dual_scale)
 
     def _kernel_options(self) -> dict[str, Any]:
         return {

@@ -6,8 +6,8 @@ The kernels compute in float32 with FORMAT.md's operation order, so the two agre
 float32 rounding: scales within a few float32 ulps, FP8 codes equal except, rarely, one
 code step apart where a value lies within float32 rounding of a rounding boundary.
 
-Also here: payload parsers (from FORMAT.md's layouts, independent of the codecs' own
-layout functions) and small helpers shared by the codec tests.
+Also here: payload parsers (byte offsets from compressors/layout.py, whose formulas
+test_codec_layout.py checks) and small helpers shared by the codec tests.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from functools import cache
 
 import ml_dtypes
 import numpy as np
+
+from coccl.compressors.layout import int8_layout, taco_layout
 
 FP8_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 QMAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -131,19 +133,22 @@ def split_taco_payload(
     payload: np.ndarray, count: int, group_size: int, ash: bool, dual_scale: bool
 ) -> TacoParts:
     """Parse ``[K*G codes][K f32 s if dual_scale][K f32 alpha if ash]`` (FORMAT.md)."""
-    k = -(-count // group_size)
-    nbytes = k * group_size + 4 * k * (int(ash) + int(dual_scale))
-    assert payload.size == nbytes, (payload.size, nbytes)
+    layout = taco_layout(count, group_size, ash=ash, dual_scale=dual_scale)
+    k = layout.groups
+    assert payload.size == layout.nbytes, (payload.size, layout.nbytes)
     codes = payload[: k * group_size].reshape(k, group_size).copy()
-    offset = k * group_size
     s = np.ones(k)
     alpha = np.ones(k)
-    if dual_scale:
-        s = payload[offset : offset + 4 * k].copy().view("<f4").astype(np.float64)
-        offset += 4 * k
-    if ash:
-        alpha = payload[offset : offset + 4 * k].copy().view("<f4").astype(np.float64)
+    if layout.scale_offset is not None:
+        s = _f32_at(payload, layout.scale_offset, k)
+    if layout.alpha_offset is not None:
+        alpha = _f32_at(payload, layout.alpha_offset, k)
     return TacoParts(codes, s, alpha)
+
+
+def _f32_at(payload: np.ndarray, offset: int, n: int) -> np.ndarray:
+    """``n`` little-endian float32 at byte ``offset``, as float64."""
+    return payload[offset : offset + 4 * n].copy().view("<f4").astype(np.float64)
 
 
 # ---------------------------------------------------------------------------- int8
@@ -177,10 +182,10 @@ def int8_decode_ref(parts: Int8Parts, count: int, group_size: int) -> np.ndarray
 
 def split_int8_payload(payload: np.ndarray, count: int, group_size: int) -> Int8Parts:
     """Parse ``[count int8 q][K float32 scale]`` (FORMAT.md)."""
-    k = -(-count // group_size)
-    assert payload.size == count + 4 * k, (payload.size, count + 4 * k)
+    layout = int8_layout(count, group_size)
+    assert payload.size == layout.nbytes, (payload.size, layout.nbytes)
     q = payload[:count].copy().view(np.int8)
-    scale = payload[count:].copy().view("<f4").astype(np.float64)
+    scale = _f32_at(payload, layout.scale_offset, layout.groups)
     return Int8Parts(q, scale)
 
 

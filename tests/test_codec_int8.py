@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from coccl.compressors import Int8Compressor
-from coccl.compressors.int8 import int8_layout
+from coccl.compressors.layout import int8_layout
 
 from codec_reference import (
     grouped_gaussian,

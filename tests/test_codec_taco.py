@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from coccl.compressors import TacoCompressor, get_compressor
-from coccl.compressors.taco import taco_layout
+from coccl.compressors.layout import taco_layout
 
 from codec_reference import (
     QMAX,
