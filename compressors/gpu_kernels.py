@@ -8,14 +8,20 @@ format, switches) is compiled on first use by NVRTC through ``cupy.RawModule`` w
 ``-D`` defines, cached per device in this process and on disk by CuPy. Kernels run on
 CuPy's current stream of the arrays' device.
 
+:func:`set_tuning`, the context manager :func:`tuning` and :func:`get_tuning` change how
+the kernels are compiled and launched (never what they compute), for benchmarks and tests;
+:func:`last_kernel_attributes` reports the registers and memory of the last kernel.
+
 Importing this module touches neither CuPy nor the GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +31,17 @@ import numpy as np
 from .layout import GROUP_SIZES, int8_layout, num_groups, taco_nbytes
 
 __all__ = [
+    "get_tuning",
     "int8_decode",
     "int8_encode",
     "int8_reduce_encode",
+    "last_kernel_attributes",
     "ring_hop",
+    "set_tuning",
     "taco_decode",
     "taco_encode",
     "taco_reduce_encode",
+    "tuning",
 ]
 
 _SOURCE_PATH = Path(__file__).with_name("codec_kernels.cu")
@@ -48,16 +58,9 @@ _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 _OP_TACO_HOP = 8  # taco ring hop: encode(own + decode(payload)) in one kernel
 _OP_INT8_HOP = 9  # the same for int8
 
-# Launch tuning, per kernel kind (encode, decode, accumulate = decode-accumulate, hop = the
-# fused ring hop).
-# ``resident``: threads per SM that the register budget is sized for (``__launch_bounds__``
-# min blocks = resident // threads): 1024 keeps encode and plain decode at 64 registers
-# without spills, 512 gives decode-accumulate its ~120 registers. ``stage``: 1 stages
-# global accesses through shared memory so that they are fully coalesced, 0 lets each
-# lane access its own 32 elements directly. ``prefetch`` (encode only): load the next tile
-# while computing this one. ``encode_epl``: taco encode holds this many elements per lane
-# (at most G; 0: the 32-per-lane kernel), launched with ``epl_threads`` per block and
-# ``epl_resident`` per SM. bench/NOTES.md records the measurements behind the defaults.
+# Launch tuning (set_tuning documents the keys; bench/NOTES.md records the measurements
+# behind these defaults). ``resident``: 1024 keeps encode and plain decode at 64 registers
+# without spills, 512 gives decode-accumulate its ~120 registers.
 _TUNING: dict[str, Any] = {
     "threads": 256,
     "stage": {"encode": 0, "decode": 1, "accumulate": 1, "hop": 0},
@@ -433,28 +436,119 @@ def _launch_here(
     _last_kernel[0] = kern
 
 
-# ------------------------------------------------------------- benchmarks' hooks
-def _set_tuning(**changes: Any) -> dict[str, Any]:
-    """Change the launch tuning (threads, stage, resident, blocks_per_sm, sw_cvt: use the
-    software FP8/bf16/f16 conversions instead of the hardware ones, raw_check: taco encode
-    checks every group's elements for NaN/Inf, not only those of a non-finite energy,
-    encode_epl, epl_threads, epl_resident: see _TUNING); returns the
-    previous values so that a benchmark can restore them."""
-    unknown = set(changes) - set(_TUNING)
-    if unknown:
-        raise ValueError(f"unknown tuning keys {sorted(unknown)}")
-    old = {k: _TUNING[k] for k in changes}
-    for key in ("stage", "prefetch"):  # a single value applies to every kernel kind
-        if key in changes and not isinstance(changes[key], dict):
-            changes[key] = {kind: int(changes[key]) for kind in _KINDS}
-    if "threads" in changes and (changes["threads"] % 32 or not 32 <= changes["threads"] <= 1024):
-        raise ValueError("threads must be a multiple of 32 in 32..1024")
-    _TUNING.update(changes)
+# ------------------------------------------------------------------- tuning hooks
+_PER_KIND = ("stage", "prefetch", "resident")  # keys holding one value per kernel kind
+_FLAGS = ("stage", "prefetch", "sw_cvt", "raw_check")  # 0/1 switches
+
+
+def get_tuning() -> dict[str, Any]:
+    """The launch tuning in effect now (a copy; see :func:`set_tuning` for the keys)."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in _TUNING.items()}
+
+
+def set_tuning(**changes: Any) -> dict[str, Any]:
+    """Change how the kernels are compiled and launched; returns the previous values.
+
+    For benchmarks and tests: the tuning is process-wide, so change it while no other
+    thread launches codec kernels. Results never depend on it (every variant is bitwise
+    the same codec); speed does. Kernels are recompiled for a new setting on first use.
+
+    Keys (defaults in ``get_tuning()``; bench/NOTES.md has the measurements behind them):
+        threads: threads per block of the 32-elements-per-lane kernels (a multiple of 32
+            in 32..1024).
+        stage: 1 stages global accesses through shared memory (fully coalesced), 0 lets
+            each lane access its own 32 elements; per kernel kind.
+        prefetch: 1 loads the next tile while computing this one (encode); per kind.
+        resident: threads per SM the register budget is sized for
+            (``__launch_bounds__`` min blocks = resident // threads); per kind.
+        blocks_per_sm: the grid is at most this many blocks per SM.
+        sw_cvt: 1 uses the software FP8/bfloat16/float16 conversions even where the GPU
+            has instructions for them.
+        raw_check: 1 makes taco encode look for NaN/Inf in every group, not only in groups
+            whose energy is not finite (the same result).
+        encode_epl: elements per lane of the taco encode kernel (32, 64 or 128, at most
+            G); 0 selects the 32-elements-per-lane kernel.
+        epl_threads, epl_resident: threads per block and resident threads per SM of that
+            kernel.
+
+    The per-kind keys (kinds: encode, decode, accumulate = decode-accumulate, hop = the
+    fused ring hop) take one value for every kind, or a dict that changes only the kinds
+    it names.
+
+    Args:
+        **changes: the keys to change, with their new values.
+
+    Returns:
+        The previous values of the changed keys (whole per-kind dicts), so that
+        ``set_tuning(**previous)`` restores them.
+
+    Raises:
+        ValueError: an unknown key or kind, or a value out of range; nothing is changed.
+    """
+    new = {key: _checked_tuning(key, value) for key, value in changes.items()}
+    previous = {key: get_tuning()[key] for key in new}
+    for key, value in new.items():
+        if key in _PER_KIND:
+            _TUNING[key] = {**_TUNING[key], **value}
+        else:
+            _TUNING[key] = value
     _launches.clear()
-    return old
+    return previous
 
 
-def _last_kernel_attributes() -> dict[str, Any]:
-    """Registers, local memory and shared memory of the last kernel launched."""
+@contextlib.contextmanager
+def tuning(**changes: Any) -> Iterator[dict[str, Any]]:
+    """``set_tuning(**changes)`` for the duration of a ``with`` block, then restored.
+
+    Example::
+
+        with gpu_kernels.tuning(encode_epl=0, stage={"encode": 1}):
+            codec.encode(x)  # the 32-elements-per-lane encode kernel, staged
+
+    Yields:
+        The tuning in effect inside the block (a copy).
+    """
+    previous = set_tuning(**changes)
+    try:
+        yield get_tuning()
+    finally:
+        set_tuning(**previous)
+
+
+def last_kernel_attributes() -> dict[str, Any]:
+    """Registers, local (spill) memory, shared memory and the like of the kernel this
+    process launched last (CuPy's ``Function.attributes``); empty before the first."""
     kern = _last_kernel[0]
     return {} if kern is None else dict(kern.attributes)
+
+
+def _checked_tuning(key: str, value: Any) -> Any:
+    if key not in _TUNING:
+        raise ValueError(f"unknown tuning key {key!r}; known: {', '.join(sorted(_TUNING))}")
+    if key in _PER_KIND:
+        if not isinstance(value, dict):
+            return {kind: _checked_value(key, value) for kind in _KINDS}
+        unknown = set(value) - set(_KINDS)
+        if unknown:
+            raise ValueError(f"tuning {key!r}: unknown kernel kinds {sorted(unknown)}")
+        return {kind: _checked_value(key, v) for kind, v in value.items()}
+    return _checked_value(key, value)
+
+
+def _checked_value(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, (int, np.integer)):
+        raise ValueError(f"tuning {key!r} takes an int, got {value!r}")
+    v = int(value)
+    if key in _FLAGS:
+        ok = v in (0, 1)
+    elif key in ("threads", "epl_threads"):
+        ok = v % 32 == 0 and 32 <= v <= 1024
+    elif key == "encode_epl":
+        ok = v in (0, 32, 64, 128)
+    else:  # resident, epl_resident, blocks_per_sm
+        ok = v >= 1
+    if not ok:
+        raise ValueError(f"tuning {key!r}: {value!r} is out of range")
+    return v

@@ -271,8 +271,7 @@ def test_taco_encode_kernels_agree(epl, G, dtype):
     """Both encode kernels (32 elements per lane, and up to a whole group per lane) and
     every lane split give the CPU's payload, aligned or not, with or without ash."""
     rng = np.random.default_rng(epl + G)
-    old = gk._set_tuning(encode_epl=epl)
-    try:
+    with gk.tuning(encode_epl=epl):
         for n in (1, 129, 4096 * 3 + 77, 100003):
             x = make_data(n, dtype, rng, G)
             for ash, dual in ((True, True), (False, True), (True, False)):
@@ -281,8 +280,6 @@ def test_taco_encode_kernels_agree(epl, G, dtype):
                     got = gpu_taco_encode(x, G, "e5m2", ash, dual, x_off=x_off, p_off=p_off)
                     where = f"n={n} ash={ash} dual={dual} offsets {x_off},{p_off}"
                     assert_bytes_equal(got, want, where)
-    finally:
-        gk._set_tuning(**old)
 
 
 @needs_cpu
@@ -342,12 +339,9 @@ def test_taco_fp8_conversion_exhaustive_codes(fmt):
     for G in (32, 128):
         want = cpu_taco_encode(x, G, fmt, False, False)
         assert_bytes_equal(gpu_taco_encode(x, G, fmt, False, False), want, "fp8 codes")
-        old = gk._set_tuning(sw_cvt=1)  # the software converter on this GPU too
-        try:
+        with gk.tuning(sw_cvt=1):  # the software converter on this GPU too
             assert_bytes_equal(gpu_taco_encode(x, G, fmt, False, False), want, "sw codes")
             got_sw = gpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
-        finally:
-            gk._set_tuning(**old)
         got_hw = gpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
         want_d = cpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
         assert_values_equal(got_hw, want_d, "fp8 decode")
@@ -521,6 +515,27 @@ def test_count_zero_is_a_no_op():
     )
     gk.int8_encode(x, p, group_size=128)
     gk.int8_decode(p, x, group_size=128, accumulate=False)
+
+
+def test_tuning_hooks_on_the_gpu():
+    """A tuning change recompiles (the launch attributes follow it) and is undone on exit;
+    the payload never depends on it."""
+    x = to_dev(make_data(5000, np.float32, np.random.default_rng(4), 128))
+    kw = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+    p = cupy.empty(taco_nbytes(5000, 128, True, True), cupy.uint8)
+    gk.taco_encode(x, p, **kw)
+    default = gk.last_kernel_attributes()
+    assert default["num_regs"] > 0 and "local_size_bytes" in default
+    want = to_host(p)
+    with gk.tuning(encode_epl=0, threads=128) as now:
+        assert now["encode_epl"] == 0 and now["threads"] == 128
+        p[...] = 0
+        gk.taco_encode(x, p, **kw)
+        assert gk.last_kernel_attributes()["max_threads_per_block"] <= 128
+        assert_bytes_equal(to_host(p), want, "encode under another tuning")
+    assert gk.get_tuning()["encode_epl"] != 0
+    gk.taco_encode(x, p, **kw)
+    assert gk.last_kernel_attributes() == default
 
 
 def test_argument_errors():
