@@ -88,13 +88,22 @@ _last_kernel: list[Any] = [None]
 
 # ----------------------------------------------------------------------- public API
 def taco_encode(
-    x: Any, payload: Any, *, group_size: int, fp8_format: str, ash: bool, dual_scale: bool
+    x: Any,
+    payload: Any,
+    *,
+    group_size: int,
+    fp8_format: str,
+    ash: bool,
+    dual_scale: bool,
+    coccl_clamps: bool = False,
 ) -> None:
-    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size)."""
+    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size);
+    with ``coccl_clamps`` COCCL's clamps apply to every group (no extended range)."""
     cp = _cupy()
     count, K, defs = _taco_variant(
         cp, _OP_TACO_ENC, x, "x", (payload,), group_size, fp8_format, ash, dual_scale
     )
+    defs["EXT"] = _extended_range(dual_scale, coccl_clamps)
     if count == 0:
         return
     G = defs["GS"]
@@ -143,6 +152,7 @@ def taco_reduce_encode(
     fp8_format: str,
     ash: bool,
     dual_scale: bool,
+    coccl_clamps: bool = False,
 ) -> None:
     """One ring hop in one kernel: ``out = taco_encode(float32(own) + taco_decode(payload))``.
 
@@ -155,6 +165,7 @@ def taco_reduce_encode(
     count, K, defs = _taco_variant(
         cp, _OP_TACO_HOP, own, "own", (payload, out), group_size, fp8_format, ash, dual_scale
     )
+    defs["EXT"] = _extended_range(dual_scale, coccl_clamps)
     _check_disjoint(payload, out)
     if count == 0:
         return
@@ -264,6 +275,13 @@ def _taco_variant(
         "CINV_BITS": _inv_sqrt_bits(G),
     }
     return count, K, defs
+
+
+def _extended_range(dual_scale: Any, coccl_clamps: Any) -> int:
+    """The EXT define of a taco encode variant: FORMAT.md's step 4b needs dual_scale."""
+    if not isinstance(coccl_clamps, (bool, np.bool_)):
+        raise ValueError(f"coccl_clamps must be a bool, got {coccl_clamps!r}")
+    return int(bool(dual_scale) and not coccl_clamps)
 
 
 def _cupy() -> Any:
