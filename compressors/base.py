@@ -25,7 +25,8 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
 * ``rel_error_bound`` and ``abs_error_floor`` bound one encode/decode roundtrip: for every
   group of ``n`` (at most ``alignment``) finite values ``x``,
   ``||decode(encode(x)) - x||_2 <= rel_error_bound * ||x||_2 + sqrt(n) * abs_error_floor``,
-  over the whole float32 range (a codec states any narrower range it has).
+  over the whole float32 range (a codec states any narrower range it has), for the values
+  decoded in float32 (a float16/bfloat16 output adds its own rounding).
   ``rel_error_typical`` is the error to expect on Gaussian data. Tests and error models
   use these, nothing else.
 
