@@ -22,9 +22,13 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
 * ``decode(buf, out=None, *, count, dtype, accumulate=False)`` writes ``count`` values
   into ``out`` (allocated with ``dtype`` when None); with ``accumulate=True`` it adds them
   into ``out`` instead: the fused decode-reduce of a ReduceScatter.
-* ``rel_error_bound`` bounds the relative L2 error of one encode/decode roundtrip of any
-  one group whose values lie in the codec's normal range; ``rel_error_typical`` is the
-  error to expect on Gaussian data. Tests and error models use these, nothing else.
+* ``rel_error_bound`` and ``abs_error_floor`` bound one encode/decode roundtrip: for every
+  group of ``n`` (at most ``alignment``) finite values ``x``,
+  ``||decode(encode(x)) - x||_2 <= rel_error_bound * ||x||_2 + sqrt(n) * abs_error_floor``,
+  over the whole float32 range (a codec states any narrower range it has), for the values
+  decoded in float32 (a float16/bfloat16 output adds its own rounding).
+  ``rel_error_typical`` is the error to expect on Gaussian data. Tests and error models
+  use these, nothing else.
 
 Payloads encoded on the CPU decode on the GPU and the other way round: one wire format.
 The internal entry points ``encode_into``/``decode_into`` take flat numpy or CuPy arrays
@@ -45,6 +49,11 @@ from coccl.arrays import FLOAT_DTYPES, as_flat, dtype_name
 SUM_OPS = frozenset({"sum", "avg"})
 ALL_OPS = frozenset({"sum", "avg", "max", "min", "prod"})
 
+# The abs_error_floor of the lossy codecs: two steps of float32's subnormal spacing, from
+# rounding a subnormal value (float64 input to float32, and the decoded value). It matters
+# only for groups whose norm is below about 1e-36.
+LOSSY_ABS_ERROR_FLOOR = 2.0**-148
+
 
 class Compressor(abc.ABC):
     """Base class of every codec; see the module docstring for the contract."""
@@ -55,6 +64,7 @@ class Compressor(abc.ABC):
     lossless: ClassVar[bool] = False
     rel_error_bound: float = 0.0
     rel_error_typical: float = 0.0
+    abs_error_floor: float = 0.0
 
     # ----------------------------------------------------------------- configuration
     @abc.abstractmethod
@@ -146,6 +156,11 @@ class Compressor(abc.ABC):
 
         Returns:
             The payload: a uint8 array of the caller's kind, on ``x``'s device.
+
+        Raises:
+            TypeError: a dtype the codec does not take, or an ``out`` that is not uint8.
+            ValueError: a non-contiguous array, an ``out`` of the wrong size, on another
+                device or read-only; all checked before any work.
         """
         src = as_flat(x, "x")
         dtype = self.check_dtype(src.dtype if dtype is None else dtype)
@@ -157,6 +172,7 @@ class Compressor(abc.ABC):
         else:
             dst = as_flat(out, "out")
             _check_payload(dst, nbytes, src, "out")
+            _check_writeable(dst, "out")
             payload, obj = dst.data, dst.obj
         self.encode_into(src.data, payload, dtype)
         return obj
@@ -181,6 +197,13 @@ class Compressor(abc.ABC):
 
         Returns:
             ``out``, or a new numpy/CuPy array on ``buf``'s device.
+
+        Raises:
+            TypeError: a dtype the codec does not take, or ``out`` of another dtype than
+                ``dtype`` or a float32/float64 accumulator.
+            ValueError: a bad ``count``, a ``buf`` of the wrong size, an ``out`` of the
+                wrong size, on another device or read-only, or ``accumulate`` without
+                ``out``; all checked before any work.
         """
         count = _check_count(count)
         dtype = self.check_dtype(dtype)
@@ -200,6 +223,7 @@ class Compressor(abc.ABC):
             dst = as_flat(out, "out")
             if dst.size != count:
                 raise ValueError(f"out has {dst.size} elements, expected count={count}")
+            _check_writeable(dst, "out")
             if dst.xp is not src.xp:
                 raise ValueError("out and buf must be on the same kind of device")
             if dst.dtype != dtype and dst.dtype not in (np.float32, np.float64):
@@ -216,6 +240,13 @@ def _check_count(count: Any) -> int:
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
         raise ValueError(f"count must be a non-negative integer, got {count!r}")
     return int(count)
+
+
+def _check_writeable(a: Any, name: str) -> None:
+    # A read-only numpy array (e.g. flags.writeable=False, or a view of a bytes object)
+    # would otherwise fail deep inside a numba kernel; device arrays are always writeable.
+    if isinstance(a.data, np.ndarray) and not a.data.flags.writeable:
+        raise ValueError(f"{name} is read-only; pass a writeable array")
 
 
 def _check_payload(p: Any, nbytes: int, like: Any, name: str) -> None:

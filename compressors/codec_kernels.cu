@@ -24,6 +24,10 @@
 //   RAW_CHECK  taco encode with ash: 1 looks for NaN/Inf in every group's elements;
 //           0 (default) only in groups whose energy is not finite (the same result)
 //   EPL     taco encode kernel 7: elements per lane (32..128, at most G)
+//   EXT     taco encode with DUAL: 1 (default) lets a group whose s would leave COCCL's
+//           clamps take the extended range (FORMAT.md taco step 4b); 0 keeps COCCL's
+//           clamps for every group (the codec's coccl_clamps option). Decoding needs no
+//           switch: an extended group is marked by its stored alpha.
 //
 // Arithmetic: FORMAT.md requires IEEE float32 with round-to-nearest-even, no FMA
 // contraction and no flush of subnormals. CuPy appends -ftz=true to every compile, which
@@ -85,6 +89,9 @@
 #ifndef RAW_CHECK
 #define RAW_CHECK 0  // taco encode with ash: check every group's elements for NaN/Inf
 #endif
+#ifndef EXT
+#define EXT 1  // taco encode: the extended range (0: COCCL's clamps, bit for bit)
+#endif
 
 // Hardware conversions: FP8 on sm_89+, packed bf16x2/f16x2 on sm_80+.
 #if defined(__CUDA_ARCH__) && !SW_CVT && __CUDA_ARCH__ >= 890
@@ -134,6 +141,10 @@ typedef long long i64;
 #define BITS_127 0x42fe0000u     // 127.0f
 #define BITS_ONE 0x3f800000u     // 1.0f
 #define BITS_MAGIC 0x4b400000u   // 12582912.0f = 1.5 * 2^23
+#define BITS_INF 0x7f800000u
+#define BITS_FLT_MAX 0x7f7fffffu
+#define BITS_2M128 0x00200000u   // 2^-128 (subnormal): int8 scales up to it take step 4
+#define EXT_SHIFT 116            // taco step 4b scales by 2^p, |p| <= 116
 
 __host__ __device__ constexpr int ilog2(int v) { return v <= 1 ? 0 : 1 + ilog2(v >> 1); }
 #define LOG2_GS ilog2(GS)
@@ -184,6 +195,35 @@ DEV float h2f(u32 h) {  // exact float16 -> float32
   return as_f(sign | as_u(f_mul(as_f(a << 13), as_f(0x77800000u))));  // * 2^112
 }
 #endif
+
+// ------------------------------------------------- range helpers (FORMAT.md)
+// Comparisons of non-negative floats are done on their bits (the same order).
+DEV float next_up(float a) { return as_f(as_u(a) + 1u); }    // a >= 0, finite
+DEV float next_down(float a) { return as_f(as_u(a) - 1u); }  // a > 0
+
+// The fitted scale of a group with absmax amax > 0 (int8 step 4, taco step 4b without
+// ash): amax / qmax, one float32 step up if that rounding left amax / s above qmax (or
+// underflowed to 0), else one step down if qmax * s overflows.
+DEV float fit_scale(float amax, float qmax) {
+  float s = f_div(amax, qmax);
+  if (as_u(s) == 0u || as_u(f_div(amax, s)) > as_u(qmax))
+    s = next_up(s);
+  else if (as_u(f_mul(s, qmax)) == BITS_INF)
+    s = next_down(s);
+  return s;
+}
+
+// ±Inf -> ±FLT_MAX, NaN stays NaN (taco decode of an extended group).
+DEV float sat_inf(float y) {
+  const u32 u = as_u(y);
+  return (u & 0x7fffffffu) == BITS_INF ? as_f((u & 0x80000000u) | BITS_FLT_MAX) : y;
+}
+
+// Whether a stored alpha (bits) marks an extended taco group: positive (+Inf included,
+// NaN not) and outside [1e-3, 1e3].
+DEV bool extended_alpha(u32 a) {
+  return (a != 0u && a < BITS_1EM3) || (a > BITS_1E3 && a <= BITS_INF);
+}
 
 // ------------------------------------------------------- float32 -> 16-bit outputs
 DEV u32 f2bf_sw(float f) {  // RNE, NaN -> 0x7fff (what cvt.rn.bf16.f32 gives)
@@ -531,6 +571,14 @@ DEV void taco_dequant_lane(const u32* cw, float s, float alpha, int lig, float* 
   (void)lig;
 #endif
   const float kp = f_div(f_mul(s, c), f_max(alpha, as_f(BITS_1EM12)));
+#if ASH
+  if (extended_alpha(as_u(alpha))) {  // FORMAT.md: an extended group (rare)
+    const float sc = f_mul(s, c), ia = f_div(as_f(BITS_ONE), alpha);
+#pragma unroll
+    for (int r = 0; r < 32; ++r) v[r] = sat_inf(f_mul(f_mul(v[r], sc), ia));
+    return;
+  }
+#endif
 #pragma unroll
   for (int r = 0; r < 32; ++r) v[r] = f_mul(v[r], kp);
 }
@@ -602,16 +650,45 @@ DEV void taco_encode_lane(float* v, int lig, u32* codes, u32& sbits, u32& abits)
   (void)amax;
 #if DUAL
   float s = f_div(f_max(f_mul(amax, c), as_f(BITS_1EM12)), qmax);
-  s = f_min(f_max(s, as_f(BITS_1EM12)), as_f(BITS_1E6));
+  bool divide = false;  // step 4b without ash: the codes are v / s
+#if EXT
+  // FORMAT.md step 4b, the extended range: s would leave its clamps (group-uniform, as
+  // amax is the group's, so no lane of a group shuffles alone).
+  if (!bad && as_u(amax) != 0u && (as_u(s) < BITS_1EM12 || as_u(s) > BITS_1E6)) {
+#if ASH
+    const int e = (int)(as_u(amax) >> 23);
+    const int p = min(max(127 - e, -EXT_SHIFT), EXT_SHIFT);
+    const float pw = as_f((u32)(127 + p) << 23);
+#pragma unroll
+    for (int r = 0; r < N; ++r) v[r] = f_mul(v[r], pw);
+    alpha = f_mul(alpha, pw);
+    s = f_div(f_mul(f_mul(amax, pw), c), qmax);
+#else
+    s = fit_scale(amax, qmax);
+    divide = true;
+#endif
+  } else
+#endif
+  {
+    s = f_min(f_max(s, as_f(BITS_1EM12)), as_f(BITS_1E6));
+  }
   const float k = f_div(c, s);
 #else
   const float s = as_f(BITS_ONE);
   const float k = c;
+  const bool divide = false;
 #endif
+  if (divide) {
 #pragma unroll
-  for (int i = 0; i < N / 4; ++i)
-    codes[i] = pack4_fp8(f_mul(v[4 * i], k), f_mul(v[4 * i + 1], k), f_mul(v[4 * i + 2], k),
-                         f_mul(v[4 * i + 3], k));
+    for (int i = 0; i < N / 4; ++i)
+      codes[i] = pack4_fp8(f_div(v[4 * i], s), f_div(v[4 * i + 1], s), f_div(v[4 * i + 2], s),
+                           f_div(v[4 * i + 3], s));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+      codes[i] = pack4_fp8(f_mul(v[4 * i], k), f_mul(v[4 * i + 1], k), f_mul(v[4 * i + 2], k),
+                           f_mul(v[4 * i + 3], k));
+  }
   sbits = as_u(s);
   abits = as_u(alpha);
   if (bad) {
@@ -624,6 +701,22 @@ DEV void taco_encode_lane(float* v, int lig, u32* codes, u32& sbits, u32& abits)
 #endif
 
 // =============================================================== int8 encode
+#if OP == 3 || OP == 5 || OP == 9
+// FORMAT.md int8 steps 3-5: the scale of a group whose largest |x| has the bits mb (in
+// the values' own type) and the value amax; tiny: step 4 (codes x / scale) applies.
+DEV float int8_scale(u32 mb, bool bad, float amax, bool& tiny) {
+  float scale = f_div(amax, as_f(BITS_127));
+  tiny = !bad && mb != 0u && as_u(scale) <= BITS_2M128;
+  if (tiny)
+    scale = fit_scale(amax, as_f(BITS_127));
+  else if (!bad && as_u(f_mul(scale, as_f(BITS_127))) == BITS_INF)
+    scale = next_down(scale);
+  return scale;
+}
+
+DEV int int8_clamp(int q) { return min(max(q, -127), 127); }
+#endif
+
 #if OP == 3 || OP == 9
 // One lane's 32 values v of a group (spread over LPG lanes) whose largest |x| has the
 // bits mb in the values' own type (inf: that type's infinity) and the value amax: the
@@ -632,18 +725,27 @@ DEV void taco_encode_lane(float* v, int lig, u32* codes, u32& sbits, u32& abits)
 DEV void int8_quantize_lane(const float* v, u32 mb, u32 inf, float amax, u32* codes,
                             u32& sbits) {
   const bool bad = mb >= inf;
-  const float scale = f_div(amax, as_f(BITS_127));
+  bool tiny;
+  const float scale = int8_scale(mb, bad, amax, tiny);
   const float inv = mb != 0 ? f_div(as_f(BITS_ONE), scale) : 0.0f;
+  if (tiny) {  // rare: step 4 divides
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    u32 word = 0;
+    for (int i = 0; i < 8; ++i) {
+      u32 word = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int q = f2i_rn(f_mul(v[4 * i + j], inv));
-      q = min(max(q, -127), 127);
-      word |= ((u32)q & 0xffu) << (8 * j);
+      for (int j = 0; j < 4; ++j)
+        word |= ((u32)int8_clamp(f2i_rn(f_div(v[4 * i + j], scale))) & 0xffu) << (8 * j);
+      codes[i] = word;
     }
-    codes[i] = bad ? 0u : word;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      u32 word = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        word |= ((u32)int8_clamp(f2i_rn(f_mul(v[4 * i + j], inv))) & 0xffu) << (8 * j);
+      codes[i] = bad ? 0u : word;
+    }
   }
   sbits = bad ? BITS_NAN : as_u(scale);
 }
@@ -1083,11 +1185,12 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 #pragma unroll
     for (int t = 1; t < 32; t <<= 1) mb = max(mb, (u32)__shfl_xor_sync(FULL_MASK, mb, t));
     const bool bad = mb >= INF_BITS;
-    const float scale = f_div(elem_raw_f32(mb), as_f(BITS_127));
+    bool tiny;
+    const float scale = int8_scale(mb, bad, elem_raw_f32(mb), tiny);
     const float inv = mb != 0 ? f_div(as_f(BITS_ONE), scale) : 0.0f;
     for (i64 e = start + lane; e < end; e += 32) {
-      int q = f2i_rn(f_mul(elem_raw_f32(load_elem_raw(xb, e)), inv));
-      q = min(max(q, -127), 127);
+      const float x = elem_raw_f32(load_elem_raw(xb, e));
+      const int q = int8_clamp(f2i_rn(tiny ? f_div(x, scale) : f_mul(x, inv)));
       pay[e] = bad ? (unsigned char)0 : (unsigned char)(q & 0xff);
     }
     if (lane == 0) st32(pay + count + 4 * g, bad ? BITS_NAN : as_u(scale), a4);

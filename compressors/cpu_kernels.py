@@ -35,8 +35,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import fp8
-from .int8 import int8_layout
-from .taco import taco_layout
+from .layout import int8_layout, taco_layout
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError(
@@ -55,6 +54,9 @@ _S_MAX = np.float32(1e6)
 _NAN = np.uint32(0x7FC00000).view(np.float32)  # the NaN scale of a non-finite group
 _ABS_MASK = np.uint32(0x7FFFFFFF)
 _INF_BITS = np.uint32(0x7F800000)
+_FLT_MAX = np.float32(np.finfo(np.float32).max)
+_INT8_TINY_SCALE = np.uint32(0x00200000).view(np.float32)  # 2^-128: 1/scale overflows
+_EXT_SHIFT = 116  # extended taco groups are scaled by 2^p, |p| <= 116 (FORMAT.md)
 
 # One kernel launch at a time: numba's workqueue threading layer (its fallback where
 # neither TBB nor OpenMP is available) aborts the process when two Python threads launch
@@ -77,6 +79,60 @@ def _clamp(a, lo, hi):
     if a > hi:
         return hi
     return a
+
+
+@njit(inline="always")
+def _next_up(a):
+    # The next float32 above a non-negative finite a (its bits + 1).
+    return fp8.float32_from_bits(np.uint32(fp8.float32_bits(a) + np.uint32(1)))
+
+
+@njit(inline="always")
+def _next_down(a):
+    # The next float32 below a positive finite a (its bits - 1).
+    return fp8.float32_from_bits(np.uint32(fp8.float32_bits(a) - np.uint32(1)))
+
+
+@njit(inline="always")
+def _fit_scale(amax, qmax):
+    """FORMAT.md's fitted scale of a group with absmax ``amax > 0``: ``amax / qmax``, one
+    float32 step up if that rounding left ``amax / s`` above ``qmax`` (so no value
+    saturates; also lifts an s that underflowed to 0), or one step down if ``qmax * s``
+    overflows (so no decoded value does)."""
+    s = amax / qmax
+    if s == _F0 or amax / s > qmax:
+        s = _next_up(s)
+    elif s * qmax == np.inf:
+        s = _next_down(s)
+    return s
+
+
+@njit(inline="always")
+def _pow2_toward_one(amax_bits):
+    """2^p with p = clamp(127 - E, -116, 116), E the biased exponent of a non-negative
+    float32 with bits ``amax_bits``: the power of two that takes it to [1, 2) where it can
+    (and alpha * 2^p, 1 / (alpha * 2^p) stay normal for alpha in [1e-3, 1e3])."""
+    e = np.int64(amax_bits >> np.uint32(23))
+    p = min(max(127 - e, -_EXT_SHIFT), _EXT_SHIFT)
+    return fp8.float32_from_bits(np.uint32((127 + p) << 23))
+
+
+@njit(inline="always")
+def _extended_alpha(a):
+    # FORMAT.md: a stored alpha outside [1e-3, 1e3] (positive, not NaN) marks a group that
+    # the extended range encoded; it decodes as (w * (s * c)) * (1 / alpha).
+    return a > _F0 and (a < _ALPHA_MIN or a > _ALPHA_MAX)
+
+
+@njit(inline="always")
+def _saturate(y):
+    # ±Inf -> ±FLT_MAX (NaN stays NaN): a decoded value cannot lie beyond the float32
+    # range that its input came from, so this only ever moves it toward the input.
+    if y == np.inf:
+        return _FLT_MAX
+    if y == -np.inf:
+        return -_FLT_MAX
+    return y
 
 
 @njit(inline="always")
@@ -153,7 +209,7 @@ def _block_bounds(b, nblocks, ngroups):
 # ---------------------------------------------------------------------------- taco
 @njit(nogil=True, parallel=True, cache=True)
 def _taco_encode_kernel(
-    x, codes, scales, alphas, g, is_e4m3, ash, dual_scale, qmax, inv_sqrt_g, nblocks
+    x, codes, scales, alphas, g, is_e4m3, ash, dual_scale, extend, qmax, inv_sqrt_g, nblocks
 ):  # pragma: no cover - compiled by numba
     count = x.size
     ngroups = scales.size
@@ -202,14 +258,36 @@ def _taco_encode_kernel(
                 t = _fwht(v, w, g)
                 c = inv_sqrt_g
                 amax_bits = _max_abs_bits(t.view(np.uint32), g)
+            divide = False
             if dual_scale:
                 amax = fp8.float32_from_bits(amax_bits)
-                s = _clamp(_fmax(amax * c, _S_MIN) / qmax, _S_MIN, _S_MAX)
+                s = _fmax(amax * c, _S_MIN) / qmax
+                if extend and amax_bits != 0 and (s < _S_MIN or s > _S_MAX):
+                    # FORMAT.md step 4b: s would clamp, so the group takes the extended
+                    # range instead (its codes then reach Qmax like any other group's).
+                    if ash:
+                        two = _pow2_toward_one(amax_bits)
+                        for i in range(g):
+                            t[i] = t[i] * two
+                        alpha = alpha * two
+                        s = ((amax * two) * c) / qmax
+                    else:
+                        s = _fit_scale(amax, qmax)
+                        divide = True  # 1 / s may overflow: divide by s instead
+                else:
+                    s = _clamp(s, _S_MIN, _S_MAX)
                 kq = c / s
             else:
                 s = _F1
                 kq = c
-            if is_e4m3:
+            if divide:
+                if is_e4m3:
+                    for i in range(g):
+                        codes[base + i] = fp8.f32_to_e4m3(t[i] / s)
+                else:
+                    for i in range(g):
+                        codes[base + i] = fp8.f32_to_e5m2(t[i] / s)
+            elif is_e4m3:
                 for i in range(g):
                     codes[base + i] = fp8.f32_to_e4m3(t[i] * kq)
             else:
@@ -244,7 +322,13 @@ def _taco_decode_kernel(
             else:
                 for i in range(n):
                     v[i] = table[codes[base + i]]
-            if accumulate:
+            if _extended_alpha(alphas[k]):
+                sc = scales[k] * c
+                ia = _F1 / alphas[k]
+                for i in range(n):
+                    y = _saturate((t[i] * sc) * ia)
+                    out[base + i] = out[base + i] + y if accumulate else y
+            elif accumulate:
                 for i in range(n):
                     out[base + i] = out[base + i] + t[i] * kd
             else:
@@ -260,8 +344,11 @@ def taco_encode(
     fp8_format: str,
     ash: bool,
     dual_scale: bool,
+    coccl_clamps: bool = False,
 ) -> None:
-    """Encode ``x`` into ``payload`` with the taco codec (see FORMAT.md)."""
+    """Encode ``x`` into ``payload`` with the taco codec (see FORMAT.md); with
+    ``coccl_clamps`` COCCL's clamps of alpha and s apply to every group (no extended
+    range)."""
     x32 = _input_f32(x)
     layout = taco_layout(x32.size, group_size, ash=ash, dual_scale=dual_scale)
     _check_payload(payload, layout.nbytes)
@@ -281,6 +368,7 @@ def taco_encode(
             fmt is fp8.E4M3,
             bool(ash),
             bool(dual_scale),
+            not coccl_clamps,
             np.float32(fmt.qmax),
             _inv_sqrt(group_size),
             _nblocks(k),
@@ -339,15 +427,19 @@ def _int8_encode_kernel(x, q, scales, g):  # pragma: no cover - compiled by numb
                 q[i] = 0
             scales[k] = _NAN
         else:
-            scale = fp8.float32_from_bits(amax_bits) / _F127
-            inv = _F1 / scale if amax_bits != 0 else _F0
-            for i in range(base, end):
-                r = np.rint(x[i] * inv)
-                # x * inv is NaN only for x == 0 with inv == +Inf (amax so small that
-                # scale or 1/scale leaves float32's range): a zero stays 0, as CUDA's
-                # cvt.rni.s32.f32 (NaN -> 0) gives.
-                r = _F0 if r != r else _clamp(r, -_F127, _F127)
-                q[i] = np.int8(r)
+            amax = fp8.float32_from_bits(amax_bits)
+            scale = amax / _F127
+            if amax_bits != 0 and scale <= _INT8_TINY_SCALE:
+                # FORMAT.md step 4: 1 / scale would overflow; divide by a fitted scale.
+                scale = _fit_scale(amax, _F127)
+                for i in range(base, end):
+                    q[i] = np.int8(_clamp(np.rint(x[i] / scale), -_F127, _F127))
+            else:
+                if scale * _F127 == np.inf:  # amax near FLT_MAX: keep 127 * scale finite
+                    scale = _next_down(scale)
+                inv = _F1 / scale if amax_bits != 0 else _F0
+                for i in range(base, end):
+                    q[i] = np.int8(_clamp(np.rint(x[i] * inv), -_F127, _F127))
             scales[k] = scale
 
 

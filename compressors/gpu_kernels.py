@@ -8,28 +8,40 @@ format, switches) is compiled on first use by NVRTC through ``cupy.RawModule`` w
 ``-D`` defines, cached per device in this process and on disk by CuPy. Kernels run on
 CuPy's current stream of the arrays' device.
 
+:func:`set_tuning`, the context manager :func:`tuning` and :func:`get_tuning` change how
+the kernels are compiled and launched (never what they compute), for benchmarks and tests;
+:func:`last_kernel_attributes` reports the registers and memory of the last kernel.
+
 Importing this module touches neither CuPy nor the GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+from .layout import GROUP_SIZES, int8_layout, num_groups, taco_nbytes
+
 __all__ = [
+    "get_tuning",
     "int8_decode",
     "int8_encode",
     "int8_reduce_encode",
+    "last_kernel_attributes",
     "ring_hop",
+    "set_tuning",
     "taco_decode",
     "taco_encode",
     "taco_reduce_encode",
+    "tuning",
 ]
 
 _SOURCE_PATH = Path(__file__).with_name("codec_kernels.cu")
@@ -37,7 +49,6 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2}
 KERNEL_DTYPES = frozenset(_XT)  # the element types the kernels read and write
 _FMT = {"e4m3": 0, "e5m2": 1}
-_TACO_GROUPS = (32, 64, 128, 256, 512)
 _INT8_FAST_GROUPS = (32, 64, 128, 256, 512, 1024)
 _TILE = 1024  # elements one warp handles per step in the fast kernels
 
@@ -47,16 +58,9 @@ _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 _OP_TACO_HOP = 8  # taco ring hop: encode(own + decode(payload)) in one kernel
 _OP_INT8_HOP = 9  # the same for int8
 
-# Launch tuning, per kernel kind (encode, decode, accumulate = decode-accumulate, hop = the
-# fused ring hop).
-# ``resident``: threads per SM that the register budget is sized for (``__launch_bounds__``
-# min blocks = resident // threads): 1024 keeps encode and plain decode at 64 registers
-# without spills, 512 gives decode-accumulate its ~120 registers. ``stage``: 1 stages
-# global accesses through shared memory so that they are fully coalesced, 0 lets each
-# lane access its own 32 elements directly. ``prefetch`` (encode only): load the next tile
-# while computing this one. ``encode_epl``: taco encode holds this many elements per lane
-# (at most G; 0: the 32-per-lane kernel), launched with ``epl_threads`` per block and
-# ``epl_resident`` per SM. bench/NOTES.md records the measurements behind the defaults.
+# Launch tuning (set_tuning documents the keys; bench/NOTES.md records the measurements
+# behind these defaults). ``resident``: 1024 keeps encode and plain decode at 64 registers
+# without spills, 512 gives decode-accumulate its ~120 registers.
 _TUNING: dict[str, Any] = {
     "threads": 256,
     "stage": {"encode": 0, "decode": 1, "accumulate": 1, "hop": 0},
@@ -84,13 +88,22 @@ _last_kernel: list[Any] = [None]
 
 # ----------------------------------------------------------------------- public API
 def taco_encode(
-    x: Any, payload: Any, *, group_size: int, fp8_format: str, ash: bool, dual_scale: bool
+    x: Any,
+    payload: Any,
+    *,
+    group_size: int,
+    fp8_format: str,
+    ash: bool,
+    dual_scale: bool,
+    coccl_clamps: bool = False,
 ) -> None:
-    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size)."""
+    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size);
+    with ``coccl_clamps`` COCCL's clamps apply to every group (no extended range)."""
     cp = _cupy()
     count, K, defs = _taco_variant(
         cp, _OP_TACO_ENC, x, "x", (payload,), group_size, fp8_format, ash, dual_scale
     )
+    defs["EXT"] = _extended_range(dual_scale, coccl_clamps)
     if count == 0:
         return
     G = defs["GS"]
@@ -139,6 +152,7 @@ def taco_reduce_encode(
     fp8_format: str,
     ash: bool,
     dual_scale: bool,
+    coccl_clamps: bool = False,
 ) -> None:
     """One ring hop in one kernel: ``out = taco_encode(float32(own) + taco_decode(payload))``.
 
@@ -151,6 +165,7 @@ def taco_reduce_encode(
     count, K, defs = _taco_variant(
         cp, _OP_TACO_HOP, own, "own", (payload, out), group_size, fp8_format, ash, dual_scale
     )
+    defs["EXT"] = _extended_range(dual_scale, coccl_clamps)
     _check_disjoint(payload, out)
     if count == 0:
         return
@@ -163,8 +178,9 @@ def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
     G = _int8_group(group_size)
     xt = _element_type(cp, x, "x")
     count = int(x.size)
-    K = -(-count // G)
-    _check_payload(cp, payload, count + 4 * K, x)
+    layout = int8_layout(count, G)
+    K = layout.groups
+    _check_payload(cp, payload, layout.nbytes, x)
     if count == 0:
         return
     if G in _INT8_FAST_GROUPS:
@@ -184,8 +200,9 @@ def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) ->
     xt = _element_type(cp, out, "out")
     _check_accumulate(out, accumulate)
     count = int(out.size)
-    K = -(-count // G)
-    _check_payload(cp, payload, count + 4 * K, out)
+    layout = int8_layout(count, G)
+    K = layout.groups
+    _check_payload(cp, payload, layout.nbytes, out)
     if count == 0:
         return
     op = _OP_INT8_DEC if G in _INT8_FAST_GROUPS else _OP_INT8_DEC_ANY
@@ -205,9 +222,10 @@ def int8_reduce_encode(own: Any, payload: Any, out: Any, *, group_size: int) -> 
         raise ValueError(f"the int8 ring hop takes group_size in {_INT8_FAST_GROUPS}, got {G}")
     xt = _element_type(cp, own, "own")
     count = int(own.size)
-    K = -(-count // G)
+    layout = int8_layout(count, G)
+    K = layout.groups
     for p in (payload, out):
-        _check_payload(cp, p, count + 4 * K, own)
+        _check_payload(cp, p, layout.nbytes, own)
     _check_disjoint(payload, out)
     if count == 0:
         return
@@ -243,8 +261,8 @@ def _taco_variant(
     fmt = _fp8_format(fp8_format)
     xt = _element_type(cp, data, name)
     count = int(data.size)
-    K = -(-count // G)
-    nbytes = _taco_nbytes(K, G, ash, dual_scale)
+    K = num_groups(count, G)
+    nbytes = taco_nbytes(count, G, bool(ash), bool(dual_scale))
     for payload in payloads:
         _check_payload(cp, payload, nbytes, data)
     defs = {
@@ -257,6 +275,13 @@ def _taco_variant(
         "CINV_BITS": _inv_sqrt_bits(G),
     }
     return count, K, defs
+
+
+def _extended_range(dual_scale: Any, coccl_clamps: Any) -> int:
+    """The EXT define of a taco encode variant: FORMAT.md's step 4b needs dual_scale."""
+    if not isinstance(coccl_clamps, (bool, np.bool_)):
+        raise ValueError(f"coccl_clamps must be a bool, got {coccl_clamps!r}")
+    return int(bool(dual_scale) and not coccl_clamps)
 
 
 def _cupy() -> Any:
@@ -272,8 +297,8 @@ def _cupy() -> Any:
 
 def _taco_group(group_size: Any) -> int:
     G = _as_int(group_size, "group_size")
-    if G not in _TACO_GROUPS:
-        raise ValueError(f"taco group_size must be one of {_TACO_GROUPS}, got {group_size!r}")
+    if G not in GROUP_SIZES:
+        raise ValueError(f"taco group_size must be one of {GROUP_SIZES}, got {group_size!r}")
     return G
 
 
@@ -330,10 +355,6 @@ def _check_disjoint(payload: Any, out: Any) -> None:
     p0, o0 = payload.data.ptr, out.data.ptr
     if p0 < o0 + nbytes and o0 < p0 + nbytes and nbytes:
         raise ValueError("payload and out must not overlap")
-
-
-def _taco_nbytes(K: int, G: int, ash: bool, dual_scale: bool) -> int:
-    return K * G + 4 * K * (int(bool(ash)) + int(bool(dual_scale)))
 
 
 @functools.cache
@@ -433,28 +454,119 @@ def _launch_here(
     _last_kernel[0] = kern
 
 
-# ------------------------------------------------------------- benchmarks' hooks
-def _set_tuning(**changes: Any) -> dict[str, Any]:
-    """Change the launch tuning (threads, stage, resident, blocks_per_sm, sw_cvt: use the
-    software FP8/bf16/f16 conversions instead of the hardware ones, raw_check: taco encode
-    checks every group's elements for NaN/Inf, not only those of a non-finite energy,
-    encode_epl, epl_threads, epl_resident: see _TUNING); returns the
-    previous values so that a benchmark can restore them."""
-    unknown = set(changes) - set(_TUNING)
-    if unknown:
-        raise ValueError(f"unknown tuning keys {sorted(unknown)}")
-    old = {k: _TUNING[k] for k in changes}
-    for key in ("stage", "prefetch"):  # a single value applies to every kernel kind
-        if key in changes and not isinstance(changes[key], dict):
-            changes[key] = {kind: int(changes[key]) for kind in _KINDS}
-    if "threads" in changes and (changes["threads"] % 32 or not 32 <= changes["threads"] <= 1024):
-        raise ValueError("threads must be a multiple of 32 in 32..1024")
-    _TUNING.update(changes)
+# ------------------------------------------------------------------- tuning hooks
+_PER_KIND = ("stage", "prefetch", "resident")  # keys holding one value per kernel kind
+_FLAGS = ("stage", "prefetch", "sw_cvt", "raw_check")  # 0/1 switches
+
+
+def get_tuning() -> dict[str, Any]:
+    """The launch tuning in effect now (a copy; see :func:`set_tuning` for the keys)."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in _TUNING.items()}
+
+
+def set_tuning(**changes: Any) -> dict[str, Any]:
+    """Change how the kernels are compiled and launched; returns the previous values.
+
+    For benchmarks and tests: the tuning is process-wide, so change it while no other
+    thread launches codec kernels. Results never depend on it (every variant is bitwise
+    the same codec); speed does. Kernels are recompiled for a new setting on first use.
+
+    Keys (defaults in ``get_tuning()``; bench/NOTES.md has the measurements behind them):
+        threads: threads per block of the 32-elements-per-lane kernels (a multiple of 32
+            in 32..1024).
+        stage: 1 stages global accesses through shared memory (fully coalesced), 0 lets
+            each lane access its own 32 elements; per kernel kind.
+        prefetch: 1 loads the next tile while computing this one (encode); per kind.
+        resident: threads per SM the register budget is sized for
+            (``__launch_bounds__`` min blocks = resident // threads); per kind.
+        blocks_per_sm: the grid is at most this many blocks per SM.
+        sw_cvt: 1 uses the software FP8/bfloat16/float16 conversions even where the GPU
+            has instructions for them.
+        raw_check: 1 makes taco encode look for NaN/Inf in every group, not only in groups
+            whose energy is not finite (the same result).
+        encode_epl: elements per lane of the taco encode kernel (32, 64 or 128, at most
+            G); 0 selects the 32-elements-per-lane kernel.
+        epl_threads, epl_resident: threads per block and resident threads per SM of that
+            kernel.
+
+    The per-kind keys (kinds: encode, decode, accumulate = decode-accumulate, hop = the
+    fused ring hop) take one value for every kind, or a dict that changes only the kinds
+    it names.
+
+    Args:
+        **changes: the keys to change, with their new values.
+
+    Returns:
+        The previous values of the changed keys (whole per-kind dicts), so that
+        ``set_tuning(**previous)`` restores them.
+
+    Raises:
+        ValueError: an unknown key or kind, or a value out of range; nothing is changed.
+    """
+    new = {key: _checked_tuning(key, value) for key, value in changes.items()}
+    previous = {key: get_tuning()[key] for key in new}
+    for key, value in new.items():
+        if key in _PER_KIND:
+            _TUNING[key] = {**_TUNING[key], **value}
+        else:
+            _TUNING[key] = value
     _launches.clear()
-    return old
+    return previous
 
 
-def _last_kernel_attributes() -> dict[str, Any]:
-    """Registers, local memory and shared memory of the last kernel launched."""
+@contextlib.contextmanager
+def tuning(**changes: Any) -> Iterator[dict[str, Any]]:
+    """``set_tuning(**changes)`` for the duration of a ``with`` block, then restored.
+
+    Example::
+
+        with gpu_kernels.tuning(encode_epl=0, stage={"encode": 1}):
+            codec.encode(x)  # the 32-elements-per-lane encode kernel, staged
+
+    Yields:
+        The tuning in effect inside the block (a copy).
+    """
+    previous = set_tuning(**changes)
+    try:
+        yield get_tuning()
+    finally:
+        set_tuning(**previous)
+
+
+def last_kernel_attributes() -> dict[str, Any]:
+    """Registers, local (spill) memory, shared memory and the like of the kernel this
+    process launched last (CuPy's ``Function.attributes``); empty before the first."""
     kern = _last_kernel[0]
     return {} if kern is None else dict(kern.attributes)
+
+
+def _checked_tuning(key: str, value: Any) -> Any:
+    if key not in _TUNING:
+        raise ValueError(f"unknown tuning key {key!r}; known: {', '.join(sorted(_TUNING))}")
+    if key in _PER_KIND:
+        if not isinstance(value, dict):
+            return {kind: _checked_value(key, value) for kind in _KINDS}
+        unknown = set(value) - set(_KINDS)
+        if unknown:
+            raise ValueError(f"tuning {key!r}: unknown kernel kinds {sorted(unknown)}")
+        return {kind: _checked_value(key, v) for kind, v in value.items()}
+    return _checked_value(key, value)
+
+
+def _checked_value(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, (int, np.integer)):
+        raise ValueError(f"tuning {key!r} takes an int, got {value!r}")
+    v = int(value)
+    if key in _FLAGS:
+        ok = v in (0, 1)
+    elif key in ("threads", "epl_threads"):
+        ok = v % 32 == 0 and 32 <= v <= 1024
+    elif key == "encode_epl":
+        ok = v in (0, 32, 64, 128)
+    else:  # resident, epl_resident, blocks_per_sm
+        ok = v >= 1
+    if not ok:
+        raise ValueError(f"tuning {key!r}: {value!r} is out of range")
+    return v

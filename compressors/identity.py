@@ -17,7 +17,17 @@ from .base import ALL_OPS, Compressor, register_compressor
 
 @register_compressor
 class IdentityCompressor(Compressor):
-    """Raw bytes of the data in the dtype it stands for; ``encoded_nbytes = count * itemsize``."""
+    """Raw bytes of the data in the dtype it stands for; ``encoded_nbytes = count * itemsize``.
+
+    Example:
+        >>> import numpy as np
+        >>> from coccl.compressors import IdentityCompressor
+        >>> c = IdentityCompressor()
+        >>> x = np.arange(4, dtype=np.int32)
+        >>> payload = c.encode(x)  # the 16 bytes of x
+        >>> c.decode(payload, count=4, dtype=np.int32)
+        array([0, 1, 2, 3], dtype=int32)
+    """
 
     codec_id = "identity"
     dtypes = ALL_DTYPES

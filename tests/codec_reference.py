@@ -6,8 +6,8 @@ The kernels compute in float32 with FORMAT.md's operation order, so the two agre
 float32 rounding: scales within a few float32 ulps, FP8 codes equal except, rarely, one
 code step apart where a value lies within float32 rounding of a rounding boundary.
 
-Also here: payload parsers (from FORMAT.md's layouts, independent of the codecs' own
-layout functions) and small helpers shared by the codec tests.
+Also here: payload parsers (byte offsets from compressors/layout.py, whose formulas
+test_codec_layout.py checks) and small helpers shared by the codec tests.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from functools import cache
 
 import ml_dtypes
 import numpy as np
+
+from coccl.compressors.layout import int8_layout, taco_layout
 
 FP8_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 QMAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -83,12 +85,31 @@ class TacoParts:
     codes: np.ndarray  # (K, G) uint8
     s: np.ndarray  # (K,) scales (ones when the payload has none)
     alpha: np.ndarray  # (K,) pre-rotation scales (ones when the payload has none)
+    # (K,) groups that took the extended range (reference: where s would have clamped)
+    extended: np.ndarray | None = None
+
+
+FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def taco_encode_ref(
-    x: np.ndarray, group_size: int, fp8_format: str, ash: bool, dual_scale: bool
+    x: np.ndarray,
+    group_size: int,
+    fp8_format: str,
+    ash: bool,
+    dual_scale: bool,
+    coccl_clamps: bool = False,
+    fitted_s: np.ndarray | None = None,
 ) -> TacoParts:
-    """DESIGN.md's taco encoding in float64 (scales as float64, codes by ml_dtypes)."""
+    """DESIGN.md's taco encoding in float64 (scales as float64, codes by ml_dtypes).
+
+    Without ``coccl_clamps``, a group (with ``dual_scale``, not all zero) whose s would
+    leave COCCL's clamps [1e-12, 1e6] takes the extended range: its s is not clamped, so
+    its largest coefficient maps to Qmax as in any other group. The kernels then store a
+    different (s, alpha) pair with the same ratio s / alpha (what decoding uses); with
+    ``ash=False`` they store s rounded up to float32 (subnormal for tiny groups), and the
+    codes follow that s: pass the payload's s as ``fitted_s`` to get those codes.
+    """
     qmax = QMAX[fp8_format]
     g = group_size
     xg = padded_groups(x, g)
@@ -101,8 +122,16 @@ def taco_encode_ref(
     else:
         alpha = np.ones(xg.shape[0])
         y = xg
+    extended = np.zeros(xg.shape[0], dtype=bool)
     if dual_scale:
-        s = np.clip(np.maximum(np.abs(y).max(axis=1, initial=0.0), 1e-12) / qmax, 1e-12, 1e6)
+        amax = np.abs(y).max(axis=1, initial=0.0)
+        s_raw = np.maximum(amax, 1e-12) / qmax
+        s = np.clip(s_raw, 1e-12, 1e6)
+        if not coccl_clamps:
+            extended = (amax > 0) & ((s_raw < 1e-12) | (s_raw > 1e6)) & ~bad
+            s = np.where(extended, amax / qmax, s)
+            if fitted_s is not None and not ash:
+                s = np.where(extended, fitted_s, s)
     else:
         s = np.ones(xg.shape[0])
     scaled = np.clip(y / s[:, None], -qmax, qmax)
@@ -110,18 +139,27 @@ def taco_encode_ref(
     codes[bad] = NAN_CODE
     s = np.where(bad, np.nan, s)
     alpha = np.where(bad, np.nan, alpha)
-    return TacoParts(codes, s, alpha)
+    return TacoParts(codes, s, alpha, extended)
+
+
+def extended_alpha(alpha: np.ndarray) -> np.ndarray:
+    """FORMAT.md: a stored alpha outside [1e-3, 1e3] (positive) marks an extended group."""
+    with np.errstate(invalid="ignore"):
+        return (alpha > 0) & ((alpha < 1e-3) | (alpha > 1e3))
 
 
 def taco_decode_ref(
     parts: TacoParts, count: int, group_size: int, fp8_format: str, ash: bool
 ) -> np.ndarray:
-    """DESIGN.md's taco decoding in float64: H (q s) / sqrt(G) / max(alpha, 1e-12)."""
+    """DESIGN.md's taco decoding in float64: H (q s) / sqrt(G) / max(alpha, 1e-12), or
+    for an extended group (FORMAT.md) H (q s) / sqrt(G) / alpha within ±FLT_MAX."""
     w = fp8_values(parts.codes, fp8_format) * parts.s[:, None]
     if ash:
         with np.errstate(invalid="ignore"):
             w = w @ hadamard(group_size) / np.sqrt(group_size)
-        w = w / np.maximum(parts.alpha, 1e-12)[:, None]
+        ext = extended_alpha(parts.alpha)
+        w = w / np.where(ext, parts.alpha, np.maximum(parts.alpha, 1e-12))[:, None]
+        w[ext] = np.clip(w[ext], -FLT_MAX, FLT_MAX)
         # A NaN code must poison its whole group, which H @ does already; keep it explicit.
         w[np.isnan(parts.alpha)] = np.nan
     return w.reshape(-1)[:count]
@@ -131,19 +169,22 @@ def split_taco_payload(
     payload: np.ndarray, count: int, group_size: int, ash: bool, dual_scale: bool
 ) -> TacoParts:
     """Parse ``[K*G codes][K f32 s if dual_scale][K f32 alpha if ash]`` (FORMAT.md)."""
-    k = -(-count // group_size)
-    nbytes = k * group_size + 4 * k * (int(ash) + int(dual_scale))
-    assert payload.size == nbytes, (payload.size, nbytes)
+    layout = taco_layout(count, group_size, ash=ash, dual_scale=dual_scale)
+    k = layout.groups
+    assert payload.size == layout.nbytes, (payload.size, layout.nbytes)
     codes = payload[: k * group_size].reshape(k, group_size).copy()
-    offset = k * group_size
     s = np.ones(k)
     alpha = np.ones(k)
-    if dual_scale:
-        s = payload[offset : offset + 4 * k].copy().view("<f4").astype(np.float64)
-        offset += 4 * k
-    if ash:
-        alpha = payload[offset : offset + 4 * k].copy().view("<f4").astype(np.float64)
+    if layout.scale_offset is not None:
+        s = _f32_at(payload, layout.scale_offset, k)
+    if layout.alpha_offset is not None:
+        alpha = _f32_at(payload, layout.alpha_offset, k)
     return TacoParts(codes, s, alpha)
+
+
+def _f32_at(payload: np.ndarray, offset: int, n: int) -> np.ndarray:
+    """``n`` little-endian float32 at byte ``offset``, as float64."""
+    return payload[offset : offset + 4 * n].copy().view("<f4").astype(np.float64)
 
 
 # ---------------------------------------------------------------------------- int8
@@ -154,13 +195,26 @@ class Int8Parts:
 
 
 def int8_encode_ref(x: np.ndarray, group_size: int) -> Int8Parts:
-    """DESIGN.md's int8 encoding: scale = f32(absmax / 127), q = rne(x / scale) in ±127."""
+    """DESIGN.md's int8 encoding: scale = f32(absmax / 127), q = rne(x / scale) in ±127.
+
+    At the ends of float32's range FORMAT.md moves the scale by one float32 step: up where
+    it is so small (at most 2^-128) that rounding it down would clamp codes, down where
+    127 * scale would overflow; the reference takes the same float32 steps.
+    """
     n = np.asarray(x).size
     xg = padded_groups(x, group_size)
     bad = ~np.isfinite(xg).all(axis=1)
     xg[bad] = 0.0
     amax = np.abs(xg).max(axis=1, initial=0.0)
-    scale = (amax / 127.0).astype(np.float32).astype(np.float64)
+    amax32, f127 = amax.astype(np.float32), np.float32(127)
+    scale32 = amax32 / f127  # float32 division, as the kernels
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        tiny = (amax > 0) & (scale32 <= np.float32(2.0**-128))
+        up = tiny & ((scale32 == 0) | (amax32 / scale32 > f127))
+        scale32 = np.where(up, np.nextafter(scale32, np.float32(np.inf)), scale32)
+        down = np.isinf(scale32 * f127)
+    scale32 = np.where(down, np.nextafter(scale32, np.float32(0)), scale32)
+    scale = scale32.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(scale[:, None] > 0, np.rint(xg / scale[:, None]), 0.0)
     q = np.clip(q, -127, 127).astype(np.int8)
@@ -177,10 +231,10 @@ def int8_decode_ref(parts: Int8Parts, count: int, group_size: int) -> np.ndarray
 
 def split_int8_payload(payload: np.ndarray, count: int, group_size: int) -> Int8Parts:
     """Parse ``[count int8 q][K float32 scale]`` (FORMAT.md)."""
-    k = -(-count // group_size)
-    assert payload.size == count + 4 * k, (payload.size, count + 4 * k)
+    layout = int8_layout(count, group_size)
+    assert payload.size == layout.nbytes, (payload.size, layout.nbytes)
     q = payload[:count].copy().view(np.int8)
-    scale = payload[count:].copy().view("<f4").astype(np.float64)
+    scale = _f32_at(payload, layout.scale_offset, layout.groups)
     return Int8Parts(q, scale)
 
 
@@ -201,3 +255,73 @@ def group_max(values: np.ndarray, group_size: int) -> np.ndarray:
     """Per element, max |value| over its group (NaN-free input)."""
     g = padded_groups(values, group_size)
     return np.repeat(np.abs(g).max(axis=1), group_size)[: np.asarray(values).size]
+
+
+# ------------------------------------------------------------- whole-range data
+def magnitude_sweep(rng: np.random.Generator, group_size: int, dtype: np.dtype) -> np.ndarray:
+    """Groups of ``group_size`` values of ``dtype`` whose magnitudes sweep the dtype's whole
+    finite range, as float64 (exactly the dtype's values). Per power of ten from the
+    smallest subnormal to the largest finite value: a Gaussian group scaled to that absmax,
+    and a same-sign group (all negative) within a factor 2 of it. Then special groups: the
+    largest finite value (constant, and alternating in sign), one smallest subnormal among
+    zeros, all ± smallest subnormals, the smallest normal, a mix of every magnitude, one
+    huge value among subnormals; and a partial last group. float64 sweeps float32's range
+    (and below it: values that round to float32 zero or subnormals)."""
+    dtype = np.dtype(dtype)
+    g = group_size
+    info = ml_dtypes.finfo(np.float32 if dtype == np.float64 else dtype)
+    big = float(info.max)
+    tiny = float(info.smallest_subnormal)
+    lo = int(np.floor(np.log10(tiny))) - (5 if dtype == np.float64 else 0)
+    hi = int(np.floor(np.log10(big)))
+    groups = []
+    for e in range(lo, hi + 1):
+        amax = min(10.0**e, big)
+        z = rng.standard_normal(g)
+        groups.append(z / np.abs(z).max() * amax)
+        groups.append(-rng.uniform(0.5, 1.0, g) * amax)
+    groups.append(np.full(g, big))
+    groups.append(np.where(np.arange(g) % 2 == 0, big, -big))
+    one = np.zeros(g)
+    one[g // 3] = tiny
+    groups.append(one)
+    groups.append(rng.choice([-tiny, tiny], g))
+    groups.append(rng.uniform(1, 2, g) * float(info.smallest_normal))
+    groups.append(rng.choice([-1, 1], g) * 10.0 ** rng.uniform(np.log10(tiny), np.log10(big), g))
+    huge = rng.choice([-tiny, tiny], g) * rng.integers(1, 100, g)
+    huge[g // 2] = big * 0.75
+    groups.append(huge)
+    z = rng.standard_normal(g // 2 + 3)
+    groups.append(z / np.abs(z).max() * 1e-40 if dtype != np.float16 else z)  # partial
+    x = np.concatenate(groups)
+    with np.errstate(over="ignore", under="ignore"):
+        return x.astype(dtype).astype(np.float64)
+
+
+def group_errors(y: np.ndarray, x: np.ndarray, group_size: int) -> tuple[np.ndarray, ...]:
+    """Per group: the error norm ||y - x||, the norm ||x|| and the element count, in
+    float64 (x and y as float64; the last group may be partial)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y).astype(np.float64)
+    k = -(-x.size // group_size)
+    pad = k * group_size - x.size
+    d = np.concatenate([y - x, np.zeros(pad)]).reshape(k, group_size)
+    xs = np.concatenate([x, np.zeros(pad)]).reshape(k, group_size)
+    n = np.full(k, group_size)
+    n[-1] -= pad
+    return np.linalg.norm(d, axis=1), np.linalg.norm(xs, axis=1), n
+
+
+def assert_within_bound(
+    y: np.ndarray, x: np.ndarray, group_size: int, rel: float, floor: float, msg: str
+) -> None:
+    """Every group: ||y - x|| <= rel * ||x|| + sqrt(n) * floor (the codecs' stated bound)."""
+    err, norm, n = group_errors(y, x, group_size)
+    limit = rel * norm + np.sqrt(n) * floor
+    bad = ~(err <= limit)  # NaN fails too
+    if bad.any():
+        k = np.nonzero(bad)[0][:5]
+        raise AssertionError(
+            f"{msg}: {int(bad.sum())} groups beyond the bound, e.g. groups {k}: "
+            f"err {err[k]}, norm {norm[k]}, limit {limit[k]}"
+        )

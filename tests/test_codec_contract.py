@@ -37,6 +37,7 @@ CONFIGS = [
     {"id": "taco", "group_size": 32, "ash": False},
     {"id": "taco", "group_size": 512, "dual_scale": False},
     {"id": "taco", "ash": False, "dual_scale": False},
+    {"id": "taco", "group_size": 64, "coccl_clamps": True},
 ]
 LOSSY = [c for c in CONFIGS if c["id"] != "identity"]
 COUNTS = [0, 1, 31, 127, 128, 129, 1000]
@@ -86,6 +87,7 @@ def test_registry_and_defaults() -> None:
         "group_size": 128,
         "ash": True,
         "dual_scale": True,
+        "coccl_clamps": False,
     }
     assert get_compressor("int8").get_config() == {"id": "int8", "group_size": 128}
     assert isinstance(get_compressor("identity"), IdentityCompressor)
@@ -129,6 +131,7 @@ def test_bad_option_values(name: str, options: dict, option: str) -> None:
         ("taco", {"fp8_format": 4}, "fp8_format"),
         ("taco", {"ash": "yes"}, "ash"),
         ("taco", {"dual_scale": 1}, "dual_scale"),
+        ("taco", {"coccl_clamps": "no"}, "coccl_clamps"),
     ],
 )
 def test_bad_option_types(name: str, options: dict, option: str) -> None:
@@ -222,6 +225,38 @@ def test_public_api_errors(cfg: dict) -> None:
         c.decode(payload, count=-1, dtype=np.float32)
     with pytest.raises(ValueError):
         c.encode(np.ones((4, 4), np.float32)[:, ::2])
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
+def test_read_only_out_is_refused_up_front(cfg: dict) -> None:
+    c = get_compressor(cfg)
+    x = np.linspace(-2, 2, 300, dtype=np.float32)
+    payload = c.encode(x)
+    frozen_payload = np.zeros_like(payload)
+    frozen_payload.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        c.encode(x, frozen_payload)
+    assert not frozen_payload.any()
+    frozen = np.full(300, 5.0, np.float32)
+    frozen.flags.writeable = False
+    for accumulate in (False, True):
+        with pytest.raises(ValueError, match="out is read-only"):
+            c.decode(payload, frozen, count=300, dtype=np.float32, accumulate=accumulate)
+    assert (frozen == 5.0).all()
+    # A read-only input is fine: encoding only reads it.
+    x.flags.writeable = False
+    assert np.array_equal(c.encode(x), payload)
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    from coccl.compressors import identity, int8, taco
+
+    for module in (identity, int8, taco):
+        result = doctest.testmod(module, raise_on_error=False, verbose=False)
+        assert result.failed == 0, f"{module.__name__}: {result}"
+    assert doctest.testmod(int8).attempted >= 4 and doctest.testmod(taco).attempted >= 4
 
 
 # --------------------------------------------------------------- shared behaviour
@@ -433,7 +468,7 @@ def _fixture_cases() -> list[str]:
 def test_fixture_file_present() -> None:
     assert FIXTURES.exists(), "run tests/fixtures/make_codec_fixtures.py"
     assert FIXTURES.stat().st_size < 200_000
-    assert len(_fixture_cases()) >= 8
+    assert len(_fixture_cases()) >= 21
 
 
 @pytest.mark.parametrize("case", _fixture_cases())
@@ -456,6 +491,39 @@ def test_fixture_payloads_unchanged(case: str) -> None:
     np.testing.assert_array_equal(
         out[~nan].view(np.uint32), decoded[~nan].view(np.uint32), err_msg=msg
     )
+
+
+def _fixture(data, case: str) -> tuple[dict, np.ndarray, np.ndarray]:
+    config = json.loads(str(data[f"{case}__config"]))
+    return config, data[f"{case}__input"], data[f"{case}__payload"]
+
+
+@pytest.mark.parametrize("case", [c for c in _fixture_cases() if c.endswith("_coccl")])
+def test_fixture_modes_differ_only_in_extended_groups(case: str) -> None:
+    # The same input encoded with COCCL's clamps and with the extended range: the payloads
+    # agree byte for byte except in the groups that the extended range encoded (those
+    # whose s COCCL clamps), which are not empty here.
+    with np.load(FIXTURES) as data:
+        cfg_old, x_old, p_old = _fixture(data, case)
+        cfg_new, x_new, p_new = _fixture(data, case.removesuffix("_coccl"))
+    assert cfg_old == {**cfg_new, "coccl_clamps": True} and np.array_equal(x_old, x_new)
+    codec = get_compressor(cfg_new)
+    g, count = codec.alignment, x_new.view(np.float32).size
+    k = -(-count // g)
+    differs = np.zeros(k, bool)
+    codes = k * g
+    differs |= (p_old[:codes] != p_new[:codes]).reshape(k, g).any(axis=1)
+    scales = (p_old[codes:] != p_new[codes:]).reshape(-1, k, 4).any(axis=(0, 2))
+    differs |= scales
+    ext = np.zeros(k, bool)
+    if cfg_new["dual_scale"]:
+        s = p_new[codes : codes + 4 * k].view("<f4")
+        ext = (s < np.float32(1e-12)) | (s > np.float32(1e6))
+        if cfg_new["ash"]:
+            a = p_new[codes + 4 * k : codes + 8 * k].view("<f4")
+            ext = (a > 0) & ((a < np.float32(1e-3)) | (a > np.float32(1e3)))
+    np.testing.assert_array_equal(differs, ext)
+    assert ext.any() == cfg_new["dual_scale"]
 
 
 # ------------------------------------------------------- CPU/GPU dispatch bridge

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +24,9 @@ except Exception as exc:  # ImportError, no driver, no device
     pytest.skip(f"needs CuPy and a CUDA GPU ({exc})", allow_module_level=True)
 
 from coccl.compressors import gpu_kernels as gk  # noqa: E402
+from coccl.compressors.layout import int8_layout, taco_nbytes  # noqa: E402
+
+from codec_reference import magnitude_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -142,18 +144,15 @@ def assert_bytes_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
         )
 
 
-def taco_nbytes(n: int, G: int, ash: bool, dual: bool) -> int:
-    K = -(-n // G)
-    return K * G + 4 * K * (int(ash) + int(dual))
-
-
 def int8_nbytes(n: int, G: int) -> int:
-    return n + 4 * (-(-n // G))
+    return int8_layout(n, G).nbytes
 
 
-def cpu_taco_encode(x, G, fmt, ash, dual):
+def cpu_taco_encode(x, G, fmt, ash, dual, clamps=False):
     p = np.empty(taco_nbytes(x.size, G, ash, dual), np.uint8)
-    ck.taco_encode(x, p, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual)
+    ck.taco_encode(
+        x, p, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, coccl_clamps=clamps
+    )
     return p
 
 
@@ -177,11 +176,13 @@ def cpu_int8_decode(p, n, dtype, G, acc=None):
     return out
 
 
-def gpu_taco_encode(x, G, fmt, ash, dual, fill=0xA5, x_off=0, p_off=0):
+def gpu_taco_encode(x, G, fmt, ash, dual, fill=0xA5, x_off=0, p_off=0, clamps=False):
     xd = dev_empty(x.size, x.dtype, 0, x_off)
     xd[...] = to_dev(x)
     pd = dev_empty(taco_nbytes(x.size, G, ash, dual), np.uint8, fill, p_off)
-    gk.taco_encode(xd, pd, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual)
+    gk.taco_encode(
+        xd, pd, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, coccl_clamps=clamps
+    )
     return to_host(pd)
 
 
@@ -276,8 +277,7 @@ def test_taco_encode_kernels_agree(epl, G, dtype):
     """Both encode kernels (32 elements per lane, and up to a whole group per lane) and
     every lane split give the CPU's payload, aligned or not, with or without ash."""
     rng = np.random.default_rng(epl + G)
-    old = gk._set_tuning(encode_epl=epl)
-    try:
+    with gk.tuning(encode_epl=epl):
         for n in (1, 129, 4096 * 3 + 77, 100003):
             x = make_data(n, dtype, rng, G)
             for ash, dual in ((True, True), (False, True), (True, False)):
@@ -286,8 +286,6 @@ def test_taco_encode_kernels_agree(epl, G, dtype):
                     got = gpu_taco_encode(x, G, "e5m2", ash, dual, x_off=x_off, p_off=p_off)
                     where = f"n={n} ash={ash} dual={dual} offsets {x_off},{p_off}"
                     assert_bytes_equal(got, want, where)
-    finally:
-        gk._set_tuning(**old)
 
 
 @needs_cpu
@@ -347,32 +345,31 @@ def test_taco_fp8_conversion_exhaustive_codes(fmt):
     for G in (32, 128):
         want = cpu_taco_encode(x, G, fmt, False, False)
         assert_bytes_equal(gpu_taco_encode(x, G, fmt, False, False), want, "fp8 codes")
-        old = gk._set_tuning(sw_cvt=1)  # the software converter on this GPU too
-        try:
+        with gk.tuning(sw_cvt=1):  # the software converter on this GPU too
             assert_bytes_equal(gpu_taco_encode(x, G, fmt, False, False), want, "sw codes")
             got_sw = gpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
-        finally:
-            gk._set_tuning(**old)
         got_hw = gpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
         want_d = cpu_taco_decode(want, x.size, np.float32, G, fmt, False, False)
         assert_values_equal(got_hw, want_d, "fp8 decode")
         assert_values_equal(got_sw, want_d, "sw fp8 decode")
 
 
-def cpu_taco_hop(own, p, G, fmt, ash, dual):
+def cpu_taco_hop(own, p, G, fmt, ash, dual, clamps=False):
     """The three-step ring hop: a float32 copy of own, decode-accumulate p, encode."""
     acc = own.astype(np.float32)
     ck.taco_decode(p, acc, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, accumulate=True)
-    return cpu_taco_encode(acc, G, fmt, ash, dual)
+    return cpu_taco_encode(acc, G, fmt, ash, dual, clamps)
 
 
-def gpu_taco_hop(own, p, G, fmt, ash, dual, fill=0xA5, x_off=0, p_off=0, o_off=0):
+def gpu_taco_hop(own, p, G, fmt, ash, dual, fill=0xA5, x_off=0, p_off=0, o_off=0, clamps=False):
     od = dev_empty(own.size, own.dtype, 0, x_off)
     od[...] = to_dev(own)
     pd = dev_empty(p.size, np.uint8, 0, p_off)
     pd[...] = to_dev(p)
     out = dev_empty(p.size, np.uint8, fill, o_off)
-    gk.taco_reduce_encode(od, pd, out, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual)
+    gk.taco_reduce_encode(
+        od, pd, out, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, coccl_clamps=clamps
+    )
     return to_host(out)
 
 
@@ -407,6 +404,78 @@ def test_taco_reduce_encode_is_the_three_step_hop(G, fmt, ash, dual, dtype):
         for fill, offs in ((0xA5, (0, 0, 0)), (0x00, (0, 0, 0)), (0xA5, (item, 1, 3))):
             got = gpu_taco_hop(own, received, G, fmt, ash, dual, fill, *offs)
             assert_bytes_equal(got, want, f"hop n={n} fill={fill:#x} offsets {offs}")
+
+
+# ------------------------------------------------------------ whole float32 range
+def range_data(dtype, G: int, seed: int) -> np.ndarray:
+    """magnitude_sweep's groups (smallest subnormal to largest finite value of dtype, mixed
+    magnitudes, a partial last group) followed by make_data's special groups."""
+    rng = np.random.default_rng(seed)
+    sweep = magnitude_sweep(rng, G, dtype).astype(dtype)
+    return np.concatenate([sweep, make_data(5 * G + 17, dtype, rng, G)])
+
+
+def _range_cases():
+    return [
+        pytest.param(
+            G, fmt, ash, clamps, dt, id=f"G{G}-{fmt}-ash{int(ash)}-coccl{int(clamps)}-{dt.name}"
+        )
+        for G in (32, 128, 512)
+        for fmt in ("e4m3", "e5m2")
+        for ash in (True, False)
+        for clamps in (False, True)
+        for dt in DTYPES
+        if dt == BF16 or (G == 128 and fmt == "e4m3") or dt == np.float32
+    ]
+
+
+@needs_cpu
+@pytest.mark.parametrize("G,fmt,ash,clamps,dtype", _range_cases())
+def test_taco_whole_range_bitwise_vs_cpu(G, fmt, ash, clamps, dtype):
+    """Groups from the smallest subnormal to FLT_MAX, where the extended range (FORMAT.md
+    step 4b) or COCCL's clamps decide: every encode kernel (32 elements per lane, and 32,
+    64, 128 per lane), the decode and decode-accumulate kernels and the fused ring hop
+    give the CPU's bits, with the extended groups decoded on either side."""
+    x = range_data(dtype, G, G + 2 * ash + clamps)
+    n = x.size
+    want = cpu_taco_encode(x, G, fmt, ash, True, clamps)
+    for epl in (0, 32, 64, 128):
+        with gk.tuning(encode_epl=epl):
+            got = gpu_taco_encode(x, G, fmt, ash, True, clamps=clamps)
+        assert_bytes_equal(got, want, f"encode epl={epl}")
+    with gk.tuning(sw_cvt=1):
+        assert_bytes_equal(gpu_taco_encode(x, G, fmt, ash, True, clamps=clamps), want, "sw")
+    want_d = cpu_taco_decode(want, n, dtype, G, fmt, ash, True)
+    assert_values_equal(gpu_taco_decode(want, n, dtype, G, fmt, ash, True), want_d, "decode")
+    acc = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    want_a = cpu_taco_decode(want, n, np.float32, G, fmt, ash, True, acc=acc)
+    got_a = gpu_taco_decode(want, n, np.float32, G, fmt, ash, True, acc=acc)
+    assert_values_equal(got_a, want_a, "accumulate")
+    if dtype == np.float32 or dtype == BF16:
+        own = range_data(dtype, G, 99)[:n]
+        want_h = cpu_taco_hop(own, want, G, fmt, ash, True, clamps)
+        got_h = gpu_taco_hop(own, want, G, fmt, ash, True, clamps=clamps)
+        assert_bytes_equal(got_h, want_h, "hop")
+
+
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("G", [32, 128, 1024, 100])
+def test_int8_whole_range_bitwise_vs_cpu(G, dtype):
+    """int8 at both ends of float32's range (FORMAT.md steps 4 and 5): encode, decode,
+    accumulate and (for the fast group sizes) the fused ring hop give the CPU's bits."""
+    x = range_data(dtype, G, G)
+    n = x.size
+    want = cpu_int8_encode(x, G)
+    assert_bytes_equal(gpu_int8_encode(x, G), want, "int8 encode")
+    want_d = cpu_int8_decode(want, n, dtype, G)
+    assert_values_equal(gpu_int8_decode(want, n, dtype, G), want_d, "int8 decode")
+    acc = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    want_a = cpu_int8_decode(want, n, np.float32, G, acc=acc)
+    assert_values_equal(gpu_int8_decode(want, n, np.float32, G, acc=acc), want_a, "accumulate")
+    if G != 100 and dtype in (np.float32, BF16):
+        own = range_data(dtype, G, 98)[:n]
+        assert_bytes_equal(gpu_int8_hop(own, want, G), cpu_int8_hop(own, want, G), "int8 hop")
 
 
 def test_taco_reduce_encode_argument_errors():
@@ -518,14 +587,42 @@ def test_int8_reduce_encode_argument_errors():
 
 # ---------------------------------------------------------------- interface checks
 def test_count_zero_is_a_no_op():
-    x = cupy.empty(0, cupy.float32)
-    p = cupy.empty(0, cupy.uint8)
-    gk.taco_encode(x, p, group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
-    gk.taco_decode(
-        p, x, group_size=128, fp8_format="e4m3", ash=True, dual_scale=True, accumulate=True
-    )
+    """Count 0 writes nothing: empty views into poisoned buffers leave every byte as it was."""
+    kw = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+    xs = cupy.full(64, 3.0, cupy.float32)
+    ps = cupy.full(256, 0xA5, cupy.uint8)
+    outs = cupy.full(64, 7.0, cupy.float32)
+    x, p, p2, out = xs[16:16], ps[32:32], ps[64:64], outs[16:16]
+    gk.taco_encode(x, p, **kw)
+    gk.taco_decode(p, out, accumulate=True, **kw)
+    gk.taco_decode(p, out, accumulate=False, **kw)
+    gk.taco_reduce_encode(x, p, p2, **kw)
     gk.int8_encode(x, p, group_size=128)
-    gk.int8_decode(p, x, group_size=128, accumulate=False)
+    gk.int8_decode(p, out, group_size=128, accumulate=False)
+    gk.int8_reduce_encode(x, p, p2, group_size=128)
+    cupy.cuda.get_current_stream().synchronize()
+    assert (ps == 0xA5).all() and (outs == 7.0).all() and (xs == 3.0).all()
+
+
+def test_tuning_hooks_on_the_gpu():
+    """A tuning change recompiles (the launch attributes follow it) and is undone on exit;
+    the payload never depends on it."""
+    x = to_dev(make_data(5000, np.float32, np.random.default_rng(4), 128))
+    kw = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+    p = cupy.empty(taco_nbytes(5000, 128, True, True), cupy.uint8)
+    gk.taco_encode(x, p, **kw)
+    default = gk.last_kernel_attributes()
+    assert default["num_regs"] > 0 and "local_size_bytes" in default
+    want = to_host(p)
+    with gk.tuning(encode_epl=0, threads=128) as now:
+        assert now["encode_epl"] == 0 and now["threads"] == 128
+        p[...] = 0
+        gk.taco_encode(x, p, **kw)
+        assert gk.last_kernel_attributes()["max_threads_per_block"] <= 128
+        assert_bytes_equal(to_host(p), want, "encode under another tuning")
+    assert gk.get_tuning()["encode_epl"] != 0
+    gk.taco_encode(x, p, **kw)
+    assert gk.last_kernel_attributes() == default
 
 
 def test_argument_errors():
@@ -571,12 +668,6 @@ def test_runs_on_the_current_stream():
         want, n, np.float32, 128, "e4m3", True, True, acc=np.zeros(n, np.float32)
     )
     assert_values_equal(to_host(out), want_a, "accumulate on a side stream")
-
-
-def test_payload_size_formula():
-    assert taco_nbytes(1000, 128, True, True) == 8 * 128 + 64
-    assert int8_nbytes(1000, 128) == 1000 + 32
-    assert math.isclose(taco_nbytes(1 << 20, 128, True, True) / (1 << 20), 1.0625)
 
 
 # ------------------------------------------------------------- through the codecs

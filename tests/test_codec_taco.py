@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from coccl.compressors import TacoCompressor, get_compressor
-from coccl.compressors.taco import taco_layout
+from coccl.compressors.layout import taco_layout
 
 from codec_reference import (
     QMAX,
+    extended_alpha,
     fp8_ordinal,
     fp8_values,
     group_max,
@@ -45,39 +46,68 @@ SOME_CONFIGS = [
     {"fp8_format": "e4m3", "group_size": 128, "ash": False, "dual_scale": True},
     {"fp8_format": "e4m3", "group_size": 128, "ash": True, "dual_scale": False},
     {"fp8_format": "e5m2", "group_size": 64, "ash": False, "dual_scale": False},
+    {
+        "fp8_format": "e4m3",
+        "group_size": 128,
+        "ash": True,
+        "dual_scale": True,
+        "coccl_clamps": True,
+    },
+    {
+        "fp8_format": "e5m2",
+        "group_size": 32,
+        "ash": False,
+        "dual_scale": True,
+        "coccl_clamps": True,
+    },
 ]
 COUNTS = [0, 1, 31, 127, 128, 129, 1000]
 
 
 def _id(cfg: dict) -> str:
+    clamps = "-coccl" if cfg.get("coccl_clamps") else ""
     return (
         f"{cfg['fp8_format']}-G{cfg['group_size']}-ash{int(cfg['ash'])}-ds{int(cfg['dual_scale'])}"
+        + clamps
     )
 
 
 def check_encoding(x: np.ndarray, cfg: dict, seed: int) -> np.ndarray:
     """Encode x with the codec and compare the payload with the reference encoding.
 
-    Returns the payload. Scales must agree within a few float32 ulps; codes must be equal
-    for all but a tiny fraction, and differ elsewhere by at most one code step, or by a
-    value negligible next to the group's largest (float32 vs float64 cancellation in the
-    rotation can move a coefficient that is ~1e-6 of the group's scale by a few codes of
-    the finer e5m2 subnormals).
+    Returns the payload. Scales must agree within a few float32 ulps (for a group that took
+    the extended range: the ratio s / alpha, which is what decoding uses, and its alpha
+    must lie outside [1e-3, 1e3] and differ from the reference's by a power of two); codes
+    must be equal for all but a tiny fraction, and differ elsewhere by at most one code
+    step, or by a value negligible next to the group's largest (float32 vs float64
+    cancellation in the rotation can move a coefficient that is ~1e-6 of the group's scale
+    by a few codes of the finer e5m2 subnormals).
     """
     c = TacoCompressor(**cfg)
     g, fmt, ash, ds = cfg["group_size"], cfg["fp8_format"], cfg["ash"], cfg["dual_scale"]
+    clamps = cfg.get("coccl_clamps", False)
     payload = c.encode(x)
     assert payload.dtype == np.uint8 and payload.size == c.encoded_nbytes(x.size, x.dtype)
     got = split_taco_payload(payload, x.size, g, ash, ds)
-    ref = taco_encode_ref(x, g, fmt, ash, ds)
+    ref = taco_encode_ref(x, g, fmt, ash, ds, clamps)
     msg = f"seed={seed} cfg={cfg} count={x.size}"
 
+    ext = ref.extended
+    if ash:
+        np.testing.assert_array_equal(extended_alpha(got.alpha), ext, err_msg=f"ext; {msg}")
+        p = np.log2(got.alpha[ext] / ref.alpha[ext])
+        assert (np.abs(p - np.round(p)) <= 1e-5).all(), f"alpha not scaled by 2^p; {msg}"
+        k_got, k_ref = got.s[ext] / got.alpha[ext], ref.s[ext] / ref.alpha[ext]
+        rel = np.abs(k_got / k_ref - 1)
+        assert rel.size == 0 or rel.max() <= 32 * 2.0**-24, f"s/alpha off by {rel.max()}; {msg}"
     for name, tol_ulps in (("alpha", 8), ("s", 16)):
         a, b = getattr(got, name), getattr(ref, name)
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"{name} NaNs; {msg}")
-        ok = ~np.isnan(b)
+        ok = ~np.isnan(b) & ~(ext if ash else np.zeros_like(ext))
         ulps = np.abs(a[ok] - b[ok]) / np.spacing(np.abs(b[ok]).astype(np.float32))
         assert ulps.size == 0 or ulps.max() <= tol_ulps, f"{name} off by {ulps.max()} ulps; {msg}"
+    if not ash:  # the codes follow the s stored, which for tiny groups is subnormal
+        ref = taco_encode_ref(x, g, fmt, ash, ds, clamps, fitted_s=got.s)
 
     d_ord = np.abs(fp8_ordinal(got.codes) - fp8_ordinal(ref.codes))
     va, vb = fp8_values(got.codes, fmt), fp8_values(ref.codes, fmt)
@@ -104,8 +134,9 @@ def check_decoding(payload: np.ndarray, count: int, cfg: dict, seed: int) -> np.
     ok = ~np.isnan(ref)
     scale = group_max(np.where(ok, ref, 0.0), g)
     err = np.abs(got[ok].astype(np.float64) - ref[ok])
-    # float32 rotation vs float64: ~log2(G) roundings of the group's largest magnitude.
-    assert (err <= 2e-6 * scale[ok] + 1e-37).all(), f"max err {err.max()}; {msg}"
+    # float32 rotation vs float64: ~log2(G) roundings of the group's largest magnitude,
+    # and the rounding of a subnormal result.
+    assert (err <= 2e-6 * scale[ok] + c.abs_error_floor).all(), f"max err {err.max()}; {msg}"
     return got
 
 
@@ -149,8 +180,9 @@ def test_default_ratio() -> None:
 @pytest.mark.parametrize("exponent", [-30, -20, -12, -6, 6, 12, 20, 30])
 @pytest.mark.parametrize("cfg", SOME_CONFIGS, ids=_id)
 def test_extreme_magnitudes(cfg: dict, exponent: int, request: pytest.FixtureRequest) -> None:
-    # Far outside the normal range the clamps of alpha and s decide; the kernels must
-    # saturate (or flush) exactly as the reference does.
+    # Far outside the normal range COCCL's clamps of alpha and s would decide: by default
+    # the group takes the extended range, with coccl_clamps it saturates (or flushes);
+    # the kernels must do exactly what the reference does, either way.
     seed = seed_for(request)
     rng = np.random.default_rng(seed)
     x = grouped_gaussian(rng, 700, cfg["group_size"], exponent - 0.5, exponent + 0.5)
