@@ -424,17 +424,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # fmt: off
     add("--compressor", type=codec_specs, default="identity,int8,taco",
         help="comma-separated codecs, each NAME or NAME:KEY=VALUE,... "
-             "(e.g. identity,taco:group_size=32); default identity,int8,taco")
+             "(e.g. identity,taco:group_size=32)")
     add("-d", "--datatype", type=dtype_list, default="float32,bfloat16",
-        help="comma-separated data types (default float32,bfloat16)")
+        help="comma-separated data types")
     add("--counts", type=count_list, default=None,
         help="comma-separated element counts, K/M/G suffixes are binary "
-             f"(default {DEFAULT_COUNTS['cpu']} on cpu, {DEFAULT_COUNTS['gpu']} on gpu)")
+             f"(default: {DEFAULT_COUNTS['cpu']} on cpu, {DEFAULT_COUNTS['gpu']} on gpu)")
     add("--device", choices=("cpu", "gpu"), default="cpu",
         help="cpu: numpy buffers and the numba kernels; gpu: CuPy buffers and the CUDA kernels")
-    add("-n", "--iters", type=positive_int, default=10, help="timed calls per op (default 10)")
+    add("-n", "--iters", type=positive_int, default=10, help="timed calls per op")
     add("-w", "--warmup_iters", type=int, default=3,
-        help="warm-up calls per op, at least one per buffer set (default 3)")
+        help="warm-up calls per op, at least one per buffer set")
     add("--json", metavar="PATH", help="write the results as JSON")
     # fmt: on
 
