@@ -5,6 +5,7 @@ table and JSON writers on fake rows, the plot, and end-to-end sweeps launched wi
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import json
 import math
 import os
@@ -251,6 +252,14 @@ def test_unknown_flag_shows_the_subcommands_usage(
     err = capsys.readouterr().err
     assert err.startswith(f"usage: coccl-bench {name} ")
     assert "unrecognized arguments: --no-such-flag 3" in err
+
+
+def test_package_ships_py_typed() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    assert importlib.resources.files("coccl").joinpath("py.typed").is_file()
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    package_data = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in package_data["coccl"]  # installed with the package, not only here
 
 
 def test_strip_np() -> None:
