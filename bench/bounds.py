@@ -101,6 +101,16 @@ def gamma(k: int, u: float) -> float:
     return k * u / (1 - k * u)
 
 
+def roundtrip_bound(codec: Compressor, dtype: np.dtype) -> float:
+    """The largest ``||decode(encode(x)) - x|| / ||x||`` of one roundtrip to ``dtype``
+    (``codec.rel_error_bound`` and the decoded values' rounding to the type; 0 for a
+    lossless codec)."""
+    if codec.lossless:
+        return 0.0
+    u = unit_roundoff(dtype)
+    return codec.rel_error_bound * (1 + u) + u
+
+
 def rel_error_bound(
     collective: str,
     algorithm: str,
