@@ -5,6 +5,7 @@ table and JSON writers on fake rows, the plot, and end-to-end sweeps launched wi
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.resources
 import json
 import math
@@ -260,6 +261,36 @@ def test_package_ships_py_typed() -> None:
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     package_data = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]
     assert "py.typed" in package_data["coccl"]  # installed with the package, not only here
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "bench" / "scripts"
+# What the probe scripts may import of coccl: its public face and the bench's parsers.
+PUBLIC_MODULES = {"coccl", "coccl.compressors", "coccl.bench.cli"}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS.glob("*.py")), ids=lambda p: p.name)
+def test_probe_scripts_use_public_api_only(script: Path) -> None:
+    tree = ast.parse(script.read_text(), filename=str(script))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coccl"):
+            assert node.module in PUBLIC_MODULES, f"line {node.lineno}: from {node.module}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("coccl"):
+                    assert alias.name in PUBLIC_MODULES, f"line {node.lineno}: {alias.name}"
+        elif isinstance(node, ast.Attribute):
+            private = node.attr.startswith("_") and not node.attr.startswith("__")
+            assert not private, f"line {node.lineno}: .{node.attr}"
+
+
+def test_probe_scripts_are_not_the_cli() -> None:
+    assert not (SCRIPTS / "__init__.py").exists()  # not a package: not installed
+    for module in Path(cli.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [getattr(node, "module", None) or ""]
+                names += [alias.name for alias in node.names]
+                assert not any("scripts" in name for name in names), module.name
 
 
 def test_strip_np() -> None:
