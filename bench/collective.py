@@ -689,7 +689,7 @@ def _sweep(
 
 # What an ``auto`` pair may resolve to (algorithms/auto.py): uncompressed, the transport's
 # collective or a schedule; compressed, the two-shot schedule.
-_AUTO_CHOICES = ("native/identity", "ring/identity", "two_shot/identity")
+_AUTO_ALGORITHMS = ("native", "ring", "two_shot")
 
 
 def _table_plan(
@@ -704,8 +704,16 @@ def _table_plan(
     max_count = max(counts, default=0)
     max_size = max_count * sweep.dtype.itemsize
     lossy = [name for _, name in variants if not codecs[name].lossless]
-    auto = [name for algorithm, name in variants if algorithm == "auto"]
-    ran_labels = [*_AUTO_CHOICES, *(f"two_shot/{codecs[name].codec_id}" for name in auto)]
+    algorithms, compressors = [], []
+    for algorithm, name in variants:
+        if algorithm == "auto":
+            algorithms += [f"auto>{choice}" for choice in _AUTO_ALGORITHMS]
+            compressors += (
+                [name, f"{name}>identity"] if codecs[name].codec_id != "identity" else [name]
+            )
+        else:
+            algorithms.append(algorithm)
+            compressors.append(name)
     overlap = (
         overlap_min > 0
         and max_size >= overlap_min
@@ -717,9 +725,8 @@ def _table_plan(
         max_count=max_count,
         type=sweep.dtype.name,
         redop=sweep.op if sweep.spec.reduces else "none",
-        algorithms=[algorithm for algorithm, _ in variants],
-        compressors=[name for _, name in variants],
-        ran_labels=ran_labels if auto else [],
+        algorithms=algorithms,
+        compressors=compressors,
         check=sweep.check,
         lossy=bool(lossy),
         baseline=native_ok and any(algorithm != "native" for algorithm, _ in variants),

@@ -4,8 +4,9 @@ which commit it was measured) and the progress line.
 The table keeps nccl-tests' columns and conventions (``#`` before header lines, sizes
 in bytes, times in microseconds, bandwidths in GB/s = 1e9 B/s, ``#wrong``) and adds
 coccl's where a run has them: the algorithm and codec of the row (when the run has more
-than one), what ``auto`` ran, the compression ratio, the relative error against an exact
-reduction, the speedup over the native baseline of the same run, the overlap efficiency.
+than one; ``auto>two_shot`` and ``taco>identity`` say what ``auto`` ran), the compression
+ratio, the relative error against an exact reduction, the speedup over the native
+baseline of the same run, the overlap efficiency.
 Columns that carry nothing for a run are left out, and the least telling ones give way
 until a row fits ``MAX_WIDTH`` characters; the JSON record always has every figure.
 """
@@ -104,6 +105,18 @@ class Row:
             return f"{self.algorithm}/{self.compressor}"
         return f"{self.ran['algorithm']}/{self.ran['compressor']['id']}"
 
+    @property
+    def algorithm_label(self) -> str:
+        """The table's algorithm: as asked, or ``auto>two_shot`` (what auto ran)."""
+        return self.algorithm if self.ran is None else f"auto>{self.ran['algorithm']}"
+
+    @property
+    def compressor_label(self) -> str:
+        """The table's codec: as asked, or ``taco>identity`` when auto ran another."""
+        if self.ran is None or self.ran["compressor"]["id"] == self.compressor:
+            return self.compressor
+        return f"{self.compressor}>{self.ran['compressor']['id']}"
+
 
 # ------------------------------------------------------------------------- the table
 def _num(value: float | None, decimals: int, width: int) -> str:
@@ -146,9 +159,9 @@ class TablePlan:
     Attributes:
         max_size, max_count: the largest size and count of the sweep.
         type, redop: the data type's name and the op (``none`` for AllGather).
-        algorithms, compressors: the labels of the requested pairs, in order.
-        ran_labels: what ``auto`` pairs may resolve to (``native/identity``...); empty
-            when no pair is ``auto``.
+        algorithms, compressors: every label a row may show in the algorithm and codec
+            columns (``Row.algorithm_label``, ``Row.compressor_label``), ``auto``'s
+            possible choices included.
         check: outputs are checked (``-c 1``).
         lossy: some codec of the run is lossy (then ratio and rel_err say something).
         baseline: the native baseline runs, next to some other pair (speedup).
@@ -161,7 +174,6 @@ class TablePlan:
     redop: str
     algorithms: Sequence[str]
     compressors: Sequence[str]
-    ran_labels: Sequence[str] = ()
     check: bool = True
     lossy: bool = False
     baseline: bool = True
@@ -230,15 +242,11 @@ def layout(plan: TablePlan, max_width: int = MAX_WIDTH) -> Layout:
         col("redop", "redop", "", len(plan.redop), lambda r: r.redop),
     ]
     if len(set(plan.algorithms)) > 1:
-        columns.append(
-            col("algorithm", "algorithm", "", width("", *plan.algorithms), lambda r: r.algorithm)
-        )
+        w = width("", *plan.algorithms)
+        columns.append(col("algorithm", "algorithm", "", w, lambda r: r.algorithm_label))
     if len(set(plan.compressors)) > 1:
-        columns.append(
-            col("compressor", "codec", "", width("", *plan.compressors), lambda r: r.compressor)
-        )
-    if plan.ran_labels:
-        columns.append(col("ran", "ran", "", width("", *plan.ran_labels), lambda r: r.ran_label))
+        w = width("", *plan.compressors)
+        columns.append(col("compressor", "codec", "", w, lambda r: r.compressor_label))
     for group, suffix in ((oop, ""), (ip, "_inplace")):
         columns += [
             col(f"time_us{suffix}", "time", "(us)", 8,
@@ -293,22 +301,25 @@ def format_summary(rows: list[Row], check: bool) -> list[str]:
 
 
 def auto_notes(rows: list[Row]) -> list[str]:
-    """One line per run of sizes over which an ``auto`` pair ran the same thing for the
-    same reason: ``# auto/taco 1024..4194304 B: native/identity (reason)``."""
+    """One line per run of sizes over which an ``auto`` pair ran the same thing:
+    ``# auto/taco 1024..4194304 B: ran native/identity (reason)``; the reason is the
+    one ``Communicator.describe`` gave, or a pointer to the JSON where it varies."""
     notes: list[str] = []
-    runs: dict[str, list[tuple[int, int, str, str]]] = {}
+    runs: dict[str, list[tuple[int, int, str, list[str]]]] = {}
     for row in rows:
         if row.algorithm != "auto" or row.ran is None:
             continue
         spans = runs.setdefault(f"{row.algorithm}/{row.compressor}", [])
         what, why = row.ran_label, str(row.ran.get("reason", ""))
-        if spans and spans[-1][2:] == (what, why):
-            spans[-1] = (spans[-1][0], row.size, what, why)
+        if spans and spans[-1][2] == what:
+            first, _, _, reasons = spans[-1]
+            spans[-1] = (first, row.size, what, [*reasons, why])
         else:
-            spans.append((row.size, row.size, what, why))
+            spans.append((row.size, row.size, what, [why]))
     for name, spans in runs.items():
-        for first, last, what, why in spans:
+        for first, last, what, reasons in spans:
             sizes = f"{first} B" if first == last else f"{first}..{last} B"
+            why = reasons[0] if len(set(reasons)) == 1 else "reasons by size in the JSON"
             notes.append(f"# {name} {sizes}: ran {what}" + (f" ({why})" if why else ""))
     return notes
 

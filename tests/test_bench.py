@@ -494,15 +494,14 @@ def test_table_fits_the_terminal() -> None:
         max_size=1 << 30,
         max_count=1 << 29,
         type="bfloat16",
-        algorithms=["ring", "two_shot", "auto"],
-        compressors=["identity", "taco", "int8"],
-        ran_labels=["native/identity", "two_shot/identity", "two_shot/taco"],
+        algorithms=["ring", "two_shot", "auto>native", "auto>two_shot"],
+        compressors=["identity", "taco", "int8", "taco>identity", "int8>identity"],
         overlap=True,
     )
     table = layout(plan)
     assert table.width <= MAX_WIDTH
     assert table.hidden and table.hidden[0] == "algbw_inplace"
-    assert "ran" in titles(table) and "#wrong" in titles(table)
+    assert "#wrong" in titles(table) and "overlap" in titles(table)
     assert len(table.row(fake_row(size=1 << 30, count=1 << 29, type="bfloat16"))) <= MAX_WIDTH
 
 
@@ -536,6 +535,9 @@ def test_auto_notes() -> None:
         fake_row(algorithm="auto", size=16384, ran=big),
     ]
     assert rows[0].ran_label == "native/identity" and rows[2].ran_label == "ring/taco"
+    assert (rows[0].algorithm_label, rows[0].compressor_label) == ("auto>native", "taco>identity")
+    assert (rows[3].algorithm_label, rows[3].compressor_label) == ("auto>two_shot", "taco")
+    assert (rows[2].algorithm_label, rows[2].compressor_label) == ("ring", "taco")
     assert auto_notes(rows) == [
         "# auto/taco 1024..4096 B: ran native/identity (below 16 MiB)",
         "# auto/taco 16384 B: ran two_shot/taco (from 16 MiB)",
