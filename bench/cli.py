@@ -214,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="N",
                 help="launch N ranks with mpiexec (instead of running under mpiexec)",
             )
+            p.add_argument(
+                "--mpiexec",
+                metavar="CMD",
+                help="the launcher --np runs, e.g. 'mpiexec' (the system's, on PATH) or "
+                "'srun --mpi=pmix' (default: the mpiexec beside this Python, installed by "
+                "the mpich wheel, else the first on PATH)",
+            )
     return parser
 
 
@@ -230,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     problem = cmd.validate(args) if cmd.validate is not None else None
     if problem:
         args.subparser.error(problem)
+    if cmd.mpi and args.mpiexec is not None and args.np is None:
+        args.subparser.error("--mpiexec names the launcher of --np N: give --np too")
     if cmd.mpi and args.np is not None:
         if launch.under_mpiexec():
             parser.error("--np starts its own mpiexec; leave it out under mpiexec")
-        return launch.relaunch(args.np, argv)
+        return launch.relaunch(args.np, argv, args.mpiexec)
     args.argv = argv  # what the record calls the command
     if not cmd.mpi:
         return cmd.run(args)
@@ -242,7 +251,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_on_ranks(cmd: Command, args: argparse.Namespace) -> int:
     """Run an MPI command; an exception on one rank aborts the whole job (as
-    ``python -m mpi4py`` does), so that the other ranks do not wait for it forever."""
+    ``python -m mpi4py`` does), so that the other ranks do not wait for it forever. A
+    child of ``--np N`` that is not in a world of N ranks says why and stops."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    problem = launch.world_mismatch(MPI.COMM_WORLD.Get_size())
+    if problem:
+        print(f"coccl-bench: error: {problem}", file=sys.stderr, flush=True)
+        MPI.Finalize()  # so that ``python -m mpi4py`` exits quietly, without MPI_Abort
+        return 2
     try:
         return cmd.run(args)
     except Exception:

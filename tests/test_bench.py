@@ -293,9 +293,47 @@ def test_probe_scripts_are_not_the_cli() -> None:
                 assert not any("scripts" in name for name in names), module.name
 
 
-def test_strip_np() -> None:
+def test_strip_launch_flags() -> None:
     argv = ["allreduce", "--np", "4", "-b", "8", "--np=2", "--json", "x.json"]
-    assert launch.strip_np(argv) == ["allreduce", "-b", "8", "--json", "x.json"]
+    argv += ["--mpiexec", "srun --mpi=pmix", "--mpiexec=mpiexec"]
+    assert launch.strip_launch_flags(argv) == ["allreduce", "-b", "8", "--json", "x.json"]
+
+
+def test_mpiexec_command(tmp_path: Path) -> None:
+    assert launch.mpiexec("srun --mpi=pmix")[:2] == ["srun", "--mpi=pmix"]
+    assert launch.mpiexec()[0].endswith("mpiexec")
+
+
+def test_world_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(launch.NP_ENV, raising=False)
+    assert launch.world_mismatch(1) is None  # not a child of --np
+    monkeypatch.setenv(launch.NP_ENV, "4")
+    monkeypatch.setenv(launch.LAUNCHER_ENV, "--np 4: /venv/bin/mpiexec -n 4 python ...")
+    assert launch.world_mismatch(4) is None
+    problem = launch.world_mismatch(1)
+    assert problem and "--np 4" in problem and "/venv/bin/mpiexec" in problem
+    assert "--mpiexec" in problem
+
+
+def test_mpiexec_needs_np(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["allreduce", "--mpiexec", "mpiexec"])
+    assert exc.value.code == 2 and "give --np too" in capsys.readouterr().err
+
+
+@pytest.mark.mpi
+def test_launcher_of_another_mpi_is_named(tmp_path: Path) -> None:
+    # a "launcher" that starts each rank as its own one-rank job, as a foreign mpiexec does
+    fake = tmp_path / "fake-mpiexec"
+    fake.write_text(  # drops "-n N" and starts the command twice
+        '#!/bin/sh\nshift 2\n"$@" & a=$!\n"$@" & b=$!\n'
+        "wait $a; ra=$?\nwait $b; rb=$?\nexit $((ra > rb ? ra : rb))\n"
+    )
+    fake.chmod(0o755)
+    proc = run_bench(["allreduce", "--np", "2", "--mpiexec", str(fake), "-e", "1K"], tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("--np 2 started ranks that each see an MPI world of 1") == 2
+    assert "Abort" not in proc.stderr and proc.stdout == ""
 
 
 # ---------------------------------------------------------- sizes and bandwidth
