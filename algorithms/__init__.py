@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import native, ring, two_shot
-from .auto import choose
+from .auto import Choice, choose
 from .plan import Plan
 
 ALGORITHMS = ("auto", "ring", "two_shot", "native")
@@ -43,4 +43,13 @@ def schedule(algorithm: str, collective: str) -> Schedule:
     return _SCHEDULES[algorithm][collective]
 
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "Plan", "check_algorithm", "choose", "native", "schedule"]
+__all__ = [
+    "ALGORITHMS",
+    "COLLECTIVES",
+    "Choice",
+    "Plan",
+    "check_algorithm",
+    "choose",
+    "native",
+    "schedule",
+]

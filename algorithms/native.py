@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from coccl.transport import NativeCollectives
 
-def run(transport: Any, collective: str, x: Any, out: Any, op: str) -> None:
-    if collective == "allreduce":
-        transport.native_allreduce(x, out, op)
-    elif collective == "reduce_scatter":
-        transport.native_reduce_scatter(x, out, op)
-    elif collective == "allgather":
-        transport.native_allgather(x, out)
-    else:
-        raise ValueError(f"unknown collective {collective!r}")
+
+def run(
+    transport: NativeCollectives, collective: str, x: Any, out: Any, op: str, stream: Any = None
+) -> None:
+    """Run ``collective`` of flat ``x`` into flat ``out`` with the transport's own
+    collective (``stream``: the device stream to enqueue it on; None for host data)."""
+    transport.native(collective, x, out, op, stream)

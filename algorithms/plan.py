@@ -16,6 +16,7 @@ import numpy as np
 
 from coccl.arrays import accumulate_dtype
 from coccl.compressors import Compressor
+from coccl.pipeline import TAG_MODULUS
 from coccl.pool import Block, BufferPool
 from coccl.reduction import combine, finalize
 
@@ -47,12 +48,14 @@ class Plan:
         op: the reduction op (ignored by AllGather).
         chunk_elems: elements per chunk, a multiple of the codec's alignment.
         pool: pooled buffers on the data's device (payloads and accumulators).
-        what: the collective's name, for labels and errors.
-        lag: in schedules whose chunks each pass through a chain of steps, how many
-            chunks apart consecutive steps run (the pipeline depth: so the rounds in
-            the pipeline's window do not wait on each other).
+        label: the collective's name, for round labels and errors.
+        depth: the pipeline depth; in schedules whose chunks each pass through a chain
+            of steps, consecutive steps run this many chunks apart, so the rounds in the
+            pipeline's window do not wait on each other.
         hop: the codec's fused ring-hop kernel for this call's data
             (``Compressor.reduce_encode_kernel``; sums only), or None.
+        gather: two-shot's AllGather phase goes through the transport's AllGather of
+            payload slots instead of point-to-point sends (streamed transports only).
     """
 
     rank: int
@@ -62,9 +65,10 @@ class Plan:
     op: str
     chunk_elems: int
     pool: BufferPool
-    what: str
-    lag: int = 4
+    label: str
+    depth: int = 4
     hop: Any = None
+    gather: bool = False
     _tags: itertools.count = field(default_factory=itertools.count)
 
     @property
@@ -83,7 +87,7 @@ class Plan:
     def next_tag(self) -> int:
         """The tag of the next potential round (counted even if the round is empty, so
         every rank numbers rounds alike)."""
-        return next(self._tags) % 32768
+        return next(self._tags) % TAG_MODULUS
 
     # ------------------------------------------------------------------- buffers
     def payload(self, count: int) -> Block:

@@ -24,6 +24,7 @@ from .steps import (
     StepBuilder,
     encodes,
     new_round,
+    own_round,
     payload_of,
     reduce_chunk,
     result_payload,
@@ -162,7 +163,7 @@ def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
         return
     rs = _ReduceScatterSteps(plan, x, shards, lambda a, b: out[a:b], True)
     ag = _AllGatherSteps(plan, shards, out, rs.results)
-    yield from waves(rs.nch, rs.builders() + ag.builders(), plan.lag)
+    yield from waves(rs.nch, rs.builders() + ag.builders(), plan.depth)
 
 
 def _local(plan: Plan, x: Any, out: Any, want_payload: bool) -> Iterator[Round]:
@@ -188,7 +189,7 @@ def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
         yield from _local(plan, x, out, False)
         return
     rs = _ReduceScatterSteps(plan, x, shards, lambda a, b: out[a - base : b - base], False)
-    yield from waves(rs.nch, rs.builders(), plan.lag)
+    yield from waves(rs.nch, rs.builders(), plan.depth)
 
 
 def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
@@ -197,44 +198,11 @@ def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     holds bitwise what the others decode), then forwarded; chunks in waves."""
     shards = even_shards(x.size, plan.size)
     own: dict[int, Pending] = {}
-    steps = [partial(_own_round, plan, x, out, shards, own, plan.size > 1)]
+    steps = [partial(own_round, plan, x, out, shards, own, plan.size > 1)]
     nch = plan.nchunks(shards)
     if plan.size > 1:
         steps += _AllGatherSteps(plan, shards, out, own).builders()
-    yield from waves(nch, steps, plan.lag)
-
-
-def _own_round(
-    plan: Plan, x: Any, out: Any, shards: list[Span], own: dict[int, Pending], keep: bool, c: int
-) -> Round:
-    """Encode this rank's chunk c of its shard and decode it into its own slot of ``out``;
-    ``own[c]`` keeps the payload for the sends when ``keep``."""
-    base = shards[plan.rank][0]
-    a, b = plan.chunk(shards[plan.rank], c)
-    rnd = new_round(plan, f"encode own chunk {c + 1}")
-    src, dst = x[a - base : b - base], out[a:b]
-    item = send_own(plan, rnd, src)
-    payload = payload_of(item)
-    if encodes([item]):
-        block = rnd.holds[-1]
-        rnd.pre = run_all(item, partial(plan.decode, payload, dst))
-        if keep:
-            own[c] = Pending(rnd, payload, block.retain())
-    else:  # identity: copy unless x already is out's own slot (in place)
-        if not _same_memory(src, dst):
-            rnd.pre = partial(_copy, dst, src)
-        own[c] = Pending(None, payload, None)
-    return rnd
-
-
-def _copy(dst: Any, src: Any) -> None:
-    dst[...] = src
-
-
-def _same_memory(a: Any, b: Any) -> bool:
-    if hasattr(a, "__array_interface__"):
-        return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-    return a.data.ptr == b.data.ptr
+    yield from waves(nch, steps, plan.depth)
 
 
 __all__ = ["allgather", "allreduce", "reduce_scatter"]

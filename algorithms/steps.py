@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from coccl.pipeline import Round
 from coccl.pool import Block
 
-from .plan import Plan
+from .plan import Plan, Span
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Pending:
 def new_round(plan: Plan, label: str) -> Round:
     # identity payloads are the data itself: a transport may type them (NCCL does)
     wire = plan.dtype if plan.codec.lossless else None
-    return Round(label=f"{plan.what} {label}", tag=plan.next_tag(), wire_dtype=wire)
+    return Round(label=f"{plan.label} {label}", tag=plan.next_tag(), wire_dtype=wire)
 
 
 def send_own(plan: Plan, rnd: Round, src: Any) -> Any:
@@ -144,3 +145,37 @@ def waves(nch: int, steps: list[StepBuilder], lag: int) -> Iterator[Round]:
                 rnd = steps[s](c)
                 if rnd is not None:
                     yield rnd
+
+
+def own_round(
+    plan: Plan, x: Any, out: Any, shards: list[Span], own: dict[int, Pending], keep: bool, c: int
+) -> Round:
+    """The first round of an AllGather's chunk c: encode this rank's chunk of its shard
+    and decode it into its own slot of ``out`` (so the owner holds bitwise what the others
+    decode); ``own[c]`` keeps the payload for the sends when ``keep``."""
+    base = shards[plan.rank][0]
+    a, b = plan.chunk(shards[plan.rank], c)
+    rnd = new_round(plan, f"encode own chunk {c + 1}")
+    src, dst = x[a - base : b - base], out[a:b]
+    item = send_own(plan, rnd, src)
+    payload = payload_of(item)
+    if encodes([item]):
+        block = rnd.holds[-1]
+        rnd.pre = run_all(item, partial(plan.decode, payload, dst))
+        if keep:
+            own[c] = Pending(rnd, payload, block.retain())
+    else:  # identity: copy unless x already is out's own slot (in place)
+        if not _same_memory(src, dst):
+            rnd.pre = partial(_copy, dst, src)
+        own[c] = Pending(None, payload, None)
+    return rnd
+
+
+def _copy(dst: Any, src: Any) -> None:
+    dst[...] = src
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    if hasattr(a, "__array_interface__"):
+        return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    return a.data.ptr == b.data.ptr

@@ -7,6 +7,12 @@ AllGather alone), at the price of ``size - 1`` messages per rank per step.
 
 Each chunk is one round per phase; the phases interleave (reduce chunk c+1 while chunk c
 is gathered), so compute and transfers overlap.
+
+With ``plan.gather`` (a compressed AllReduce over a transport with an AllGather, NCCL),
+the AllGather phase is one AllGather of equal payload slots instead of point-to-point
+sends: every rank encodes its reduced chunk into its own slot of a block of ``size``
+slots (sized for the longest shard's chunk) and decodes the others' slots. Which is faster
+depends on the link; ``algorithms.auto`` says which is used where.
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ from typing import Any
 from coccl.pipeline import Round
 
 from .plan import Plan, Span, aligned_shards, even_shards
-from .ring import _own_round
 from .steps import (
     Pending,
     encodes,
     new_round,
+    own_round,
     payload_of,
     reduce_chunk,
     result_payload,
@@ -37,11 +43,34 @@ def _peers(plan: Plan) -> list[int]:
     return [(plan.rank + i) % plan.size for i in range(1, plan.size)]
 
 
+def _slot(plan: Plan, shards: list[Span], c: int) -> int:
+    """The payload slot of chunk c in the AllGather phase: the longest shard's payload,
+    rounded up to 256 bytes so every slot starts as aligned as a pool block."""
+    longest = max(b - a for a, b in (plan.chunk(shard, c) for shard in shards))
+    if longest == 0:
+        return 0
+    return -(-plan.codec.encoded_nbytes(longest, plan.dtype) // 256) * 256
+
+
+def _slots(plan: Plan, shards: list[Span], c: int, rnd: Round) -> Pending:
+    """A block of ``size`` payload slots for chunk c's AllGather, held by ``rnd``; the
+    returned Pending's data is this rank's slot, exactly its payload's size."""
+    slot = _slot(plan, shards, c)
+    block = plan.pool.get(slot * plan.size)
+    rnd.holds.append(block)
+    a, b = plan.chunk(shards[plan.rank], c)
+    start = plan.rank * slot
+    own = block.data[start : start + plan.codec.encoded_nbytes(b - a, plan.dtype)]
+    return Pending(rnd, own, block.retain())
+
+
 def _reduce_round(
     plan: Plan, x: Any, shards: list[Span], c: int, dst_of: Any, want_payload: bool
 ) -> tuple[Round, Pending | None]:
     """Chunk c of the direct ReduceScatter: send our chunk of every other shard to its
-    owner; receive every contribution to our shard and reduce them in rank order."""
+    owner; receive every contribution to our shard and reduce them in rank order. With
+    ``want_payload`` the reduced chunk is also encoded, for the AllGather (into this
+    rank's slot when ``plan.gather``)."""
     n, r = plan.size, plan.rank
     nch = plan.nchunks(shards)
     rnd = new_round(plan, f"two-shot reduce-scatter chunk {c + 1}/{nch}")
@@ -65,7 +94,10 @@ def _reduce_round(
         acc_block, acc = plan.accumulator(b - a)
         rnd.holds.append(acc_block)
         dst = dst_of(a, b)
-        result = result_payload(plan, dst, want_payload, rnd)
+        if want_payload and plan.gather:
+            result = _slots(plan, shards, c, rnd)
+        else:
+            result = result_payload(plan, dst, want_payload, rnd)
         in_rank_order = [payloads[j] for j in range(n) if j != r]
         rnd.post = partial(reduce_chunk, plan, acc, x[a:b], in_rank_order, dst, result)
     return rnd, result
@@ -96,6 +128,35 @@ def _gather_round(plan: Plan, shards: list[Span], c: int, out: Any, own: Pending
     return rnd
 
 
+def _allgather_round(
+    plan: Plan, shards: list[Span], c: int, out: Any, own: Pending | None
+) -> Round | None:
+    """Chunk c of the AllGather phase through the transport's AllGather (``plan.gather``):
+    every rank contributes its slot (empty or not: the AllGather is collective), then
+    decodes every other owner's slot into ``out``."""
+    nch = plan.nchunks(shards)
+    slot = _slot(plan, shards, c)
+    if slot == 0:
+        return None
+    rnd = new_round(plan, f"two-shot all-gather chunk {c + 1}/{nch}")
+    if own is None:
+        own = _slots(plan, shards, c, rnd)
+        own.round = None
+    block = own.block
+    assert block is not None
+    own.hand_to(rnd)
+    start = plan.rank * slot
+    rnd.gather = (block.data[start : start + slot], block.data)
+    posts = []
+    for j in _peers(plan):
+        a, b = plan.chunk(shards[j], c)
+        if b > a:
+            payload = block.data[j * slot : j * slot + plan.codec.encoded_nbytes(b - a, plan.dtype)]
+            posts.append(partial(plan.decode, payload, out[a:b]))
+    rnd.post = run_all(*posts)
+    return rnd
+
+
 def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     """Two-shot AllReduce of flat ``x`` into flat ``out`` (same size; may be the same)."""
     shards = aligned_shards(x.size, plan.size, plan.codec.alignment)
@@ -115,6 +176,11 @@ def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
                 yield rnd
         if c >= 1:
             prev, result = pending.pop(0)
+            if plan.gather:
+                gathered = _allgather_round(plan, shards, prev, out, result)
+                if gathered is not None:
+                    yield gathered
+                continue
             rnd = _gather_round(plan, shards, prev, out, result)
             if rnd.sends or rnd.recvs:
                 yield rnd
@@ -135,7 +201,7 @@ def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     """Direct AllGather: ``x`` holds n elements, ``out`` gets ``size * n``."""
     shards = even_shards(x.size, plan.size)
     own: dict[int, Pending] = {}
-    steps = [partial(_own_round, plan, x, out, shards, own, plan.size > 1)]
+    steps = [partial(own_round, plan, x, out, shards, own, plan.size > 1)]
     if plan.size > 1:  # each chunk is encoded, then sent: chunks in waves
         steps.append(lambda c: _gather_round(plan, shards, c, out, own.pop(c, None)))
-    yield from waves(plan.nchunks(shards), steps, plan.lag)
+    yield from waves(plan.nchunks(shards), steps, plan.depth)

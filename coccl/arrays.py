@@ -3,7 +3,9 @@
 Inside coccl every buffer is a flat, C-contiguous numpy or CuPy array (``xp`` below) that
 shares memory with the caller's object; bfloat16 is ``ml_dtypes.bfloat16`` on both. The
 adapters here turn a caller's array into such a view and build results of the caller's
-kind, without copies.
+kind, without copies. ``signature`` reads the few attributes a call's plan is keyed by
+(dtype, count, device) without building any view, and ``caller_stream`` finds the stream
+a device call must order itself against: the current stream of the array's own framework.
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES
 
 
 def dtype_name(dtype: np.dtype) -> str:
-    """Short name as used in tables and errors (``bfloat16``, ``float32``...)."""
-    return np.dtype(dtype).name
+    """Short name as used in tables and errors (``bfloat16``, ``float32``...); a
+    non-native byte order is named as such (``>f4`` is 'float32 (big-endian)')."""
+    dtype = np.dtype(dtype)
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"):
+        return f"{dtype.name} (big-endian)"
+    return dtype.name
 
 
 def accumulate_dtype(dtype: np.dtype) -> np.dtype:
@@ -45,10 +51,6 @@ def accumulate_dtype(dtype: np.dtype) -> np.dtype:
     if dtype in FLOAT_DTYPES:
         return np.dtype(np.float32)
     return dtype
-
-
-def is_float(dtype: np.dtype) -> bool:
-    return np.dtype(dtype) in FLOAT_DTYPES
 
 
 def cupy_or_none() -> ModuleType | None:
@@ -123,17 +125,35 @@ def _require_contiguous(ok: bool, name: str) -> None:
         )
 
 
-def _check_dtype(dtype: Any, name: str) -> np.dtype:
+def check_dtype(dtype: Any, name: str) -> np.dtype:
+    """``dtype`` as np.dtype if coccl moves it, else TypeError naming ``name``."""
     dtype = np.dtype(dtype)
-    if dtype not in ALL_DTYPES:
-        supported = ", ".join(dtype_name(d) for d in ALL_DTYPES)
-        raise TypeError(f"{name} has dtype {dtype_name(dtype)}; coccl supports {supported}")
+    if dtype not in ALL_DTYPES or not dtype.isnative:
+        supported = ", ".join(d.name for d in ALL_DTYPES)
+        order = "" if dtype.isnative else " in the machine's own byte order"
+        raise TypeError(f"{name} has dtype {dtype_name(dtype)}; coccl supports {supported}{order}")
     return dtype
+
+
+def require_writeable(obj: Any, name: str) -> None:
+    """ValueError if ``obj`` (a caller's array) cannot be written: checked before any byte
+    moves, so a read-only output never fails halfway through a collective."""
+    if isinstance(obj, np.ndarray) and not obj.flags.writeable:
+        raise ValueError(f"{name} is read-only (numpy flags.writeable is False)")
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(obj, np.ndarray) or interface is None or _module_of(obj) in ("cupy", "torch"):
+        return
+    if interface.get("data", (0, False))[1]:
+        raise ValueError(f"{name} is a read-only CUDA array")
+
+
+def _module_of(x: Any) -> str:
+    return type(x).__module__.split(".")[0]
 
 
 def _numpy_flat(x: np.ndarray, name: str) -> Flat:
     _require_contiguous(x.flags.c_contiguous, name)
-    _check_dtype(x.dtype, name)
+    check_dtype(x.dtype, name)
 
     def new(shape: tuple[int, ...], dtype: Any = None) -> tuple[Any, Any]:
         arr = np.empty(shape, dtype=x.dtype if dtype is None else dtype)
@@ -146,7 +166,7 @@ def _cupy_flat(x: Any, name: str, kind: str = "cupy", obj: Any = None) -> Flat:
     import cupy as cp  # noqa: PLC0415
 
     _require_contiguous(x.flags.c_contiguous, name)
-    _check_dtype(x.dtype, name)
+    check_dtype(x.dtype, name)
     device = x.device
 
     def new(shape: tuple[int, ...], dtype: Any = None) -> tuple[Any, Any]:
@@ -171,14 +191,12 @@ def _torch_flat(t: Any, name: str) -> Flat:
     if t.device.type == "cpu":
         data = raw.detach().numpy()
     elif t.device.type == "cuda":
-        import cupy as cp  # noqa: PLC0415
-
-        data = cp.from_dlpack(raw.detach())
+        data = _cupy_view_of_cuda_tensor(raw.detach())
     else:
         raise TypeError(f"{name} is a torch tensor on {t.device}; coccl takes cpu or cuda tensors")
     if is_bf16:
         data = data.view(BFLOAT16)
-    _check_dtype(data.dtype, name)
+    check_dtype(data.dtype, name)
     device = t.device
 
     def new(shape: tuple[int, ...], dtype: Any = None) -> tuple[Any, Any]:
@@ -190,6 +208,17 @@ def _torch_flat(t: Any, name: str) -> Flat:
     return Flat(data.reshape(-1), t, "torch", tuple(t.shape), new)
 
 
+def _cupy_view_of_cuda_tensor(t: Any) -> Any:
+    """A flat CuPy view of a contiguous CUDA tensor, built from its pointer (cheaper than
+    DLPack's capsule exchange; the tensor owns the memory and is kept alive by the view)."""
+    import cupy as cp  # noqa: PLC0415
+
+    nbytes = t.numel() * t.element_size()
+    dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+    mem = cp.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.get_device())
+    return cp.ndarray((t.numel(),), dtype, cp.cuda.MemoryPointer(mem, 0))
+
+
 def as_flat(x: Any, name: str = "x") -> Flat:
     """View a caller's array as a flat internal array (no copy).
 
@@ -199,7 +228,7 @@ def as_flat(x: Any, name: str = "x") -> Flat:
     """
     if isinstance(x, np.ndarray):
         return _numpy_flat(x, name)
-    module = type(x).__module__.split(".")[0]
+    module = _module_of(x)
     if module == "cupy":
         return _cupy_flat(x, name)
     if module == "torch":
@@ -223,3 +252,119 @@ def torch_dtype(dtype: Any) -> Any:
     if dtype == BFLOAT16:
         return torch.bfloat16
     return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+# ------------------------------------------------------------------- per-call keys
+_TORCH_DTYPES: dict[Any, np.dtype] = {}
+
+
+def _torch_np_dtype(torch_dt: Any) -> Any:
+    """numpy's dtype of a torch dtype, or the torch dtype itself where numpy has none (the
+    call is then refused with a TypeError when its plan is built)."""
+    dt = _TORCH_DTYPES.get(torch_dt)
+    if dt is None:
+        import torch  # noqa: PLC0415
+
+        if torch_dt == torch.bfloat16:
+            dt = BFLOAT16
+        else:
+            try:
+                dt = np.dtype(str(torch_dt).removeprefix("torch."))
+            except TypeError:
+                return torch_dt
+        _TORCH_DTYPES[torch_dt] = dt
+    return dt
+
+
+def signature(x: Any) -> tuple[str, Any, int, int | None]:
+    """``(kind, dtype, count, device)`` of a caller's array, read without building views:
+    what a call's plan is keyed by. ``device`` is the GPU ordinal, None for host data.
+    Unknown objects give kind "other" (the plan's checks then refuse them)."""
+    if isinstance(x, np.ndarray):
+        return "numpy", x.dtype, x.size, None
+    module = _module_of(x)
+    if module == "torch":
+        device = x.get_device()
+        return "torch", _torch_np_dtype(x.dtype), x.numel(), None if device < 0 else device
+    if module == "cupy":
+        return "cupy", x.dtype, x.size, x.device.id
+    if hasattr(x, "__cuda_array_interface__"):
+        flat = as_flat(x)
+        return "numba", flat.dtype, flat.size, flat.device_id
+    return "other", None, 0, None
+
+
+def caller_stream(x: Any) -> Any:
+    """The stream a device call on ``x`` orders itself against: the current stream of
+    ``x``'s own framework (torch's for a torch tensor, CuPy's for a CuPy array, the
+    stream a numba array's ``__cuda_array_interface__`` names, else the legacy default
+    stream, numba's default), as a CuPy stream object."""
+    import cupy as cp  # noqa: PLC0415
+
+    module = _module_of(x)
+    if module == "torch":
+        return external_stream(_torch_stream_ptr(x.get_device()))
+    if module == "cupy":
+        return cp.cuda.get_current_stream()
+    ptr = getattr(x, "__cuda_array_interface__", {}).get("stream")
+    if ptr in (None, 1):
+        return cp.cuda.Stream.null
+    if ptr == 2:
+        return cp.cuda.Stream.ptds
+    return external_stream(int(ptr))
+
+
+def _torch_stream_ptr(device: int) -> int:
+    import torch  # noqa: PLC0415
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+_EXTERNAL: dict[int, Any] = {}
+
+
+def external_stream(ptr: int) -> Any:
+    """A CuPy object for a stream some other framework owns (one per pointer)."""
+    stream = _EXTERNAL.get(ptr)
+    if stream is None:
+        import cupy as cp  # noqa: PLC0415
+
+        stream = _EXTERNAL[ptr] = cp.cuda.ExternalStream(ptr)
+    return stream
+
+
+def data_ptr(x: Any) -> int:
+    """The device address of a CuPy array or torch CUDA tensor (flat, contiguous)."""
+    if _module_of(x) == "torch":
+        return int(x.data_ptr())
+    return int(x.data.ptr)
+
+
+def is_contiguous(x: Any) -> bool:
+    """Whether a caller's array is C-contiguous (read from its attributes)."""
+    flags = getattr(x, "flags", None)
+    if flags is not None:
+        return bool(flags.c_contiguous)
+    if _module_of(x) == "torch":
+        return bool(x.is_contiguous())
+    return as_flat(x).data.flags.c_contiguous  # numba: through its CuPy view
+
+
+def new_like(x: Any, shape: tuple[int, ...]) -> Any:
+    """An uninitialised array of ``x``'s kind, dtype and device, of ``shape``."""
+    if isinstance(x, np.ndarray):
+        return np.empty(shape, dtype=x.dtype)
+    module = _module_of(x)
+    if module == "torch":
+        import torch  # noqa: PLC0415
+
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
+    if module == "cupy":
+        import cupy as cp  # noqa: PLC0415
+
+        with x.device:
+            return cp.empty(shape, dtype=x.dtype)
+    return as_flat(x).new(shape)[1]

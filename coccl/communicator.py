@@ -1,138 +1,77 @@
 """The Communicator: coccl's public face for collectives.
 
-It validates every argument before any byte moves (on every rank alike), picks the
-schedule, and runs it over the transport with the chunk pipeline. Host (numpy, CPU torch)
-data always travels over MPI; device data travels over the communicator's backend:
-NCCL, or MPI (directly if CUDA-aware, else through pinned host staging).
+A call is checked, resolved, sized and run. The first three happen once per call
+signature, when the call's plan is built (coccl/plans.py: every rank checks that the
+others make the same call, before any byte moves); a repeated call looks its plan up and
+runs it. Host (numpy, CPU torch) data travels over the host transport (MPI); device data
+over NCCL, or over MPI (directly if CUDA-aware, else through pinned host staging). Over
+NCCL a plan's schedule is replayed from a CUDA graph from its second call on
+(coccl/graphs.py), and NCCL's own collectives run straight on the caller's stream.
+
+A failure after bytes have moved (a timeout, an error, an interrupt) leaves the
+communicator unusable: its peers' state is unknown, so every later call raises
+``CocclError`` saying so, instead of pairing the wrong messages or hanging.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
+import logging
 import os
+import warnings
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from coccl import algorithms
-from coccl.arrays import Flat, accumulate_dtype, as_flat, dtype_name
+from coccl.arrays import (
+    Flat,
+    as_flat,
+    caller_stream,
+    data_ptr,
+    dtype_name,
+    is_contiguous,
+    new_like,
+    require_writeable,
+    signature,
+)
+from coccl.bootstrap import Bootstrap, MpiBootstrap, node_ranks
 from coccl.compressors import Compressor, get_compressor
-from coccl.config import settings
+from coccl.config import SCHEDULE_SETTINGS, Settings, configure_logging, settings
 from coccl.device import DeviceContext
 from coccl.errors import CocclError
+from coccl.graphs import CallGraph
 from coccl.mpi_transport import MpiTransport
-from coccl.overlap import NullTransport, WireOnlyCodec
-from coccl.pipeline import (
-    CpuExecutor,
-    GpuExecutor,
-    InlineExecutor,
-    run_polling,
-    run_streamed,
-)
-from coccl.pool import BufferPool, host_pool, size_class
+from coccl.plans import CallPlan, PlanCache, disagreement
+from coccl.polling import CpuExecutor, GpuExecutor, InlineExecutor, run_polling
+from coccl.pool import BufferPool, host_pool
 from coccl.reduction import check_op
+from coccl.sizing import (
+    INLINE_CHUNK_BYTES,
+    chunk_elems,
+    default_chunk_bytes,
+    local_cpu_threads,
+    pipeline_depth,
+    window_bytes,
+)
+from coccl.streamed import run_streamed
+from coccl.transport import PollingTransport
+from coccl.watchdog import Watchdog
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "mpi", "nccl")
-# Below this chunk size, CPU compute runs on the polling thread itself: a worker thread's
-# wake-up would cost more than the overlap it buys.
-INLINE_CHUNK_BYTES = 64 << 10
-# Default chunk of device data sent over MPI through pinned host staging (not CUDA-aware):
-# 8 MiB, or (compressed data) chunks of 4M elements once each rank's shard holds four.
-STAGED_CHUNK_BYTES = 8 << 20
-STAGED_LARGE_CHUNK_ELEMS = 4 << 20
-
-
-def staged_chunk_bytes(shard: int, itemsize: int, compressed: bool) -> int:
-    """The default chunk of a staged collective whose per-rank shard holds ``shard``
-    elements.
-
-    Each chunk costs the polling thread host work (launches, copies, bookkeeping) that
-    does not overlap MPI's own copies, so fewer, larger chunks overlap better, as long as
-    every shard still holds enough chunks to pipeline. Measured on 4 ranks sharing an
-    H200 (bench/NOTES.md): 8 MiB is best at 64 MiB (two chunks per shard; smaller chunks
-    were slower), and at 256 MiB float32 chunks of 16 MiB (4M elements, four per shard)
-    lifted the overlap from 0.88 to 0.95 (ring) and 0.89 to 0.97 (two-shot). 16-bit data
-    reaches 4M elements at 8 MiB already, the size it was measured at. Uncompressed data
-    keeps 8 MiB: it has no codec cost per chunk to save, and its payloads, four times a
-    compressed chunk's, would make the staging limit cut the pipeline to depth 1 (float32
-    ring identity at 256 MiB: 0.86 GB/s at 16 MiB chunks against 1.54–1.84 at 8 MiB).
-    """
-    if compressed and shard >= 4 * STAGED_LARGE_CHUNK_ELEMS:
-        return max(STAGED_CHUNK_BYTES, STAGED_LARGE_CHUNK_ELEMS * itemsize)
-    return STAGED_CHUNK_BYTES
-
-
-# Largest default chunk over NCCL, in elements; nccl_chunk_bytes halves it until a window of
-# two rounds fits the staging limit.
-NCCL_MAX_CHUNK_ELEMS = 16 << 20
-
-
-def window_bytes(
-    n: int,
-    codec: Compressor,
-    dtype: np.dtype,
-    chunk_elems: int,
-    algorithm: str,
-    collective: str,
-    staged: bool,
-    depth: int,
-) -> int:
-    """An upper bound on the pool bytes a pipeline window of ``depth`` rounds holds, on
-    ``n`` ranks with chunks of ``chunk_elems`` elements. Per round: its payloads (their
-    pinned copies too when ``staged``), an accumulator and a result payload; the payloads
-    waiting between a chunk's steps, about one per step per round of depth (a chunk's
-    next step runs ``depth`` waves later; ``staged``, a ring AllGather payload waiting to
-    be forwarded keeps its pinned copy too); and a ring's last ReduceScatter step, which
-    holds a second accumulator, once per pass of the window over the steps.
-    bench/NOTES.md compares this bound with measured peaks."""
-    payload = size_class(codec.encoded_nbytes(chunk_elems, dtype))
-    acc = size_class(chunk_elems * accumulate_dtype(dtype).itemsize)
-    if algorithm == "ring":
-        messages = 2
-        steps = 2 * (n - 1) if collective == "allreduce" else n - 1
-        waiting = steps - 1
-    else:
-        messages, steps, waiting = 2 * max(1, n - 1), 2, 1
-    per_round = (messages + 1 + waiting) * payload + acc
-    if staged:
-        per_round += messages * payload  # pinned host copies of every message
-        if algorithm == "ring" and collective != "reduce_scatter":
-            per_round += max(0, n - 2) * payload  # kept for the forwards
-    second_accs = depth // max(1, steps) + 1 if algorithm == "ring" else 0
-    return depth * per_round + second_accs * acc
-
-
-def nccl_chunk_bytes(
-    n: int,
-    codec: Compressor,
-    dtype: np.dtype,
-    algorithm: str,
-    collective: str,
-    limit: int,
-    floor: int,
-) -> int:
-    """The default chunk of a collective over NCCL: NCCL_MAX_CHUNK_ELEMS elements, halved
-    until a window of two rounds fits ``limit`` (so the pipeline keeps a round in flight
-    while the next is enqueued), never below ``floor`` bytes (COCCL_CHUNK_BYTES).
-
-    Every round costs ~100-150 us of host work (launches, events, an NCCL group), which
-    over NVLink is longer than its transfer, so fewer rounds are faster until the limit
-    stops them: on two H200s a 1 GiB AllReduce with taco ran at 24-31 GB/s with 4 MiB
-    chunks, 71-260 GB/s with this default (bench/NOTES.md)."""
-    itemsize = np.dtype(dtype).itemsize
-    elems = NCCL_MAX_CHUNK_ELEMS
-    while elems * itemsize > floor and (
-        window_bytes(n, codec, dtype, elems, algorithm, collective, False, 2) > limit
-    ):
-        elems //= 2
-    return max(elems * itemsize, floor)
-
-
-# overlap_profile's three runs: (name of the time, variant of _collective)
-_PROFILE_RUNS = (
-    ("pipelined", "normal"),
-    ("codec_only", "codec_only"),
-    ("transport_only", "transport_only"),
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+# Launchers' variables that give the job's rank count: a 1-rank MPI world under one of
+# them is a launch mistake (mpi4py built against another MPI, torchrun without mpiexec).
+_LAUNCHER_SIZES = (
+    ("WORLD_SIZE", "torchrun / torch.distributed"),
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"),
+    ("PMI_SIZE", "MPICH's mpiexec (Hydra)"),
+    ("PMIX_SIZE", "a PMIx launcher"),
+    ("SLURM_STEP_NUM_TASKS", "Slurm's srun"),
 )
 
 
@@ -143,24 +82,51 @@ class Communicator:
         rank: this process's rank.
         size: the number of ranks.
         backend: ``"mpi"`` or ``"nccl"``, the transport for device arrays (host arrays
-            always travel over MPI).
+            always travel over the host transport, MPI).
+        link: the class of link NCCL uses between the ranks (``nvlink``, ``pcie``,
+            ``shm``, ``socket``, ``net``; ``self`` for one rank), or ``"mpi"``.
     """
 
-    def __init__(self, mpi_comm: Any, backend: str, nccl: Any = None) -> None:
-        env = settings()
-        self._settings = env
-        self._mpi = MpiTransport(mpi_comm, cuda_aware=env.mpi_cuda_aware)
+    def __init__(
+        self,
+        boot: Bootstrap,
+        host: PollingTransport,
+        env: Settings,
+        *,
+        nccl: Any = None,
+        link: str = "mpi",
+        cpu_threads: int = 1,
+        host_pipelined: bool = True,
+    ) -> None:
+        self._boot = boot
+        self._host = host
         self._nccl = nccl
-        self.rank: int = self._mpi.rank
-        self.size: int = self._mpi.size
-        self.backend: str = backend
+        self._settings = env
+        self.rank: int = boot.rank
+        self.size: int = boot.size
+        self.backend: str = "nccl" if nccl is not None else "mpi"
+        self.link = link
+        self._cpu_threads = cpu_threads
+        self._host_pipelined = host_pipelined
         self._host_pool = host_pool()
-        self._cpu: CpuExecutor | None = None
         self._devices: dict[int, DeviceContext] = {}
         self._codecs: dict[str, Compressor] = {}
-        self._cpu_threads = _cpu_threads(mpi_comm, env.cpu_threads)
-        _set_numba_threads(self._cpu_threads)
+        self._plans = PlanCache(env.plan_cache_bytes)
         self._closed = False
+        self._broken: str | None = None
+        self._watchdog: Watchdog | None = None
+        if nccl is not None:
+            me = weakref.ref(self)
+            self._watchdog = Watchdog(
+                nccl.device_id,
+                env.timeout_s,
+                lambda message: _expired(me, message),
+                nccl.check_async_error,
+            )
+        _set_numba_threads(cpu_threads)
+        self._resources = _Resources(boot, host, nccl, self._watchdog)
+        self._finalizer = weakref.finalize(self, _release_unclosed, self._resources, repr(self))
+        self._finalizer.atexit = False  # at exit, MPI_Finalize frees what is left
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> Communicator:
@@ -170,24 +136,26 @@ class Communicator:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"rank={self.rank}, size={self.size}"
+        if self._closed:
+            state = "closed"
+        else:
+            state = f"rank={self.rank}, size={self.size}"
         return f"Communicator({state}, backend={self.backend!r})"
 
     def close(self) -> None:
-        """Free the communicator's MPI duplicate, NCCL communicator and worker thread."""
+        """Free the communicator's MPI duplicates, NCCL communicator, graphs and threads."""
         if self._closed:
             return
         self._closed = True
-        if self._cpu is not None:
-            self._cpu.close()
-        if self._nccl is not None:
-            self._nccl.close()
-        self._mpi.close()
+        self._finalizer.detach()
+        for plan in self._plans.clear():
+            _release_graph(plan)
+        self._resources.release(abort=self._broken is not None)
 
     def barrier(self) -> None:
-        """Block until every rank has called ``barrier``."""
-        self._check_open()
-        self._mpi.barrier()
+        """Block until every rank has called ``barrier`` (at most COCCL_TIMEOUT_S)."""
+        self._check_usable()
+        self._boot.allgather(None, self._settings.timeout_s, "barrier")
 
     # -------------------------------------------------------------- collectives
     def allreduce(
@@ -207,12 +175,17 @@ class Communicator:
             out: optional output of ``x``'s size, dtype and device; may be ``x``.
             op: ``"sum"``, ``"avg"``, or with the identity codec ``"max"``, ``"min"``,
                 ``"prod"``.
-            algorithm: ``"ring"``, ``"two_shot"``, ``"native"`` or ``"auto"``.
+            algorithm: ``"ring"``, ``"two_shot"``, ``"native"`` or ``"auto"`` (a lossy
+                codec is always used; auto picks its schedule, or for identity the
+                transport's own collective or coccl's two-shot, from a measured table).
             compressor: a codec name, config dict or Compressor.
-            chunk_bytes: pipeline chunk size (default ``COCCL_CHUNK_BYTES``).
+            chunk_bytes: pipeline chunk size (default: coccl/sizing.py's rules).
 
         Returns:
             ``out``, or a new array of ``x``'s kind, shape, dtype and device.
+
+        Example:
+            >>> y = comm.allreduce(x, algorithm="two_shot", compressor="taco")
         """
         return self._collective("allreduce", x, out, op, algorithm, compressor, chunk_bytes)
 
@@ -245,130 +218,30 @@ class Communicator:
         ``(size * x.shape[0], *x.shape[1:])`` (``(size,)`` for a 0-d ``x``)."""
         return self._collective("allgather", x, out, "sum", algorithm, compressor, chunk_bytes)
 
-    # ---------------------------------------------------------------- internals
-    def _check_open(self) -> None:
-        if self._closed:
-            raise CocclError("this communicator is closed")
-
-    def _result_shape(self, collective: str, src: Flat) -> tuple[int, ...]:
-        shape, n = src.shape, self.size
-        if collective == "allreduce":
-            return shape
-        if collective == "reduce_scatter":
-            if shape and shape[0] % n == 0:
-                return (shape[0] // n, *shape[1:])
-            return (src.size // n,)
-        return (n * shape[0], *shape[1:]) if shape else (n,)
-
-    def _output(self, collective: str, src: Flat, out: Any) -> Flat:
-        count = (
-            src.size
-            if collective == "allreduce"
-            else (src.size // self.size if collective == "reduce_scatter" else src.size * self.size)
-        )
-        if out is None:
-            data, obj = src.new(self._result_shape(collective, src))
-            return Flat(data, obj, src.kind, tuple(getattr(obj, "shape", ())), src.new)
-        dst = as_flat(out, "out")
-        if dst.dtype != src.dtype:
-            raise TypeError(f"out has dtype {dtype_name(dst.dtype)}, x has {dtype_name(src.dtype)}")
-        if dst.size != count:
-            raise ValueError(f"out has {dst.size} elements; {collective} needs {count}")
-        if dst.xp is not src.xp or dst.device_id != src.device_id:
-            raise ValueError("out must be on the same device as x")
-        return dst
-
-    def _collective(
+    def describe(
         self,
         collective: str,
         x: Any,
-        out: Any,
-        op: str,
-        algorithm: str,
-        compressor: Any,
-        chunk_bytes: int | None,
-        variant: str = "normal",
-    ) -> Any:
-        # --- every check before any byte moves -------------------------------------
-        self._check_open()
-        op = check_op(op)
-        algorithm = algorithms.check_algorithm(algorithm)
-        codec = self._codec(compressor)
-        src = as_flat(x, "x")
-        codec.check_dtype(src.dtype)
-        if collective != "allgather":
-            codec.check_op(op)
-        if algorithm == "native" and not codec.lossless:
-            raise ValueError(
-                "algorithm 'native' is the transport's own collective and takes "
-                f"compressor='identity', not {codec.codec_id!r}"
-            )
-        if collective == "reduce_scatter" and src.size % self.size:
-            raise ValueError(
-                f"reduce_scatter needs a multiple of the rank count ({self.size}) elements, "
-                f"x has {src.size}"
-            )
-        chunk = self._settings.chunk_bytes if chunk_bytes is None else chunk_bytes
-        chunk_default = chunk_bytes is None and not self._settings.chunk_bytes_set
-        host_unpipelined = chunk_default and self._cpu_threads < 2
-        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-            raise ValueError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
-        dst = self._output(collective, src, out)
-        on_device = src.xp is not np
-        if host_unpipelined and not on_device:
-            # Host data with no spare core per rank for the codec thread: chunks could only
-            # run one after the other on the polling thread, so pipelining would add
-            # per-chunk cost and overlap nothing. One chunk (bench/NOTES.md measures it).
-            chunk = max(int(chunk), src.size * src.dtype.itemsize, 1)
-        transport = self._nccl if (on_device and self._nccl is not None) else self._mpi
-        staged = on_device and transport is self._mpi and not self._mpi.cuda_aware
-        if staged and chunk_default:
-            shard = src.size if collective == "allgather" else -(-src.size // self.size)
-            chunk = staged_chunk_bytes(shard, src.dtype.itemsize, not codec.lossless)
+        out: Any = None,
+        *,
+        op: str = "sum",
+        algorithm: str = "auto",
+        compressor: str | dict | Compressor = "identity",
+        chunk_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """What a call with these arguments runs, and why, without moving a byte (a
+        local query: no rank is asked). Keys: ``algorithm``, ``compressor`` (config),
+        ``reason``, ``transport``, ``route``, ``link``, ``chunk_bytes``, ``depth``,
+        ``allgather_phase``, ``graph`` (replayed from a CUDA graph), ``graph_reason``.
 
-        if algorithm == "auto":
-            algorithm, codec = algorithms.choose(
-                collective,
-                src.size * src.dtype.itemsize,
-                codec,
-                transport.name,
-                on_device,
-                self.size,
-            )
-            if algorithm == "native" and not transport.has_native(collective, src.dtype, op):
-                algorithm = "ring"
-        elif algorithm == "native" and not transport.has_native(collective, src.dtype, op):
-            raise TypeError(
-                f"the {transport.name} transport has no native {collective} of "
-                f"{dtype_name(src.dtype)} with op {op!r}; use algorithm='ring' or 'two_shot'"
-            )
-        if transport.name == "nccl" and chunk_default and algorithm != "native":
-            chunk = nccl_chunk_bytes(
-                self.size,
-                codec,
-                src.dtype,
-                algorithm,
-                collective,
-                self._settings.staging_limit_bytes,
-                int(chunk),
-            )
-        # --- run -------------------------------------------------------------------
-        if variant == "codec_only":
-            transport = NullTransport(self.rank, self.size)
-        elif variant == "transport_only":
-            codec = WireOnlyCodec(codec)
-        job = (collective, src, dst, op, algorithm, codec, int(chunk), transport)
-        if on_device:
-            ctx = self._device(src.device_id)
-            with ctx.device:
-                caller = ctx.enter()
-                try:
-                    self._run(*job, ctx, staged)
-                finally:
-                    ctx.leave(caller)
-        else:
-            self._run(*job, None, False)
-        return dst.obj
+        Raises the errors the call itself would raise for bad arguments."""
+        self._check_usable()
+        if collective not in COLLECTIVES:
+            raise ValueError(f"unknown collective {collective!r}; coccl has {COLLECTIVES}")
+        plan = self._plans.get(self._key(collective, x, op, algorithm, compressor, chunk_bytes))
+        if plan is None:
+            plan = self._resolve(collective, x, op, algorithm, compressor, chunk_bytes)
+        return plan.describe()
 
     def overlap_profile(
         self,
@@ -381,75 +254,26 @@ class Communicator:
         iters: int = 5,
         op: str = "sum",
     ) -> dict[str, float]:
-        """Time one pipelined collective against its two halves, in this process.
-
-        Runs the call three ways with the same schedule and chunks: pipelined (normal),
-        codec-only (messages complete at once, nothing moves) and transport-only (the
-        real payload sizes, no encoding or decoding). Collective: every rank must call
-        it. Times are the median of ``iters`` runs, the slowest rank's.
+        """Time one pipelined collective against its two halves (``coccl.overlap``):
+        pipelined, codec-only and transport-only, medians of ``iters`` runs, the slowest
+        rank's. Collective: every rank must call it.
 
         Returns:
-            ``{"pipelined_s", "codec_only_s", "transport_only_s", "overlap_efficiency"}``
-            with ``overlap_efficiency = max(codec_only, transport_only) / pipelined``.
+            ``{"pipelined_s", "codec_only_s", "transport_only_s", "overlap_efficiency"}``.
         """
-        import time  # noqa: PLC0415
+        from coccl import overlap  # noqa: PLC0415
 
-        if collective not in ("allreduce", "reduce_scatter", "allgather"):
-            raise ValueError(f"unknown collective {collective!r}")
-        if algorithm not in ("ring", "two_shot"):
-            raise ValueError("overlap_profile takes algorithm='ring' or 'two_shot'")
-        if not isinstance(iters, int) or iters < 1:
-            raise ValueError(f"iters must be a positive integer, got {iters!r}")
-        samples: dict[str, list[float]] = {name: [] for name, _ in _PROFILE_RUNS}
-        # Interleaved (pipelined, codec-only, transport-only, pipelined, ...), so a drift
-        # of the machine's speed during the measurement weighs on the three alike.
-        for i in range(iters + 1):  # the first round warms up
-            for name, variant in _PROFILE_RUNS:
-                self._mpi.barrier()
-                start = time.perf_counter()
-                self._collective(
-                    collective, x, None, op, algorithm, compressor, chunk_bytes, variant
-                )
-                _synchronize(x)
-                if i:
-                    samples[name].append(time.perf_counter() - start)
-        times: dict[str, float] = {}
-        for name, values in samples.items():
-            local = float(np.median(values))
-            times[f"{name}_s"] = self._mpi.comm.allreduce(local, op=_mpi_max())
-        longest_half = max(times["codec_only_s"], times["transport_only_s"])
-        times["overlap_efficiency"] = longest_half / times["pipelined_s"]
-        return times
+        return overlap.profile(
+            self, collective, x, algorithm=algorithm, compressor=compressor,
+            chunk_bytes=chunk_bytes, iters=iters, op=op,
+        )  # fmt: skip
 
-    def _codec(self, spec: Any) -> Compressor:
-        """``get_compressor(spec)``, remembered for names: a codec is immutable, and
-        building one per call is a measurable part of a small collective's latency."""
-        if isinstance(spec, str):
-            codec = self._codecs.get(spec)
-            if codec is None:
-                codec = self._codecs[spec] = get_compressor(spec)
-            return codec
-        return get_compressor(spec)
-
-    def _device(self, device_id: int | None) -> DeviceContext:
-        assert device_id is not None  # only called for device data
-        if device_id not in self._devices:
-            self._devices[device_id] = DeviceContext.create(device_id)
-        return self._devices[device_id]
-
-    def _executor(self, ctx: DeviceContext | None, chunk_nbytes: int) -> Any:
-        if ctx is not None:
-            return GpuExecutor(ctx.compute)
-        if chunk_nbytes <= INLINE_CHUNK_BYTES:
-            return InlineExecutor()
-        if self._cpu is None:
-            self._cpu = CpuExecutor(self._cpu_threads)
-        return self._cpu
-
+    # ------------------------------------------------------------- statistics
     def pools(self) -> list[BufferPool]:
         """Every buffer pool this communicator uses (for memory statistics)."""
-        pools = [self._host_pool, *self._mpi.pools()]
+        pools = [self._host_pool, *self._host.pools()]
         pools += [ctx.pool for ctx in self._devices.values()]
+        pools += [p.graph.pool for p in self._plans.values() if p.graph and p.graph.pool]
         if self._nccl is not None:
             pools += self._nccl.pools()
         return pools
@@ -458,136 +282,585 @@ class Communicator:
         """Counters for benchmarks: payload bytes this rank sent point to point (native
         collectives not counted), and the peak extra memory the pipeline's pools held in
         use (host, pinned host, device), since the last ``reset_stats``."""
-        transports = [self._mpi] + ([self._nccl] if self._nccl is not None else [])
         peaks = {"host": 0, "pinned": 0, "device": 0}
         for pool in self.pools():
             peaks[pool.kind] += pool.peak_in_use_bytes
         return {
-            "bytes_sent": sum(t.bytes_sent for t in transports),
+            "bytes_sent": sum(t.bytes_sent for t in self._transports()),
             **{f"peak_{kind}_bytes": value for kind, value in peaks.items()},
             "pool_allocated_bytes": sum(p.allocated_bytes for p in self.pools()),
+            "plans": len(self._plans),
+            "graph_bytes": self._plans.graph_bytes,
         }
 
     def reset_stats(self) -> None:
         """Zero the counters of ``stats``."""
-        for t in [self._mpi] + ([self._nccl] if self._nccl is not None else []):
+        for t in self._transports():
             t.bytes_sent = 0
         for pool in self.pools():
             pool.reset_peak()
 
-    def _run(
+    def _transports(self) -> list[Any]:
+        return [self._host] + ([self._nccl] if self._nccl is not None else [])
+
+    # ---------------------------------------------------------------- the call
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise CocclError("this communicator is closed")
+        if self._broken is not None:
+            raise CocclError(
+                f"this communicator is unusable after an earlier failure ({self._broken}); "
+                "its peers' state is unknown: create a new one with coccl.init()"
+            )
+
+    def _break(self, exc: BaseException) -> None:
+        """A failure after bytes moved: from now on every call raises (see the module
+        docstring); NCCL is aborted so that no kernel keeps waiting for a peer."""
+        if self._broken is None:
+            self._broken = f"{type(exc).__name__}: {exc}"
+            if self._nccl is not None:
+                self._nccl.abort()
+
+    def _key(
+        self, collective: str, x: Any, op: Any, algorithm: Any, compressor: Any, chunk: Any
+    ) -> Any:
+        """A call's signature (None if an argument is unhashable: the checks will say)."""
+        _, dtype, count, device = signature(x)
+        if isinstance(compressor, dict):
+            try:
+                compressor = ("config", json.dumps(compressor, sort_keys=True))
+            except TypeError:
+                return None
+        elif isinstance(compressor, Compressor):
+            compressor = ("object", id(compressor))
+        key = (collective, dtype, count, device, op, algorithm, compressor, chunk)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def _collective(
         self,
         collective: str,
-        src: Flat,
-        dst: Flat,
+        x: Any,
+        out: Any,
         op: str,
         algorithm: str,
-        codec: Compressor,
-        chunk_bytes: int,
-        transport: Any,
-        ctx: DeviceContext | None,
-        staged: bool,
-    ) -> None:
-        """Run one collective; ``staged``: device data through pinned host copies (the
-        codec-only and transport-only runs of ``overlap_profile`` pass the real call's
-        value, so that all three size their pipeline alike)."""
-        # device work is enqueued on coccl's compute stream (host data: no stream)
-        stream = ctx.compute if ctx is not None else contextlib.nullcontext()
-        if algorithm == "native":
-            with stream:
-                algorithms.native.run(transport, collective, src.data, dst.data, op)
-            return
-        align = codec.alignment
-        chunk_elems = max(align, (chunk_bytes // src.dtype.itemsize) // align * align)
-        plan = algorithms.Plan(
-            rank=self.rank,
-            size=self.size,
-            codec=codec,
-            dtype=src.dtype,
-            op=op,
-            chunk_elems=chunk_elems,
-            pool=self._host_pool if ctx is None else ctx.pool,
-            what=f"{collective} ({algorithm}, {codec.codec_id})",
-        )
-        if op in ("sum", "avg"):
-            plan.hop = codec.reduce_encode_kernel(src.data, src.dtype)
-        depth = self._depth(plan, algorithm, collective, staged)
-        plan.lag = depth
-        rounds = algorithms.schedule(algorithm, collective)(plan, src.data, dst.data)
-        if transport.name == "nccl":
-            run_streamed(
-                rounds,
-                transport,
-                ctx,
-                depth=depth,
-                timeout_s=self._settings.timeout_s,
-                what=plan.what,
+        compressor: Any,
+        chunk_bytes: int | None,
+    ) -> Any:
+        self._check_usable()
+        return self._run(self._plan(collective, x, op, algorithm, compressor, chunk_bytes), x, out)
+
+    def _plan(
+        self, collective: str, x: Any, op: Any, algorithm: Any, compressor: Any, chunk_bytes: Any
+    ) -> CallPlan:
+        """The call's plan: found by its signature, or built (collectively)."""
+        key = self._key(collective, x, op, algorithm, compressor, chunk_bytes)
+        plan = None if key is None else self._plans.get(key)
+        if plan is not None and plan.compressor_arg is not None:
+            if plan.compressor_arg is not compressor:  # another object at a reused id
+                plan = None
+        if plan is None:
+            plan = self._new_plan(key, collective, x, op, algorithm, compressor, chunk_bytes)
+        elif self._settings.check_calls:
+            self._agree(collective, plan.fingerprint(), None)
+        return plan
+
+    def _agree(self, collective: str, entry: Any, error: BaseException | None) -> None:
+        """Compare this rank's entry with every rank's; raise on every rank if any rank
+        refused the call or the ranks disagree."""
+        try:
+            entries = self._boot.allgather(
+                entry,
+                self._settings.timeout_s,
+                f"checking that every rank makes the same {collective} call",
             )
+        except CocclError as exc:
+            self._break(exc)
+            raise
+        if error is not None:
+            raise error
+        problem = disagreement(collective, entries)
+        if problem is not None:
+            raise CocclError(problem)
+
+    def _new_plan(
+        self,
+        key: Any,
+        collective: str,
+        x: Any,
+        op: Any,
+        algorithm: Any,
+        compressor: Any,
+        chunk_bytes: Any,
+    ) -> CallPlan:
+        error: BaseException | None = None
+        try:
+            plan: CallPlan | None = self._resolve(
+                collective, x, op, algorithm, compressor, chunk_bytes
+            )
+            entry: Any = plan.fingerprint()  # type: ignore[union-attr]
+        except (TypeError, ValueError) as exc:
+            plan, error, entry = None, exc, ("error", f"{type(exc).__name__}: {exc}")
+        self._agree(collective, entry, error)
+        assert plan is not None
+        if isinstance(compressor, Compressor):
+            plan.compressor_arg = compressor
+        if key is not None:
+            for victim in self._plans.add(key, plan):
+                _release_graph(victim)
+        log.debug(
+            "new plan on rank %d: %s of %d %s elements: %s; route %s, link %s, chunk %d B, "
+            "depth %d, graph: %s",
+            self.rank, plan.label, plan.count, plan.dtype.name, plan.reason, plan.route,
+            plan.link, plan.chunk_bytes, plan.depth,
+            "from the second call" if plan.graph_bytes else f"no ({plan.graph_reason})",
+        )  # fmt: skip
+        return plan
+
+    def _codec(self, spec: Any) -> Compressor:
+        """``get_compressor(spec)``, remembered for names: a codec is immutable."""
+        if isinstance(spec, str):
+            codec = self._codecs.get(spec)
+            if codec is None:
+                codec = self._codecs[spec] = get_compressor(spec)
+            return codec
+        return get_compressor(spec)
+
+    # -------------------------------------------------------- resolve and size
+    def _resolve(
+        self,
+        collective: str,
+        x: Any,
+        op: Any,
+        algorithm: Any,
+        compressor: Any,
+        chunk_bytes: Any,
+    ) -> CallPlan:
+        """Check a call's arguments and decide everything about it (raises TypeError or
+        ValueError for bad arguments, identically on every rank that gets them)."""
+        n = self.size
+        op = check_op(op)
+        requested = algorithms.check_algorithm(algorithm)
+        codec = self._codec(compressor)
+        src = as_flat(x, "x")
+        dtype, count = src.dtype, src.size
+        codec.check_dtype(dtype)
+        if collective != "allgather":
+            codec.check_op(op)
+        if requested == "native" and not codec.lossless:
+            raise ValueError(
+                "algorithm 'native' is the transport's own collective and takes "
+                f"compressor='identity', not {codec.codec_id!r}"
+            )
+        if collective == "reduce_scatter" and count % n:
+            raise ValueError(
+                f"reduce_scatter needs a multiple of the rank count ({n}) elements, x has {count}"
+            )
+        if chunk_bytes is not None and (
+            isinstance(chunk_bytes, bool)
+            or not isinstance(chunk_bytes, (int, np.integer))
+            or chunk_bytes < 1
+        ):
+            raise ValueError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
+        device = src.device_id
+        route, transport = self._route(device)
+        link = self.link if route == "nccl" else route
+        nbytes = count * dtype.itemsize
+        if requested == "auto":
+            choice = algorithms.choose(collective, nbytes, codec, transport.name, link, n)
+            if choice.algorithm == "native" and not transport.has_native(collective, dtype, op):
+                choice = algorithms.Choice(
+                    "ring", choice.codec,
+                    f"{transport.name} has no {collective} of {dtype_name(dtype)} with {op!r}",
+                )  # fmt: skip
+        else:
+            choice = algorithms.Choice(requested, codec, "as asked")
+            if requested == "native" and not transport.has_native(collective, dtype, op):
+                raise TypeError(
+                    f"the {transport.name} transport has no native {collective} of "
+                    f"{dtype_name(dtype)} with op {op!r}; use algorithm='ring' or 'two_shot'"
+                )
+        env = self._settings
+        out_count = {"allreduce": count, "reduce_scatter": count // n}.get(collective, count * n)
+        plan = CallPlan(
+            collective=collective,
+            op=op,
+            dtype=dtype,
+            count=count,
+            out_count=out_count,
+            device=device,
+            route=route,
+            algorithm=choice.algorithm,
+            codec=choice.codec,
+            reason=choice.reason,
+            requested=(requested, codec.get_config()),
+            chunk_bytes=0,
+            chunk_elems=0,
+            depth=1,
+            link=link,
+        )
+        if choice.algorithm == "native":
+            plan.graph_reason = "the transport's own collective: one launch already"
+            return plan
+        graphs = route == "nccl" and env.graphs and n > 1
+        chunk = chunk_bytes
+        if chunk is None:
+            chunk = default_chunk_bytes(
+                route,
+                settings_chunk=env.chunk_bytes,
+                chunk_set=env.chunk_bytes_set,
+                host_pipelined=self._host_pipelined,
+                limit=env.staging_limit_bytes,
+                n=n,
+                codec=choice.codec,
+                dtype=dtype,
+                count=count,
+                algorithm=choice.algorithm,
+                collective=collective,
+                graphs=graphs,
+            )
+        plan.chunk_bytes = int(chunk)
+        plan.chunk_elems = chunk_elems(int(chunk), dtype.itemsize, choice.codec.alignment)
+        staged = route == "staged"
+        plan.depth = pipeline_depth(
+            env.pipeline_depth, env.staging_limit_bytes, n, choice.codec, dtype,
+            plan.chunk_elems, choice.algorithm, collective, staged,
+        )  # fmt: skip
+        plan.gather = (
+            route == "nccl"
+            and collective == "allreduce"
+            and choice.algorithm == "two_shot"
+            and not choice.codec.lossless
+            and n > 1
+            and algorithms.auto.gather_by_allgather(link, env.nccl_gather)
+        )
+        if graphs:
+            in_place = collective == "allreduce"
+            buffers = (count + (0 if in_place else out_count)) * dtype.itemsize
+            window = window_bytes(
+                n, choice.codec, dtype, plan.chunk_elems, choice.algorithm, collective,
+                False, plan.depth,
+            )  # fmt: skip
+            plan.graph_bytes = buffers + window
+        elif route == "nccl":
+            plan.graph_reason = "COCCL_GRAPHS=0" if n > 1 else "one rank"
+        else:
+            plan.graph_reason = f"{route} data travels over MPI (the host drives each message)"
+        return plan
+
+    def _route(self, device: int | None) -> tuple[str, Any]:
+        """Where a call's bytes go: ``(route, transport)``."""
+        if device is None:
+            return "host", self._host
+        if self._nccl is not None:
+            if device != self._nccl.device_id:
+                raise ValueError(
+                    f"x is on GPU {device}; this communicator's NCCL runs on GPU "
+                    f"{self._nccl.device_id}"
+                )
+            return "nccl", self._nccl
+        return ("device" if self._host.cuda_aware else "staged"), self._host
+
+    # --------------------------------------------------------------------- run
+    def _output(self, plan: CallPlan, src: Flat, out: Any) -> Flat:
+        """The call's output as a flat view: ``out`` checked, or a new array."""
+        if out is None:
+            data, obj = src.new(_result_shape(plan.collective, src.shape, self.size))
+            return Flat(data, obj, src.kind, tuple(getattr(obj, "shape", ())), src.new)
+        require_writeable(out, "out")
+        dst = as_flat(out, "out")
+        if dst.dtype != src.dtype:
+            raise TypeError(f"out has dtype {dtype_name(dst.dtype)}, x has {dtype_name(src.dtype)}")
+        if dst.size != plan.out_count:
+            raise ValueError(
+                f"out has {dst.size} elements; {plan.collective} needs {plan.out_count}"
+            )
+        if dst.xp is not src.xp or dst.device_id != src.device_id:
+            raise ValueError("out must be on the same device as x")
+        return dst
+
+    def _run(self, plan: CallPlan, x: Any, out: Any) -> Any:
+        """Run a call whose plan is settled: per-call checks first (before any byte
+        moves), then the route's runner; a failure from then on breaks the communicator."""
+        if plan.route == "nccl" and (plan.algorithm == "native" or plan.graph is not None):
+            return self._run_nccl_launch(plan, x, out)
+        src = as_flat(x, "x")  # checks contiguity, which the plan's key does not cover
+        dst = self._output(plan, src, out)
+        plan.calls += 1
+        try:
+            if plan.route == "host":
+                self._run_host(plan, src, dst)
+            else:
+                self._run_device(plan, src, dst, caller_stream(x))
+        except BaseException as exc:
+            self._break(exc)
+            raise
+        return dst.obj
+
+    def _run_host(self, plan: CallPlan, src: Flat, dst: Flat) -> None:
+        if plan.algorithm == "native":
+            algorithms.native.run(self._host, plan.collective, src.data, dst.data, plan.op)
             return
-        executor = self._executor(ctx, min(chunk_elems, src.size) * src.dtype.itemsize)
-        with stream:
+        rounds = self._rounds(plan, self._host_pool, src.data, dst.data)
+        run_polling(
+            rounds,
+            self._host,
+            self._executor(min(plan.chunk_elems, plan.count) * plan.dtype.itemsize),
+            depth=plan.depth,
+            timeout_s=self._settings.timeout_s,
+            label=plan.label,
+        )
+
+    def _run_nccl_launch(self, plan: CallPlan, x: Any, out: Any) -> Any:
+        """The thin per-call path over NCCL: NCCL's own collective, or the plan's CUDA
+        graph, enqueued on the caller's stream from the buffers' addresses alone (no
+        array views, and for ``native`` no coccl stream or event but the watchdog's)."""
+        out = self._checked_output(plan, x, out)
+        plan.calls += 1
+        stream = caller_stream(x)
+        nccl = self._nccl
+        try:
+            if plan.graph is None:
+                nccl.native_ptrs(
+                    plan.collective, data_ptr(x), data_ptr(out), plan.count, plan.dtype,
+                    plan.op, stream.ptr,
+                )  # fmt: skip
+            else:
+                with plan.graph.ctx.device:
+                    plan.graph.replay(stream, data_ptr(x), data_ptr(out))
+                nccl.bytes_sent += plan.bytes_per_call
+        except BaseException as exc:
+            self._break(exc)
+            raise
+        self._watchdog.track(stream, plan.label)  # type: ignore[union-attr]
+        return out
+
+    def _checked_output(self, plan: CallPlan, x: Any, out: Any) -> Any:
+        """``_output`` from attributes alone, for the thin path: the same checks, and a
+        new result of ``x``'s kind when ``out`` is None."""
+        if not is_contiguous(x):
+            as_flat(x, "x")  # raises the contiguity error
+        if out is None:
+            return new_like(x, _result_shape(plan.collective, tuple(x.shape), self.size))
+        require_writeable(out, "out")
+        _, dtype, count, device = signature(out)
+        if dtype != plan.dtype:
+            raise TypeError(f"out has dtype {dtype_name(dtype)}, x has {dtype_name(plan.dtype)}")
+        if count != plan.out_count:
+            raise ValueError(f"out has {count} elements; {plan.collective} needs {plan.out_count}")
+        if device != plan.device:
+            raise ValueError("out must be on the same device as x")
+        if not is_contiguous(out):
+            as_flat(out, "out")
+        return out
+
+    def _run_device(self, plan: CallPlan, src: Flat, dst: Flat, caller: Any) -> None:
+        ctx = self._device(plan.device)
+        with ctx.device:
+            if plan.route != "nccl":
+                self._run_staged(plan, src, dst, ctx, caller)
+                return
+            if plan.graph is None and plan.graph_bytes and plan.calls >= 2:
+                self._capture(plan, ctx)
+            if plan.graph is not None:
+                plan.graph.replay(caller, data_ptr(src.data), data_ptr(dst.data))
+                self._nccl.bytes_sent += plan.bytes_per_call
+            else:
+                sent = self._nccl.bytes_sent
+                ctx.enter(caller)
+                rounds = self._rounds(plan, ctx.pool, src.data, dst.data)
+                run_streamed(rounds, self._nccl, ctx, depth=plan.depth)
+                ctx.leave(caller)
+                plan.bytes_per_call = self._nccl.bytes_sent - sent
+            self._watchdog.track(caller, plan.label)  # type: ignore[union-attr]
+
+    def _run_staged(
+        self, plan: CallPlan, src: Flat, dst: Flat, ctx: DeviceContext, caller: Any
+    ) -> None:
+        """Device data over MPI: the polling engine with kernels on coccl's compute stream
+        (staging copies run on it too)."""
+        ctx.enter(caller)
+        with ctx.compute:
+            if plan.algorithm == "native":
+                algorithms.native.run(self._host, plan.collective, src.data, dst.data, plan.op)
+            else:
+                run_polling(
+                    self._rounds(plan, ctx.pool, src.data, dst.data),
+                    self._host,
+                    GpuExecutor(ctx.compute),
+                    depth=plan.depth,
+                    timeout_s=self._settings.timeout_s,
+                    label=plan.label,
+                )
+        ctx.leave(caller)
+
+    def _capture(self, plan: CallPlan, ctx: DeviceContext) -> None:
+        """Record ``plan``'s schedule as a CUDA graph; every rank then replays it, or, if
+        the capture failed anywhere, none does (NCCL needs the same on every rank)."""
+        graph = CallGraph(
+            ctx, plan.dtype, plan.count, plan.out_count, plan.collective == "allreduce"
+        )
+        sent = self._nccl.bytes_sent
+        why = ""
+        try:
+            graph.capture(
+                lambda pool, x, out: self._rounds(plan, pool, x, out), self._nccl, plan.depth
+            )
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        self._nccl.bytes_sent = sent  # capturing moved nothing
+        outcomes = self._boot.allgather(why, self._settings.timeout_s, "agreeing on a capture")
+        failed = [(r, w) for r, w in enumerate(outcomes) if w]
+        if failed:
+            graph.release()
+            rank, why = failed[0]
+            self._plans.graph_bytes -= plan.graph_bytes
+            plan.graph_bytes = 0
+            plan.graph_reason = f"CUDA graph capture failed on rank {rank}: {why}"
+            log.debug("%s: %s; it runs from the host", plan.label, plan.graph_reason)
+            return
+        plan.graph = graph
+        log.debug("%s of %d elements: captured as a CUDA graph", plan.label, plan.count)
+
+    def _run_with(self, plan: CallPlan, x: Any, *, transport: Any = None, codec: Any = None) -> Any:
+        """Run ``plan``'s schedule eagerly, optionally with a stand-in transport or codec
+        (``coccl.overlap``'s codec-only and transport-only runs); returns the result."""
+        src = as_flat(x, "x")
+        dst = self._output(plan, src, None)
+        codec = plan.codec if codec is None else codec
+        if plan.route == "host":
+            rounds = run_schedule(
+                plan, self.rank, self.size, self._host_pool, src.data, dst.data, codec
+            )
             run_polling(
                 rounds,
-                transport,
-                executor,
-                depth=depth,
+                transport or self._host,
+                self._executor(min(plan.chunk_elems, plan.count) * plan.dtype.itemsize),
+                depth=plan.depth,
                 timeout_s=self._settings.timeout_s,
-                what=plan.what,
+                label=plan.label,
             )
+            return dst.obj
+        ctx = self._device(plan.device)
+        caller = caller_stream(x)
+        with ctx.device:
+            ctx.enter(caller)
+            rounds = run_schedule(plan, self.rank, self.size, ctx.pool, src.data, dst.data, codec)
+            if transport is None and plan.route == "nccl":
+                run_streamed(rounds, self._nccl, ctx, depth=plan.depth)
+            else:
+                with ctx.compute:
+                    run_polling(
+                        rounds,
+                        transport or self._host,
+                        GpuExecutor(ctx.compute),
+                        depth=plan.depth,
+                        timeout_s=self._settings.timeout_s,
+                        label=plan.label,
+                    )
+            ctx.leave(caller)
+        return dst.obj
 
-    def _depth(self, plan: algorithms.Plan, algorithm: str, collective: str, staged: bool) -> int:
-        """The pipeline depth, lowered if needed so the pools' blocks in use stay within
-        COCCL_STAGING_LIMIT_BYTES (``window_bytes`` bounds them): staging memory is set by
-        chunk size and depth, never by message size. A chunk whose one round needs more
-        than the limit runs at depth 1. tests/mpi/test_compressed.py (host),
-        test_gpu_collectives.py (staged device) and test_nccl_gpu_collectives.py check
-        it."""
-        limit = self._settings.staging_limit_bytes
-        depth = self._settings.pipeline_depth
-        while depth > 1 and (
-            window_bytes(
-                self.size,
-                plan.codec,
-                plan.dtype,
-                plan.chunk_elems,
-                algorithm,
-                collective,
-                staged,
-                depth,
-            )
-            > limit
-        ):
-            depth -= 1
-        return depth
+    def _rounds(self, plan: CallPlan, pool: BufferPool, x: Any, out: Any) -> Any:
+        """The schedule's rounds for flat ``x`` and ``out`` (``plan.codec`` on the wire)."""
+        return run_schedule(plan, self.rank, self.size, pool, x, out, plan.codec)
+
+    def _device(self, device_id: int | None) -> DeviceContext:
+        assert device_id is not None  # only called for device data
+        ctx = self._devices.get(device_id)
+        if ctx is None:
+            ctx = self._devices[device_id] = DeviceContext.create(device_id)
+        return ctx
+
+    def _executor(self, chunk_nbytes: int) -> Any:
+        if chunk_nbytes <= INLINE_CHUNK_BYTES:
+            return InlineExecutor()
+        if self._resources.cpu is None:
+            self._resources.cpu = CpuExecutor(self._cpu_threads)
+        return self._resources.cpu
 
 
-def _synchronize(x: Any) -> None:
-    """Wait for the device work of a call on ``x``'s device (no-op for host data)."""
-    if as_flat(x, "x").xp is not np:
-        import cupy as cp  # noqa: PLC0415
+def run_schedule(
+    plan: CallPlan, rank: int, size: int, pool: BufferPool, x: Any, out: Any, codec: Compressor
+) -> Any:
+    """The rounds of ``plan``'s schedule on flat ``x`` and ``out`` with ``codec`` on the
+    wire (``coccl.overlap`` passes a stand-in codec with the same payload sizes)."""
+    aplan = algorithms.Plan(
+        rank=rank,
+        size=size,
+        codec=codec,
+        dtype=plan.dtype,
+        op=plan.op,
+        chunk_elems=plan.chunk_elems,
+        pool=pool,
+        label=plan.label,
+        depth=plan.depth,
+        gather=plan.gather,
+    )
+    if plan.op in ("sum", "avg"):
+        aplan.hop = codec.reduce_encode_kernel(x, plan.dtype)
+    return algorithms.schedule(plan.algorithm, plan.collective)(aplan, x, out)
 
-        cp.cuda.get_current_stream().synchronize()
+
+def _result_shape(collective: str, shape: tuple[int, ...], n: int) -> tuple[int, ...]:
+    if collective == "allreduce":
+        return shape
+    if collective == "reduce_scatter":
+        if shape and shape[0] % n == 0:
+            return (shape[0] // n, *shape[1:])
+        return (int(np.prod(shape)) // n,)
+    return (n * shape[0], *shape[1:]) if shape else (n,)
 
 
-def _mpi_max() -> Any:
-    from mpi4py import MPI  # noqa: PLC0415
+def _release_graph(plan: CallPlan) -> None:
+    if plan.graph is not None:
+        plan.graph.release()
+        plan.graph = None
 
-    return MPI.MAX
+
+def _expired(me: weakref.ref, message: str) -> None:
+    """The watchdog's verdict (from its thread): abort NCCL, refuse every later call."""
+    comm = me()
+    if comm is not None and comm._broken is None:
+        comm._broken = message
+        if comm._nccl is not None:
+            comm._nccl.abort()
 
 
-def _cpu_threads(mpi_comm: Any, requested: int | None) -> int:
-    """Threads for the CPU codec kernels: COCCL_CPU_THREADS, else this node's cores
-    divided among its ranks. Oversubscribed numba threads spin against each other and
-    against MPI's polling (seen: 100x slower collectives with 4 ranks on 2 cores)."""
-    if requested is not None:
-        return requested
-    from mpi4py import MPI  # noqa: PLC0415
+class _Resources:
+    """What a communicator must free: its bootstrap and transports (MPI duplicates, the
+    NCCL communicator), the watchdog and the codec thread."""
 
-    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_size = local.Get_size()
-    local.Free()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // local_size)
+    def __init__(self, boot: Bootstrap, host: Any, nccl: Any, watchdog: Any) -> None:
+        self.boot, self.host, self.nccl, self.watchdog = boot, host, nccl, watchdog
+        self.cpu: CpuExecutor | None = None
+
+    def release(self, abort: bool = False) -> None:
+        if self.cpu is not None:
+            self.cpu.close()
+        if self.watchdog is not None:
+            self.watchdog.close()
+        if self.nccl is not None:
+            if abort:
+                self.nccl.abort()
+            else:
+                self.nccl.close()
+        self.host.close()
+        self.boot.close()
+
+
+def _release_unclosed(resources: _Resources, name: str) -> None:
+    """A communicator collected without ``close()``: free what it holds (an MPI library
+    has a limited number of communicators) and say so."""
+    warnings.warn(
+        f"{name} was not closed; call close() (or use it as a context manager)",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    resources.release()
 
 
 def _set_numba_threads(threads: int) -> None:
@@ -596,8 +869,29 @@ def _set_numba_threads(threads: int) -> None:
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
 
 
+def check_launcher(mpi_size: int) -> None:
+    """CocclError if a launcher started more ranks than MPI sees (each process would be
+    a 1-rank world of its own and 'reduce' only its own data)."""
+    if mpi_size != 1:
+        return
+    for var, launcher in _LAUNCHER_SIZES:
+        raw = os.environ.get(var, "").strip()
+        if raw.isdigit() and int(raw) > 1:
+            raise CocclError(
+                f"{launcher} started {raw} processes ({var}={raw}) but MPI sees a world of "
+                "1: each process would run alone. Launch with an mpiexec of the MPI that "
+                "mpi4py uses (mpiexec -n N python -m mpi4py script.py), or, under torchrun, "
+                "use the torch.distributed backend (import coccl.torch; "
+                "dist.init_process_group('coccl'))"
+            )
+
+
 def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:
     """Create a Communicator over an MPI communicator (default ``MPI.COMM_WORLD``).
+
+    Collective: every rank of ``mpi_comm`` must call it. The ranks check that their
+    schedule-shaping settings (``COCCL_CHUNK_BYTES``, ``COCCL_PIPELINE_DEPTH``,
+    ``COCCL_STAGING_LIMIT_BYTES``, ``COCCL_GRAPHS``, ``COCCL_NCCL_GATHER``) agree.
 
     Args:
         mpi_comm: an ``mpi4py.MPI.Comm``.
@@ -605,8 +899,16 @@ def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:
             its own, else MPI). Host arrays always travel over MPI.
 
     Raises:
-        ValueError: unknown backend. TypeError: ``mpi_comm`` is not an MPI communicator.
-        CocclError: the NCCL backend cannot run here (no CuPy/GPU, or ranks share a GPU).
+        ValueError: unknown backend, or a malformed ``COCCL_*`` variable.
+        TypeError: ``mpi_comm`` is not an MPI communicator.
+        CocclError: the NCCL backend cannot run here (no CuPy/GPU, or ranks share a GPU),
+            the ranks' settings differ, or a launcher started more processes than MPI
+            sees.
+
+    Example:
+        >>> comm = coccl.init()
+        >>> y = comm.allreduce(x, compressor="taco")
+        >>> comm.close()
     """
     from mpi4py import MPI  # noqa: PLC0415
 
@@ -616,12 +918,85 @@ def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:
         raise TypeError(f"mpi_comm must be an mpi4py.MPI.Comm, got {type(mpi_comm).__name__}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; coccl takes {', '.join(BACKENDS)}")
+    env = settings()
+    if mpi_comm is MPI.COMM_WORLD:
+        check_launcher(mpi_comm.Get_size())
+
+    def mpi_host(env: Settings) -> PollingTransport:
+        return MpiTransport(
+            mpi_comm,
+            cuda_aware=env.mpi_cuda_aware,
+            timeout_s=env.timeout_s,
+            forward_from_host=env.forward_from_pinned,
+        )
+
+    return create(MpiBootstrap(mpi_comm), mpi_host, backend, env)
+
+
+def create(
+    boot: Bootstrap,
+    make_host: Callable[[Settings], PollingTransport],
+    backend: str,
+    env: Settings | None = None,
+) -> Communicator:
+    """Build a Communicator over a bootstrap, collectively (``coccl.init`` does it over
+    MPI; ``coccl.torch`` over torch.distributed's store): agree on the settings, decide
+    whether device data travels over NCCL (and on which GPU and link), create the host
+    transport with ``make_host``. Takes ownership of ``boot`` (closed on failure)."""
     from coccl import nccl_transport  # noqa: PLC0415
 
-    resolved, device_id, reason = nccl_transport.decide(mpi_comm, backend)
-    if backend == "nccl" and resolved != "nccl":
-        raise CocclError(f"backend='nccl' cannot run here: {reason}")
+    env = settings() if env is None else env
+    configure_logging(env.log_level)
     nccl = None
-    if resolved == "nccl":
-        nccl = nccl_transport.NcclTransport(mpi_comm, device_id)
-    return Communicator(mpi_comm, resolved, nccl)
+    try:
+        threads, pipelined = agree_settings(boot, env)
+        local_rank, _ = node_ranks(boot, env.timeout_s)
+        resolved, device_id, reason = nccl_transport.decide(
+            boot, backend, local_rank, env.timeout_s
+        )
+        if backend == "nccl" and resolved != "nccl":
+            raise CocclError(f"backend='nccl' cannot run here: {reason}")
+        if reason:
+            log.debug("device data travels over MPI: %s", reason)
+        link = "mpi"
+        if resolved == "nccl":
+            assert device_id is not None
+            nccl = nccl_transport.NcclTransport(boot, device_id, env.timeout_s)
+            link = nccl_transport.detect_link(boot, device_id, env.link, env.timeout_s)
+        host = make_host(env)
+    except BaseException:
+        if nccl is not None:
+            nccl.close()
+        boot.close()
+        raise
+    return Communicator(
+        boot, host, env, nccl=nccl, link=link, cpu_threads=threads, host_pipelined=pipelined
+    )
+
+
+def agree_settings(boot: Bootstrap, env: Settings) -> tuple[int, bool]:
+    """Check that every rank has the same schedule-shaping settings (CocclError naming
+    the variable and each rank's value otherwise); return this rank's codec threads and
+    whether host data is pipelined, decided alike on every rank: only if every rank has
+    a spare core for its codec thread (COCCL_CPU_THREADS or cores per local rank >= 2)."""
+    _, local_size = node_ranks(boot, env.timeout_s)
+    threads = local_cpu_threads(local_size, env.cpu_threads)
+    mine = {name: getattr(env, name) for name in SCHEDULE_SETTINGS}
+    entries = boot.allgather((mine, threads), env.timeout_s, "comparing COCCL_* settings")
+    variables = {
+        "chunk_bytes": "COCCL_CHUNK_BYTES",
+        "chunk_bytes_set": "COCCL_CHUNK_BYTES (set or not)",
+        "pipeline_depth": "COCCL_PIPELINE_DEPTH",
+        "staging_limit_bytes": "COCCL_STAGING_LIMIT_BYTES",
+        "graphs": "COCCL_GRAPHS",
+        "nccl_gather": "COCCL_NCCL_GATHER",
+    }
+    for name in SCHEDULE_SETTINGS:
+        values = [e[0][name] for e in entries]
+        if any(v != values[0] for v in values):
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            raise CocclError(
+                f"{variables[name]} differs between ranks ({per_rank}); settings that shape "
+                "a collective's schedule must be the same on every rank"
+            )
+    return threads, min(t for _, t in entries) >= 2

@@ -1,11 +1,15 @@
 """Every ``COCCL_*`` environment variable, defined, documented and validated in one place.
 
-Values are read when asked for (not at import), so a test or a launcher can set them
-before the first collective. A malformed value raises ``ValueError`` naming the variable.
+Values are read when a communicator is created (not at import), so a test or a launcher
+can set them before ``coccl.init``. A malformed value raises ``ValueError`` naming the
+variable. Settings that shape a collective's schedule (chunking, depth, staging limit) must
+be the same on every rank: ``coccl.init`` compares them and refuses a mismatch
+(``SCHEDULE_SETTINGS``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -14,10 +18,9 @@ _VARS: dict[str, tuple[str, str]] = {
     "COCCL_CHUNK_BYTES": (
         "4194304",
         "pipeline chunk size in bytes of input data; each chunk is one payload on the wire "
-        "(unset: 4 MiB; device data staged through pinned host memory: 8 MiB, or, for "
-        "compressed data, 4M elements once each rank's shard holds four of them; device "
-        "data over NCCL: up to 16M elements, as many as keep two rounds within the "
-        "staging limit)",
+        "(unset: 4 MiB for host data; device data staged through pinned host memory: "
+        "8 MiB, or, for compressed data, 4M elements once each rank's shard holds four of "
+        "them; device data over NCCL: see coccl/sizing.py)",
     ),
     "COCCL_PIPELINE_DEPTH": ("4", "how many chunk rounds may be in flight at once (>= 1)"),
     "COCCL_STAGING_LIMIT_BYTES": (
@@ -25,8 +28,9 @@ _VARS: dict[str, tuple[str, str]] = {
         "upper bound on the extra device + pinned host memory a collective's pipeline uses",
     ),
     "COCCL_TIMEOUT_S": (
-        "",
-        "if set, a collective waiting longer than this many seconds for a peer raises CocclError",
+        "600",
+        "a collective that waits longer than this many seconds for a peer raises CocclError "
+        "and leaves the communicator unusable ('inf': never)",
     ),
     "COCCL_MPI_CUDA_AWARE": (
         "auto",
@@ -36,16 +40,65 @@ _VARS: dict[str, tuple[str, str]] = {
         "",
         "threads for the numba CPU codec kernels (default: cores / local ranks)",
     ),
+    "COCCL_FORWARD_FROM_PINNED": (
+        "1",
+        "staged MPI: '1' forwards a ring AllGather payload from the pinned copy it arrived "
+        "in, '0' copies it back from the device first (an A/B switch for benchmarks)",
+    ),
+    "COCCL_GRAPHS": (
+        "1",
+        "over NCCL: '1' records a collective's whole schedule as a CUDA graph after its "
+        "first call and replays it; '0' always runs it from the host",
+    ),
+    "COCCL_PLAN_CACHE_BYTES": (
+        "4294967296",
+        "upper bound on the device memory that cached plans (the buffers their CUDA graphs "
+        "use) hold; the least recently used plans are evicted beyond it",
+    ),
+    "COCCL_CHECK_CALLS": (
+        "0",
+        "'1': every call (not only a plan's first) checks that all ranks make the same call "
+        "(a debugging aid; costs a small exchange per call)",
+    ),
+    "COCCL_NCCL_GATHER": (
+        "auto",
+        "over NCCL, the AllGather phase of a compressed two-shot AllReduce: p2p (grouped "
+        "sends and receives), allgather (one ncclAllGather of payload slots), or auto (the "
+        "faster one measured on the link, algorithms/auto.py)",
+    ),
+    "COCCL_LINK": (
+        "auto",
+        "the link class NCCL uses between the ranks, for auto's choice: nvlink, pcie, shm, "
+        "net, or auto (detected at init from NCCL_P2P_DISABLE/NCCL_SHM_DISABLE and the GPUs)",
+    ),
+    "COCCL_LOG": (
+        "",
+        "a logging level (debug, info, warning) for the 'coccl' logger, written to stderr; "
+        "debug says which path each new call takes and why",
+    ),
 }
 
+# Settings whose value changes which messages a collective sends: every rank must agree.
+SCHEDULE_SETTINGS = (
+    "chunk_bytes",
+    "chunk_bytes_set",
+    "pipeline_depth",
+    "staging_limit_bytes",
+    "graphs",
+    "nccl_gather",
+)
+LINKS = ("auto", "nvlink", "pcie", "shm", "socket", "net")
+GATHERS = ("auto", "p2p", "allgather")
 
-def describe() -> dict[str, str]:
+
+def variables() -> dict[str, str]:
     """Return ``{name: help}`` for every variable coccl reads."""
     return {name: help_ for name, (_, help_) in _VARS.items()}
 
 
 def _raw(name: str) -> str:
-    return os.environ.get(name, _VARS[name][0]).strip()
+    """The variable's value; unset or empty means its default."""
+    return os.environ.get(name, "").strip() or _VARS[name][0]
 
 
 def _int(name: str, minimum: int) -> int:
@@ -59,6 +112,20 @@ def _int(name: str, minimum: int) -> int:
     return value
 
 
+def _flag(name: str) -> bool:
+    raw = _raw(name)
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name}={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    raw = _raw(name).lower()
+    if raw not in choices:
+        raise ValueError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """A snapshot of the environment, validated."""
@@ -67,32 +134,62 @@ class Settings:
     chunk_bytes_set: bool  # COCCL_CHUNK_BYTES given explicitly
     pipeline_depth: int
     staging_limit_bytes: int
-    timeout_s: float | None
+    timeout_s: float  # may be inf
     mpi_cuda_aware: bool | None  # None: ask the MPI library
     cpu_threads: int | None
+    forward_from_pinned: bool
+    graphs: bool
+    plan_cache_bytes: int
+    check_calls: bool
+    nccl_gather: str
+    link: str
+    log_level: str
+
+
+def _timeout() -> float:
+    raw = _raw("COCCL_TIMEOUT_S")
+    try:
+        timeout = float(raw)
+    except ValueError:
+        raise ValueError(f"COCCL_TIMEOUT_S={raw!r} is not a number") from None
+    if not timeout > 0:
+        raise ValueError(f"COCCL_TIMEOUT_S={raw!r} must be > 0 (or inf)")
+    return timeout
 
 
 def settings() -> Settings:
     """Read and validate every ``COCCL_*`` variable now."""
-    timeout_raw = _raw("COCCL_TIMEOUT_S")
-    timeout: float | None = None
-    if timeout_raw:
-        try:
-            timeout = float(timeout_raw)
-        except ValueError:
-            raise ValueError(f"COCCL_TIMEOUT_S={timeout_raw!r} is not a number") from None
-        if not timeout > 0:
-            raise ValueError(f"COCCL_TIMEOUT_S={timeout_raw!r} must be > 0")
-    aware_raw = _raw("COCCL_MPI_CUDA_AWARE").lower()
-    if aware_raw not in ("auto", "0", "1"):
-        raise ValueError(f"COCCL_MPI_CUDA_AWARE={aware_raw!r} must be auto, 0 or 1")
+    aware = _choice("COCCL_MPI_CUDA_AWARE", ("auto", "0", "1"))
     threads_raw = _raw("COCCL_CPU_THREADS")
+    log_level = _raw("COCCL_LOG").lower()
+    if log_level and not isinstance(logging.getLevelName(log_level.upper()), int):
+        raise ValueError(f"COCCL_LOG={log_level!r} is not a logging level (debug, info, ...)")
     return Settings(
         chunk_bytes=_int("COCCL_CHUNK_BYTES", 1),
         chunk_bytes_set=bool(os.environ.get("COCCL_CHUNK_BYTES", "").strip()),
         pipeline_depth=_int("COCCL_PIPELINE_DEPTH", 1),
         staging_limit_bytes=_int("COCCL_STAGING_LIMIT_BYTES", 1 << 20),
-        timeout_s=timeout,
-        mpi_cuda_aware=None if aware_raw == "auto" else aware_raw == "1",
+        timeout_s=_timeout(),
+        mpi_cuda_aware=None if aware == "auto" else aware == "1",
         cpu_threads=_int("COCCL_CPU_THREADS", 1) if threads_raw else None,
+        forward_from_pinned=_flag("COCCL_FORWARD_FROM_PINNED"),
+        graphs=_flag("COCCL_GRAPHS"),
+        plan_cache_bytes=_int("COCCL_PLAN_CACHE_BYTES", 0),
+        check_calls=_flag("COCCL_CHECK_CALLS"),
+        nccl_gather=_choice("COCCL_NCCL_GATHER", GATHERS),
+        link=_choice("COCCL_LINK", LINKS),
+        log_level=log_level,
     )
+
+
+def configure_logging(level: str) -> None:
+    """Send the 'coccl' logger's records at ``level`` and above to stderr (COCCL_LOG)."""
+    if not level:
+        return
+    logger = logging.getLogger("coccl")
+    logger.setLevel(level.upper())
+    if not any(getattr(h, "coccl_handler", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("coccl %(levelname)s %(name)s: %(message)s"))
+        handler.coccl_handler = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)

@@ -1,10 +1,11 @@
 """Per-GPU state of a Communicator: its streams and pooled device buffers.
 
 coccl works on its own streams so that its pipeline can overlap compute and transfers,
-and orders them against the caller's current stream with events: the compute stream
-waits for whatever the caller enqueued before the call (the input may still be being
-produced), and the caller's stream waits for coccl's last kernel before it may read the
-output. So a call behaves as if it ran on the caller's current stream.
+and orders them against the caller's stream with events: the streams wait for whatever
+the caller enqueued before the call (the input may still be being produced), and the
+caller's stream waits for coccl's last work before it may read the output. So a call
+behaves as if it ran on the caller's stream: the current stream of the array's own
+framework (``coccl.arrays.caller_stream``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,23 @@ from coccl.pool import BufferPool, device_pool
 
 @dataclass
 class DeviceContext:
+    """coccl's streams on one device.
+
+    Attributes:
+        device: the CuPy device.
+        compute: codec kernels (a round's ``pre``), and the stream every call starts and
+            ends on.
+        comm: NCCL groups (and staged copies).
+        post: decodes after a round's receives (a round's ``post``).
+        capture: the origin stream of CUDA graph captures (coccl/graphs.py).
+        pool: pooled device buffers of eagerly run schedules.
+    """
+
     device: Any
     compute: Any
     comm: Any
     post: Any
+    capture: Any
     pool: BufferPool
 
     @classmethod
@@ -29,30 +43,30 @@ class DeviceContext:
 
         device = cp.cuda.Device(device_id)
         with device:
-            compute = cp.cuda.Stream(non_blocking=True)
-            comm = cp.cuda.Stream(non_blocking=True)
-            post = cp.cuda.Stream(non_blocking=True)
-        return cls(device, compute, comm, post, device_pool(device))
+            streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
+        return cls(device, *streams, device_pool(device))
 
     def event(self, stream: Any) -> Any:
+        """A new event recorded on ``stream``."""
         import cupy as cp  # noqa: PLC0415
 
         event = cp.cuda.Event(block=False, disable_timing=True)
         event.record(stream)
         return event
 
-    def enter(self) -> Any:
-        """Make coccl's streams wait for the caller's work; return the caller's stream."""
-        import cupy as cp  # noqa: PLC0415
-
-        caller = cp.cuda.get_current_stream()
+    def enter(self, caller: Any, all_streams: bool = True) -> None:
+        """Make coccl's streams (only ``compute`` unless ``all_streams``) wait for the work
+        the caller enqueued on ``caller`` so far."""
         ready = self.event(caller)
-        for stream in (self.compute, self.comm, self.post):
-            stream.wait_event(ready)
-        return caller
+        self.compute.wait_event(ready)
+        if all_streams:
+            self.comm.wait_event(ready)
+            self.post.wait_event(ready)
 
-    def leave(self, caller: Any) -> None:
-        """Make the caller's stream wait for everything coccl enqueued."""
-        for stream in (self.comm, self.post):
-            self.compute.wait_event(self.event(stream))
+    def leave(self, caller: Any, all_streams: bool = True) -> None:
+        """Make ``caller`` wait for everything coccl enqueued (on ``compute``, after it
+        waits for ``comm`` and ``post`` when ``all_streams``)."""
+        if all_streams:
+            for stream in (self.comm, self.post):
+                self.compute.wait_event(self.event(stream))
         caller.wait_event(self.event(self.compute))

@@ -14,6 +14,7 @@ is given.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -140,21 +141,38 @@ class MpiTransport:
         comm: the MPI communicator; coccl duplicates it so its messages never match the
             caller's own.
         cuda_aware: hand device buffers to MPI directly (None: ask the library).
+        timeout_s: how long the native collectives wait for the other ranks.
+        forward_from_host: staged ring AllGather forwards go from the pinned copy they
+            arrived in (COCCL_FORWARD_FROM_PINNED).
     """
 
     name = "mpi"
 
-    def __init__(self, comm: MPI.Comm, cuda_aware: bool | None = None) -> None:
-        self.comm = comm.Dup()
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        cuda_aware: bool | None = None,
+        timeout_s: float = float("inf"),
+        forward_from_host: bool = True,
+    ) -> None:
+        try:
+            self.comm = comm.Dup()
+        except MPI.Exception as exc:
+            raise CocclError(
+                f"MPI could not duplicate the communicator ({exc}); an MPI library holds a "
+                "limited number of communicators: close() the coccl communicators you no "
+                "longer use"
+            ) from exc
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
+        self.timeout_s = timeout_s
         self._pinned_pool: BufferPool | None = None
         self._deferred: list[tuple[Any, Block]] = []
         # id(device buffer) -> (the buffer, the pinned block it was received through), for
         # receives that a later send forwards unchanged (the buffer is held: ids stay unique)
         self._forwardable: dict[int, tuple[Any, Block]] = {}
-        self.forward_from_host = True  # a benchmark's switch for the A/B of this path
+        self.forward_from_host = forward_from_host
         self.bytes_sent = 0  # payload bytes handed to isend (statistics)
 
     # ------------------------------------------------------------------ plumbing
@@ -217,10 +235,46 @@ class MpiTransport:
             block.release()
         self._forwardable.clear()
 
+    def cancel(self, handles: list[Handle]) -> None:
+        """Cancel the receives among ``handles`` that have not completed (after a failure:
+        the communicator is unusable from then on, but MPI keeps no buffers posted)."""
+        for handle in handles:
+            request = getattr(handle, "_req", None)
+            if handle.kind == "recv" and request is not None and not handle._done:
+                try:
+                    request.Cancel()
+                    request.Free()
+                except MPI.Exception:
+                    pass
+
     @staticmethod
     def has_native(collective: str, dtype: Any, op: str) -> bool:
         """MPI reduces every coccl dtype (16-bit floats via float32)."""
         return True
+
+    def native(self, collective: str, x: Any, out: Any, op: str, stream: Any = None) -> None:
+        """The MPI collective of flat ``x`` into flat ``out`` (device data through host
+        copies unless MPI is CUDA-aware); waits at most ``timeout_s`` for the peers."""
+        if collective == "allreduce":
+            self.native_allreduce(x, out, op)
+        elif collective == "reduce_scatter":
+            self.native_reduce_scatter(x, out, op)
+        else:
+            self.native_allgather(x, out)
+
+    def _complete(self, request: MPI.Request, what: str) -> None:
+        """Wait for a nonblocking collective, at most ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        spins = 0
+        while not request.Test():
+            spins += 1
+            if spins % 64 == 0 and time.monotonic() > deadline:
+                raise CocclError(
+                    f"{what}: timed out after {self.timeout_s:g} s waiting for every rank "
+                    "(COCCL_TIMEOUT_S); do all ranks call the same collective?"
+                )
+            if spins > 256:
+                time.sleep(50e-6)
 
     # ------------------------------------------------------- native collectives
     def _for_mpi(self, x: Any) -> Any:
@@ -254,7 +308,7 @@ class MpiTransport:
         """MPI_Allreduce (bfloat16/float16 are reduced in float32)."""
         send = self._reducible(self._for_mpi(x))
         recv = array_module(send).empty_like(send)
-        self.comm.Allreduce(send, recv, op=_MPI_OPS[op])
+        self._complete(self.comm.Iallreduce(send, recv, op=_MPI_OPS[op]), "MPI_Allreduce")
         finalize(recv, op, self.size)
         self._store(recv, out)
 
@@ -262,7 +316,8 @@ class MpiTransport:
         """MPI_Reduce_scatter_block (NCCL layout: shard ``rank`` of ``size`` shards)."""
         send = self._reducible(self._for_mpi(x))
         recv = array_module(send).empty(send.size // self.size, dtype=send.dtype)
-        self.comm.Reduce_scatter_block(send, recv, op=_MPI_OPS[op])
+        request = self.comm.Ireduce_scatter_block(send, recv, op=_MPI_OPS[op])
+        self._complete(request, "MPI_Reduce_scatter_block")
         finalize(recv, op, self.size)
         self._store(recv, out)
 
@@ -270,13 +325,14 @@ class MpiTransport:
         """MPI_Allgather (rank r's data at offset r * n); moves bytes, any dtype."""
         send = self._for_mpi(x).view(np.uint8)
         recv = array_module(send).empty(send.size * self.size, dtype=np.uint8)
-        self.comm.Allgather([send, MPI.BYTE], [recv, MPI.BYTE])
+        request = self.comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE])
+        self._complete(request, "MPI_Allgather")
         self._store(recv.view(out.dtype), out)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        self._complete(self.comm.Ibarrier(), "barrier")
 
     def close(self) -> None:
-        if self.comm != MPI.COMM_NULL:
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._reap(wait=True)
             self.comm.Free()

@@ -1,8 +1,8 @@
-"""Stand-ins that split a pipelined collective into its two halves, to measure overlap.
+"""The overlap profile: a pipelined collective timed against its two halves.
 
 ``overlap_efficiency = max(codec-only time, transport-only time) / pipelined time``
 (1.0: the shorter half hides completely behind the longer). The three runs use the same
-schedule, chunks and buffers:
+plan (schedule, chunks, depth, buffers), run eagerly from the host:
 
 * codec-only: ``NullTransport`` completes every message at once and moves nothing (the
   received payload bytes are whatever the buffer held), so only the compute runs;
@@ -12,11 +12,74 @@ schedule, chunks and buffers:
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
 from coccl.compressors import Compressor
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+
+
+def profile(
+    comm: Any,
+    collective: str,
+    x: Any,
+    *,
+    algorithm: str,
+    compressor: Any,
+    chunk_bytes: int | None = None,
+    iters: int = 5,
+    op: str = "sum",
+) -> dict[str, float]:
+    """``Communicator.overlap_profile``: the three runs, interleaved (pipelined,
+    codec-only, transport-only, pipelined, ...) so that a drift of the machine's speed
+    weighs on the three alike; medians of ``iters`` runs after one warm-up round, the
+    slowest rank's. Collective: every rank must call it."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}")
+    if algorithm not in ("ring", "two_shot"):
+        raise ValueError("overlap_profile takes algorithm='ring' or 'two_shot'")
+    if not isinstance(iters, int) or isinstance(iters, bool) or iters < 1:
+        raise ValueError(f"iters must be a positive integer, got {iters!r}")
+    comm._check_usable()
+    plan = comm._plan(collective, x, op, algorithm, compressor, chunk_bytes)
+    runs = {
+        "pipelined": {},
+        "codec_only": {"transport": NullTransport(comm.rank, comm.size)},
+        "transport_only": {"codec": WireOnlyCodec(plan.codec)},
+    }
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for i in range(iters + 1):  # the first round warms up
+        for name, stand_ins in runs.items():
+            comm.barrier()
+            start = time.perf_counter()
+            result = comm._run_with(plan, x, **stand_ins)
+            _synchronize(result)
+            if i:
+                samples[name].append(time.perf_counter() - start)
+    medians = [float(np.median(samples[name])) for name in runs]
+    slowest = comm._boot.allgather(medians, comm._settings.timeout_s, "overlap profile")
+    times = {f"{name}_s": max(m[k] for m in slowest) for k, name in enumerate(runs)}
+    longest_half = max(times["codec_only_s"], times["transport_only_s"])
+    times["overlap_efficiency"] = longest_half / times["pipelined_s"]
+    return times
+
+
+def _synchronize(x: Any) -> None:
+    """Wait for the device work of a call that returned ``x`` (no-op for host data)."""
+    if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] == "numpy":
+        return
+    if type(x).__module__.split(".")[0] == "torch":
+        if x.device.type == "cuda":
+            import torch  # noqa: PLC0415
+
+            torch.cuda.current_stream(x.device).synchronize()
+        return
+    import cupy as cp  # noqa: PLC0415
+
+    cp.cuda.get_current_stream().synchronize()
 
 
 class NullTransport:
@@ -24,6 +87,7 @@ class NullTransport:
 
     name = "null"
     cuda_aware = True
+    sends_follow_stream = False
     bytes_sent = 0
 
     def __init__(self, rank: int, size: int) -> None:
@@ -36,6 +100,9 @@ class NullTransport:
         return _Complete(peer)
 
     def finish(self) -> None:
+        pass
+
+    def cancel(self, handles: list[Any]) -> None:
         pass
 
     def pools(self) -> list[Any]:
@@ -91,4 +158,4 @@ def _no_hop(own: Any, payload: Any, out: Any) -> None:
     pass
 
 
-__all__ = ["NullTransport", "WireOnlyCodec"]
+__all__ = ["NullTransport", "WireOnlyCodec", "profile"]

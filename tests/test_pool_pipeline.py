@@ -10,26 +10,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import coccl
 from coccl import algorithms
-from coccl.communicator import (
-    NCCL_MAX_CHUNK_ELEMS,
-    nccl_chunk_bytes,
-    staged_chunk_bytes,
-    window_bytes,
-)
 from coccl.compressors import get_compressor
 from coccl.overlap import WireOnlyCodec
-from coccl.pipeline import (
-    DONE,
-    Round,
-    _advance,
-    _EventHandle,
-    _landed,
-    _may_send,
-    run_polling,
-    run_streamed,
-)
+from coccl.pipeline import Round
+from coccl.polling import DONE, EventHandle, advance, landed_buffers, may_send, run_polling
 from coccl.pool import BufferPool, host_pool, size_class
+from coccl.sizing import NCCL_MAX_CHUNK_ELEMS, nccl_chunk_bytes, staged_chunk_bytes, window_bytes
+from coccl.streamed import run_streamed
+
+INF = float("inf")
 
 
 def test_size_classes_waste_at_most_an_eighth():
@@ -171,18 +162,18 @@ def _round(handle: object) -> Round:
 
 
 def test_staged_sends_start_once_the_encode_is_enqueued():
-    queued = _round(_EventHandle(_Event()))
-    assert _may_send(queued, _Transport(follows=True))
+    queued = _round(EventHandle(_Event()))
+    assert may_send(queued, _Transport(follows=True))
     # a transport that reads the buffer itself (host MPI, CUDA-aware MPI) waits for it
-    assert not _may_send(queued, _Transport(follows=False))
-    assert not _may_send(queued, object())
+    assert not may_send(queued, _Transport(follows=False))
+    assert not may_send(queued, object())
 
 
 def test_host_compute_is_waited_for():
     running = _round(_Future(done=False))  # a worker thread's future
-    assert not _may_send(running, _Transport(follows=True))
+    assert not may_send(running, _Transport(follows=True))
     finished = _round(_Future(done=True))
-    assert _may_send(finished, _Transport(follows=True))
+    assert may_send(finished, _Transport(follows=True))
 
 
 def _schedule(algorithm: str, collective: str, codec: str = "taco", size: int = 4):
@@ -194,7 +185,7 @@ def _schedule(algorithm: str, collective: str, codec: str = "taco", size: int = 
         op="sum",
         chunk_elems=256,
         pool=host_pool(),
-        what="t",
+        label="t",
     )
     n = size * 1024
     x = np.ones(n // size if collective == "allgather" else n, np.float32)
@@ -219,11 +210,11 @@ def test_only_ring_allgather_forwards_are_landed_sends():
     for algorithm, collective, codec in cases:
         for rnd in _schedule(algorithm, collective, codec):
             step = _gather_step(rnd)
-            landed = [b for _, b in rnd.sends if any(b is x for x in _landed(rnd))]
+            landed = [b for _, b in rnd.sends if any(b is x for x in landed_buffers(rnd))]
             assert len(landed) == (1 if step in (2, 3) else 0), rnd.label
             assert rnd.forwards == (step in (1, 2)), rnd.label
             if rnd.pre is not None:
-                assert _landed(rnd) == []
+                assert landed_buffers(rnd) == []
 
 
 class _Recorder:
@@ -256,7 +247,7 @@ class _Test:
 class _Executor:
     @staticmethod
     def submit(fn):
-        return _EventHandle(_Event())  # enqueued, not yet run
+        return EventHandle(_Event())  # enqueued, not yet run
 
     @staticmethod
     def idle(spins: int) -> None:
@@ -270,22 +261,22 @@ def test_engine_tells_the_transport_what_is_forwarded():
     producer.recvs_done, producer.post_handle = True, DONE
     forward = Round(label="fwd", tag=1, sends=[(1, buf), (2, other)], deps=[producer])
     transport = _Recorder()
-    _advance(forward, transport, _Executor())
+    advance(forward, transport, _Executor())
     assert transport.landed == [True, False]
     producer.forwards = False  # a receive that was not kept is not sent from the host
     again = Round(label="fwd", tag=2, sends=[(1, buf)], deps=[producer])
-    _advance(again, transport, _Executor())
+    advance(again, transport, _Executor())
     assert transport.landed[-1] is False
 
 
 def test_engine_passes_the_forward_hint_of_each_receive():
     rounds = list(_schedule("ring", "allreduce"))
     transport = _Recorder()
-    run_polling(iter(rounds), transport, _ImmediateExecutor(), depth=4, timeout_s=None, what="t")
+    run_polling(iter(rounds), transport, _ImmediateExecutor(), depth=4, timeout_s=INF, label="t")
     expected = [rnd.forwards for rnd in rounds for _ in rnd.recvs]
     assert transport.forward == expected and any(expected)
     assert sum(transport.landed) == sum(
-        1 for rnd in rounds for _, b in rnd.sends if any(b is x for x in _landed(rnd))
+        1 for rnd in rounds for _, b in rnd.sends if any(b is x for x in landed_buffers(rnd))
     )
 
 
@@ -355,10 +346,40 @@ def test_engines_hold_at_most_depth_rounds(engine, depth):
 
     if engine == "polling":
         run_polling(
-            rounds(), _Recorder(), _ImmediateExecutor(), depth=depth, timeout_s=None, what="t"
+            rounds(), _Recorder(), _ImmediateExecutor(), depth=depth, timeout_s=INF, label="t"
         )
     else:
-        run_streamed(
-            rounds(), _StreamTransport(), _StreamCtx(), depth=depth, timeout_s=None, what="t"
-        )
+        run_streamed(rounds(), _StreamTransport(), _StreamCtx(), depth=depth)
     assert peak[0] == depth and not live
+
+
+class _Never:
+    peer = 1
+
+    @staticmethod
+    def test() -> bool:
+        return False
+
+
+class _StuckFirst(_Recorder):
+    """Round 0's receive never completes; every other message completes at once."""
+
+    def irecv(self, buf, peer, tag, forward=False):
+        return _Never() if tag == 0 else _Test()
+
+    def cancel(self, handles) -> None:
+        self.cancelled = handles
+
+
+def test_a_round_finished_behind_a_stuck_one_is_not_progress():
+    """Rounds that finished behind an unfinished first round must not count as progress
+    on every poll, or the timeout never fires (it once spun forever)."""
+    buf = np.zeros(8, np.uint8)
+    rounds = [Round(label=f"round {i}", tag=i, recvs=[(1, buf)]) for i in range(3)]
+    transport = _StuckFirst()
+    with pytest.raises(coccl.CocclError, match="round 0: timed out.*from rank 1"):
+        run_polling(
+            iter(rounds), transport, _ImmediateExecutor(), depth=3, timeout_s=0.2, label="t"
+        )
+    assert rounds[1].finished and rounds[2].finished and not rounds[0].finished
+    assert len(transport.cancelled) == 3  # the stuck receive's round and the rest given up

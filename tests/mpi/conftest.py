@@ -1,6 +1,7 @@
 """Fixtures for multi-rank tests: one coccl communicator per run, rank-seeded data."""
 
-import dataclasses
+import contextlib
+import os
 import zlib
 
 import numpy as np
@@ -40,27 +41,43 @@ def all_equal_across_ranks(a: np.ndarray) -> bool:
     return len(set(MPI.COMM_WORLD.allgather(mine))) == 1
 
 
+@contextlib.contextmanager
+def communicator(backend="mpi", **env):
+    """A new communicator created with the given ``COCCL_*`` variables set (the same on
+    every rank: collective), closed afterwards."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update({name: str(value) for name, value in env.items()})
+    try:
+        c = coccl.init(MPI.COMM_WORLD, backend=backend)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        yield c
+    finally:
+        c.close()
+
+
 STAGING_LIMIT = 1 << 20
 
 
-def stats_at_staging_limit(comm, collective, algorithm, codec, place=lambda x: x) -> dict:
-    """``comm.stats()`` of one float32 collective run with COCCL_STAGING_LIMIT_BYTES at
-    ``STAGING_LIMIT``, whose chunks (dozens per shard) keep the pipeline's window full, so
-    the limit, not the message, must lower the depth from its default 4. ``place`` puts
-    the input where it runs (e.g. on a device)."""
-    n = comm.size
-    count = n << 18
-    x = rank_data(case_seed("limit", collective, algorithm), comm.rank, count, np.float32)
-    if collective == "allgather":
-        x = x[: count // n]
-    chunk = (64 if codec == "identity" else 128) << 10
-    saved = comm._settings
-    comm._settings = dataclasses.replace(saved, staging_limit_bytes=STAGING_LIMIT)
-    try:
+def stats_at_staging_limit(collective, algorithm, codec, backend="mpi", place=lambda x: x):
+    """``stats()`` of one float32 collective on a communicator whose
+    COCCL_STAGING_LIMIT_BYTES is ``STAGING_LIMIT``, with chunks (dozens per shard) that keep
+    the pipeline's window full, so the limit, not the message, must lower the depth from
+    its default 4. ``place`` puts the input where it runs (e.g. on a device)."""
+    with communicator(backend, COCCL_STAGING_LIMIT_BYTES=STAGING_LIMIT) as comm:
+        n = comm.size
+        count = n << 18
+        x = rank_data(case_seed("limit", collective, algorithm), comm.rank, count, np.float32)
+        if collective == "allgather":
+            x = x[: count // n]
+        chunk = (64 if codec == "identity" else 128) << 10
         comm.reset_stats()
         getattr(comm, collective)(
             place(x), algorithm=algorithm, compressor=codec, chunk_bytes=chunk
         )
         return comm.stats()
-    finally:
-        comm._settings = saved

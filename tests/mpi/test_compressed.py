@@ -149,7 +149,7 @@ def test_staging_limit_bounds_the_pools(comm, collective, algorithm, codec):
     one round needs more than the limit runs at depth 1.)"""
     if comm.size == 1:
         pytest.skip("one rank runs no pipeline")
-    peak = stats_at_staging_limit(comm, collective, algorithm, codec)["peak_host_bytes"]
+    peak = stats_at_staging_limit(collective, algorithm, codec)["peak_host_bytes"]
     assert peak <= STAGING_LIMIT, f"peak pooled bytes {peak} over the {STAGING_LIMIT}-byte limit"
 
 

@@ -12,6 +12,7 @@ from conftest import (
     STAGING_LIMIT,
     all_equal_across_ranks,
     case_seed,
+    communicator,
     rank_data,
     stats_at_staging_limit,
 )
@@ -61,18 +62,13 @@ def test_ring_forwards_from_host_copies(comm, collective, codec):
     what forwarding the device copy gives, and every pinned block is back in the pool."""
     count = 70001
     x = cp.asarray(rank_data(case_seed("fwd", collective, codec), comm.rank, count, BF16))
-    fn = getattr(comm, collective)
-    mpi = comm._mpi
-    try:
-        mpi.forward_from_host = False
-        ref = cp.asnumpy(fn(x, algorithm="ring", compressor=codec, chunk_bytes=8192))
-        mpi.forward_from_host = True
-        got = cp.asnumpy(fn(x, algorithm="ring", compressor=codec, chunk_bytes=8192))
-    finally:
-        mpi.forward_from_host = True
-    np.testing.assert_array_equal(got.view(np.uint8), ref.view(np.uint8))
-    assert not mpi._forwardable
-    assert sum(pool.in_use_bytes for pool in mpi.pools()) == 0
+    results = {}
+    for forward in (0, 1):
+        with communicator(COCCL_FORWARD_FROM_PINNED=forward) as c:
+            y = getattr(c, collective)(x, algorithm="ring", compressor=codec, chunk_bytes=8192)
+            results[forward] = cp.asnumpy(y)
+            assert sum(pool.in_use_bytes for pool in c.pools()) == 0
+    np.testing.assert_array_equal(results[1].view(np.uint8), results[0].view(np.uint8))
 
 
 @pytest.mark.parametrize("codec", ["identity", "taco"])
@@ -83,7 +79,7 @@ def test_staging_limit_bounds_device_and_pinned_memory(comm, collective, algorit
     (payloads, their pinned copies, accumulators)."""
     if comm.size == 1:
         pytest.skip("one rank runs no pipeline")
-    st = stats_at_staging_limit(comm, collective, algorithm, codec, place=cp.asarray)
+    st = stats_at_staging_limit(collective, algorithm, codec, place=cp.asarray)
     peak = st["peak_pinned_bytes"] + st["peak_device_bytes"]
     assert 0 < st["peak_pinned_bytes"] and peak <= STAGING_LIMIT, f"peak {peak} over the limit"
 

@@ -87,7 +87,7 @@ def test_nccl_staging_stays_within_the_limit(ncomm, collective, algorithm, codec
     in use stay within COCCL_STAGING_LIMIT_BYTES (it held one round more before)."""
     if ncomm.size == 1:
         pytest.skip("one rank runs no pipeline")
-    st = stats_at_staging_limit(ncomm, collective, algorithm, codec, place=cp.asarray)
+    st = stats_at_staging_limit(collective, algorithm, codec, "nccl", place=cp.asarray)
     peak = st["peak_device_bytes"]
     assert st["peak_pinned_bytes"] == 0, "NCCL sends device memory, nothing is staged"
     assert peak <= STAGING_LIMIT, f"peak {peak} over the limit {STAGING_LIMIT}"

@@ -1,0 +1,93 @@
+"""The out-of-band exchanges a communicator needs besides its data transports: agreeing
+on settings and on each new call's plan, broadcasting NCCL's unique id, finding which
+ranks share a node. They carry a few hundred bytes, rarely (at init and when a call's
+plan is first built), and every wait is bounded by a timeout, so a rank that never
+arrives ends in a ``CocclError`` instead of a hang.
+
+``MpiBootstrap`` runs them over a private duplicate of an MPI communicator; ``coccl.torch``
+provides one over torch.distributed's store, for jobs launched without MPI.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import time
+from typing import Any, Protocol
+
+from coccl.errors import CocclError
+
+
+class Bootstrap(Protocol):
+    """Small collective exchanges of Python objects among the communicator's ranks."""
+
+    rank: int
+    size: int
+
+    def allgather(self, obj: Any, timeout_s: float, what: str) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order. Raises CocclError naming
+        ``what`` if some rank does not join within ``timeout_s``."""
+        ...
+
+    def close(self) -> None:
+        """Free what the bootstrap holds."""
+        ...
+
+
+def node_ranks(boot: Bootstrap, timeout_s: float) -> tuple[int, int]:
+    """``(local_rank, local_size)``: this rank's index among the ranks of its node, and
+    their count (ranks are on one node when their host names match)."""
+    hosts = boot.allgather(socket.gethostname(), timeout_s, "finding the ranks of each node")
+    mine = hosts[boot.rank]
+    local = [r for r, h in enumerate(hosts) if h == mine]
+    return local.index(boot.rank), len(local)
+
+
+def _wait(request: Any, deadline: float, what: str, timeout_s: float) -> None:
+    """Poll an MPI request until it completes; sleep a little between polls (these
+    exchanges are rare, so a few microseconds of latency cost nothing)."""
+    spins = 0
+    while not request.Test():
+        spins += 1
+        if time.monotonic() > deadline:
+            raise CocclError(
+                f"{what}: timed out after {timeout_s:g} s waiting for every rank "
+                "(COCCL_TIMEOUT_S); do all ranks make the same calls in the same order?"
+            )
+        time.sleep(0 if spins < 100 else 1e-4)
+
+
+class MpiBootstrap:
+    """Bootstrap exchanges over a private duplicate of an MPI communicator (nonblocking
+    collectives polled against a deadline)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+
+    def allgather(self, obj: Any, timeout_s: float, what: str) -> list[Any]:
+        import numpy as np  # noqa: PLC0415
+        from mpi4py import MPI  # noqa: PLC0415
+
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        deadline = time.monotonic() + timeout_s
+        sizes = np.zeros(self.size, dtype=np.int64)
+        mine = np.array([data.size], dtype=np.int64)
+        _wait(self.comm.Iallgather(mine, sizes), deadline, what, timeout_s)
+        offsets = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        recv = np.empty(int(sizes.sum()), dtype=np.uint8)
+        request = self.comm.Iallgatherv(
+            [data, MPI.BYTE], [recv, (sizes.tolist(), offsets.tolist()), MPI.BYTE]
+        )
+        _wait(request, deadline, what, timeout_s)
+        return [
+            pickle.loads(recv[int(o) : int(o) + int(s)].tobytes())
+            for o, s in zip(offsets, sizes, strict=True)
+        ]
+
+    def close(self) -> None:
+        from mpi4py import MPI  # noqa: PLC0415
+
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()

@@ -1,0 +1,201 @@
+"""How a collective is cut into chunks and how many chunk rounds run at once.
+
+Every rule that sizes a pipeline lives here: the default chunk of each route (host data,
+device data staged over MPI, device data over NCCL, with and without CUDA graphs), the
+bound on the pool memory a window of rounds holds, and the depth that keeps that bound
+under ``COCCL_STAGING_LIMIT_BYTES``. Every rank applies the same rules to the same
+arguments and settings (``coccl.init`` checks that the settings agree), so every rank cuts
+the same chunks. bench/NOTES.md holds the measurements behind the constants.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from coccl.arrays import accumulate_dtype
+from coccl.compressors import Compressor
+from coccl.pool import size_class
+
+# Below this chunk size, CPU compute runs on the polling thread itself: a worker thread's
+# wake-up would cost more than the overlap it buys.
+INLINE_CHUNK_BYTES = 64 << 10
+# Default chunk of device data sent over MPI through pinned host staging (not CUDA-aware):
+# 8 MiB, or (compressed data) chunks of 4M elements once each rank's shard holds four.
+STAGED_CHUNK_BYTES = 8 << 20
+STAGED_LARGE_CHUNK_ELEMS = 4 << 20
+# Largest default chunk over NCCL, in elements (the accumulators are float32 whatever the
+# input, so the bound is counted in elements).
+NCCL_MAX_CHUNK_ELEMS = 16 << 20
+# A replayed (CUDA graph) schedule costs the host nothing per round, so it can cut each
+# shard into several chunks to overlap the codec with the wire, down to this size.
+GRAPH_CHUNKS_PER_SHARD = 4
+GRAPH_MIN_CHUNK_ELEMS = 2 << 20
+
+ROUTES = ("host", "staged", "device", "nccl")
+
+
+def staged_chunk_bytes(shard: int, itemsize: int, compressed: bool) -> int:
+    """The default chunk of a collective staged through pinned host memory whose
+    per-rank shard holds ``shard`` elements.
+
+    Each chunk costs the polling thread host work that does not overlap MPI's own copies,
+    so fewer, larger chunks overlap better, as long as every shard still holds enough
+    chunks to pipeline: 8 MiB, and chunks of 4M elements for compressed data once every
+    shard holds four of them. Uncompressed data keeps 8 MiB: it has no codec cost per
+    chunk to save, and larger payloads would make the staging limit cut the depth to 1.
+    """
+    if compressed and shard >= 4 * STAGED_LARGE_CHUNK_ELEMS:
+        return max(STAGED_CHUNK_BYTES, STAGED_LARGE_CHUNK_ELEMS * itemsize)
+    return STAGED_CHUNK_BYTES
+
+
+def window_bytes(
+    n: int,
+    codec: Compressor,
+    dtype: Any,
+    chunk_elems: int,
+    algorithm: str,
+    collective: str,
+    staged: bool,
+    depth: int,
+) -> int:
+    """An upper bound on the pool bytes a pipeline window of ``depth`` rounds holds, on
+    ``n`` ranks with chunks of ``chunk_elems`` elements. Per round: its payloads (their
+    pinned copies too when ``staged``), an accumulator and a result payload; the payloads
+    waiting between a chunk's steps, about one per step per round of depth (a chunk's
+    next step runs ``depth`` waves later; ``staged``, a ring AllGather payload waiting to
+    be forwarded keeps its pinned copy too); and a ring's last ReduceScatter step, which
+    holds a second accumulator, once per pass of the window over the steps.
+    bench/NOTES.md compares this bound with measured peaks."""
+    payload = size_class(codec.encoded_nbytes(chunk_elems, dtype))
+    acc = size_class(chunk_elems * accumulate_dtype(dtype).itemsize)
+    if algorithm == "ring":
+        messages = 2
+        steps = 2 * (n - 1) if collective == "allreduce" else n - 1
+        waiting = steps - 1
+    else:
+        messages, steps, waiting = 2 * max(1, n - 1), 2, 1
+    per_round = (messages + 1 + waiting) * payload + acc
+    if staged:
+        per_round += messages * payload  # pinned host copies of every message
+        if algorithm == "ring" and collective != "reduce_scatter":
+            per_round += max(0, n - 2) * payload  # kept for the forwards
+    second_accs = depth // max(1, steps) + 1 if algorithm == "ring" else 0
+    return depth * per_round + second_accs * acc
+
+
+def nccl_chunk_bytes(
+    n: int,
+    codec: Compressor,
+    dtype: Any,
+    algorithm: str,
+    collective: str,
+    limit: int,
+    floor: int,
+    shard: int | None = None,
+) -> int:
+    """The default chunk of a collective over NCCL: NCCL_MAX_CHUNK_ELEMS elements, halved
+    until a window of two rounds fits ``limit`` (so one round stays in flight while the
+    next is enqueued), never below ``floor`` bytes (COCCL_CHUNK_BYTES).
+
+    Run from the host, every round costs ~100-150 us of Python (launches, events, an NCCL
+    group), longer than its transfer over NVLink, so fewer rounds are faster. Replayed as
+    a CUDA graph (``shard`` given: the elements of the largest shard), rounds cost the host
+    nothing, and the chunk also shrinks towards GRAPH_CHUNKS_PER_SHARD chunks per shard
+    (not below GRAPH_MIN_CHUNK_ELEMS), so that the codec of one chunk overlaps the
+    transfer of the previous one."""
+    itemsize = np.dtype(dtype).itemsize
+    elems = NCCL_MAX_CHUNK_ELEMS
+    if shard is not None:
+        target = max(GRAPH_MIN_CHUNK_ELEMS, -(-shard // GRAPH_CHUNKS_PER_SHARD))
+        while elems // 2 >= target:
+            elems //= 2
+    while elems * itemsize > floor and (
+        window_bytes(n, codec, dtype, elems, algorithm, collective, False, 2) > limit
+    ):
+        elems //= 2
+    return max(elems * itemsize, floor)
+
+
+def pipeline_depth(
+    requested: int,
+    limit: int,
+    n: int,
+    codec: Compressor,
+    dtype: Any,
+    chunk_elems: int,
+    algorithm: str,
+    collective: str,
+    staged: bool,
+) -> int:
+    """``requested`` (COCCL_PIPELINE_DEPTH), lowered if needed so the pools' blocks in use
+    stay within ``limit`` (``window_bytes`` bounds them): staging memory is set by chunk
+    size and depth, never by message size. A chunk whose one round needs more than the
+    limit runs at depth 1."""
+    depth = requested
+    while depth > 1 and (
+        window_bytes(n, codec, dtype, chunk_elems, algorithm, collective, staged, depth) > limit
+    ):
+        depth -= 1
+    return depth
+
+
+def chunk_elems(chunk_bytes: int, itemsize: int, alignment: int) -> int:
+    """Elements per chunk: ``chunk_bytes`` of input, a multiple of the codec's alignment
+    (its group size), so that chunking never changes which elements share a group."""
+    return max(alignment, (chunk_bytes // itemsize) // alignment * alignment)
+
+
+def local_cpu_threads(local_ranks: int, requested: int | None) -> int:
+    """Threads for the CPU codec kernels: COCCL_CPU_THREADS, else this node's cores divided
+    among its ranks. Oversubscribed numba threads spin against each other and against
+    MPI's polling (seen: 100x slower collectives with 4 ranks on 2 cores)."""
+    if requested is not None:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, local_ranks))
+
+
+def default_chunk_bytes(
+    route: str,
+    *,
+    settings_chunk: int,
+    chunk_set: bool,
+    host_pipelined: bool,
+    limit: int,
+    n: int,
+    codec: Compressor,
+    dtype: Any,
+    count: int,
+    algorithm: str,
+    collective: str,
+    graphs: bool,
+) -> int:
+    """The chunk of a call that gives none, by route (see ``ROUTES``):
+
+    * ``host``: COCCL_CHUNK_BYTES; but with no spare core per rank for the codec thread
+      (``host_pipelined`` False, decided alike on every rank) and no chunk size set, one
+      chunk: chunks could only run one after the other on the polling thread, so
+      pipelining would add per-chunk cost and overlap nothing (bench/NOTES.md);
+    * ``staged``: ``staged_chunk_bytes``; ``device`` (CUDA-aware MPI): COCCL_CHUNK_BYTES;
+    * ``nccl``: ``nccl_chunk_bytes`` (``graphs``: cut for a replayed schedule).
+
+    ``count`` is the call's element count (AllGather: each rank's input).
+    """
+    itemsize = np.dtype(dtype).itemsize
+    shard = count if collective == "allgather" else -(-count // n)
+    if route == "host":
+        if chunk_set or host_pipelined:
+            return settings_chunk
+        return max(settings_chunk, count * itemsize, 1)
+    if route == "staged" and not chunk_set:
+        return staged_chunk_bytes(shard, itemsize, not codec.lossless)
+    if route == "nccl" and not chunk_set:
+        return nccl_chunk_bytes(
+            n, codec, dtype, algorithm, collective, limit, settings_chunk,
+            shard if graphs else None,
+        )  # fmt: skip
+    return settings_chunk
