@@ -237,9 +237,9 @@ def rel_error(y: Any, ref: np.ndarray) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def ran_algorithm(algorithm: str, m: Measurement) -> str:
-    """The algorithm a measurement ran: ``algorithm``, or what ``auto`` resolved to."""
-    return algorithm if m.ran is None else str(m.ran["algorithm"])
+def ran_algorithm(m: Measurement) -> str:
+    """The algorithm a measurement ran (what ``auto`` resolved to)."""
+    return str(m.ran["algorithm"])
 
 
 def worst(errors: list[float | None]) -> float | None:
@@ -262,7 +262,7 @@ class Measurement:
         rel_err_bound: the tightest error bound of any rank (None: no check).
         wrong: outputs (two per rank) beyond their rank's bound (None: no check).
         peak_staging_bytes: the largest peak pool memory of any rank.
-        ran: what the call resolved to (``Communicator.describe``), for ``auto`` pairs.
+        ran: what the call ran (``Communicator.describe``).
     """
 
     time: timing.TimeStats
@@ -272,7 +272,7 @@ class Measurement:
     rel_err_bound: float | None
     wrong: int | None
     peak_staging_bytes: int
-    ran: dict[str, Any] | None = None
+    ran: dict[str, Any]
 
 
 @dataclass
@@ -310,13 +310,9 @@ class Sweep:
 
         return call
 
-    def resolve(
-        self, bufs: Buffers, algorithm: str, codec: Compressor
-    ) -> tuple[str, Compressor, dict[str, Any] | None]:
-        """``(algorithm, codec, description)`` of what a call runs: for ``auto``, what
-        ``Communicator.describe`` says it resolves to (and the description itself)."""
-        if algorithm != "auto":
-            return algorithm, codec, None
+    def describe(self, bufs: Buffers, algorithm: str, codec: Compressor) -> dict[str, Any]:
+        """What a call on ``bufs`` runs (``Communicator.describe``: ``auto`` resolved, the
+        chunk size, the route...), moving no byte."""
         options = {"op": self.op} if self.spec.reduces else {}
         ran = self.comm.describe(
             self.spec.name,
@@ -327,7 +323,7 @@ class Sweep:
             chunk_bytes=self.chunk_bytes,
             **options,
         )
-        return ran["algorithm"], coccl.get_compressor(ran["compressor"]), dict(ran)
+        return dict(ran)
 
     def measure(self, bufs: Buffers, algorithm: str, codec: Compressor) -> Measurement:
         """A first call, the warm-up, timed out-of-place and in-place calls, then the check
@@ -336,7 +332,6 @@ class Sweep:
         after it ran up to 2.5x as slow, bench/NOTES.md)."""
         from mpi4py import MPI  # noqa: PLC0415
 
-        ran_algorithm, ran_codec, ran = self.resolve(bufs, algorithm, codec)
         oop = self.caller(algorithm, codec, bufs.x, bufs.out)
         inplace = self.caller(algorithm, codec, bufs.ip_in, bufs.ip_out)
         barrier = self.comm.barrier
@@ -349,14 +344,16 @@ class Sweep:
         bufs.restore()
         timing.timed_call(inplace, barrier, self.sync)
         times_ip = timing.time_calls(inplace, self.iters, barrier, self.sync, bufs.restore)
+        # After the calls, so that it tells what the cached plan holds (a CUDA graph...).
+        ran = self.describe(bufs, algorithm, codec)
         # The in-place buffers never alias ``out``: each holds its last call's result.
         rel_err = bound = wrong = None
         if bufs.ref is not None and bufs.ref_norms is not None:
             errors = [rel_error(bufs.out, bufs.ref), rel_error(bufs.ip_out, bufs.ref)]
             local_bound = bounds.rel_error_bound(
                 self.spec.name,
-                ran_algorithm,
-                ran_codec,
+                ran["algorithm"],
+                coccl.get_compressor(ran["compressor"]),
                 self.op,
                 self.dtype,
                 self.mpi.Get_size(),
@@ -402,7 +399,7 @@ class Sweep:
         size = count * self.dtype.itemsize
         factor = self.spec.bus_factor(self.mpi.Get_size())
         algbw, algbw_ip = size / m.time.time / 1e9, size / m.time_inplace.time / 1e9
-        if ran_algorithm(algorithm, m) == "native":
+        if ran_algorithm(m) == "native":
             ratio: float | None = 1.0
         else:  # None when nothing went on the wire (one rank)
             ratio = m.bytes_sent / identity_bytes if identity_bytes else None
@@ -472,7 +469,7 @@ class Sweep:
 
         rows = []
         for (alg, name), m in measured.items():
-            ran = ran_algorithm(alg, m)
+            ran = ran_algorithm(m)
             sent = None if ran == "native" else sent_by_identity(ran)
             rows.append(self.row(count, alg, name, m, native, sent))
         if self.overlap_min and count * self.dtype.itemsize >= self.overlap_min:
@@ -687,8 +684,9 @@ def _sweep(
     return rows
 
 
-# What an ``auto`` pair may resolve to (algorithms/auto.py): uncompressed, the transport's
-# collective or a schedule; compressed, the two-shot schedule.
+# What an ``auto`` pair may resolve to (algorithms/auto.py): the transport's collective or
+# a schedule. auto keeps a codec that was named; one it changed would still be shown
+# (``taco>identity``), only wider than its column.
 _AUTO_ALGORITHMS = ("native", "ring", "two_shot")
 
 
@@ -706,14 +704,9 @@ def _table_plan(
     lossy = [name for _, name in variants if not codecs[name].lossless]
     algorithms, compressors = [], []
     for algorithm, name in variants:
-        if algorithm == "auto":
-            algorithms += [f"auto>{choice}" for choice in _AUTO_ALGORITHMS]
-            compressors += (
-                [name, f"{name}>identity"] if codecs[name].codec_id != "identity" else [name]
-            )
-        else:
-            algorithms.append(algorithm)
-            compressors.append(name)
+        labels = [f"auto>{choice}" for choice in _AUTO_ALGORITHMS]
+        algorithms += labels if algorithm == "auto" else [algorithm]
+        compressors.append(name)
     overlap = (
         overlap_min > 0
         and max_size >= overlap_min

@@ -66,8 +66,9 @@ class Row:
         overlap_times_us: that profile's three times (pipelined, codec_only,
             transport_only), slowest rank's medians, in microseconds.
         backend: the transport that ran it (``mpi`` or ``nccl``).
-        ran: what the call resolved to (``Communicator.describe``): ``algorithm``,
-            ``compressor`` (its config), ``reason``, ``chunk_bytes``, ``transport``.
+        ran: what the call ran (``Communicator.describe``): ``algorithm`` (``auto``
+            resolved), ``compressor`` (its config), ``reason``, ``chunk_bytes``,
+            ``transport``, ... (None only for rows made without a communicator).
     """
 
     size: int
@@ -108,7 +109,9 @@ class Row:
     @property
     def algorithm_label(self) -> str:
         """The table's algorithm: as asked, or ``auto>two_shot`` (what auto ran)."""
-        return self.algorithm if self.ran is None else f"auto>{self.ran['algorithm']}"
+        if self.algorithm != "auto" or self.ran is None:
+            return self.algorithm
+        return f"auto>{self.ran['algorithm']}"
 
     @property
     def compressor_label(self) -> str:
