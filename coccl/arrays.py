@@ -138,12 +138,14 @@ def check_dtype(dtype: Any, name: str) -> np.dtype:
 def require_writeable(obj: Any, name: str) -> None:
     """ValueError if ``obj`` (a caller's array) cannot be written: checked before any byte
     moves, so a read-only output never fails halfway through a collective."""
-    if isinstance(obj, np.ndarray) and not obj.flags.writeable:
-        raise ValueError(f"{name} is read-only (numpy flags.writeable is False)")
-    interface = getattr(obj, "__cuda_array_interface__", None)
-    if isinstance(obj, np.ndarray) or interface is None or _module_of(obj) in ("cupy", "torch"):
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.writeable:
+            raise ValueError(f"{name} is read-only (numpy flags.writeable is False)")
         return
-    if interface.get("data", (0, False))[1]:
+    if _module_of(obj) in ("cupy", "torch"):  # always writeable
+        return
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is not None and interface.get("data", (0, False))[1]:
         raise ValueError(f"{name} is a read-only CUDA array")
 
 

@@ -15,6 +15,7 @@ communicator unusable: its peers' state is unknown, so every later call raises
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -148,9 +149,19 @@ class Communicator:
             return
         self._closed = True
         self._finalizer.detach()
+        if self._broken is not None and self._nccl is not None:
+            self._nccl.abort()  # first: a graph's memory is freed once its work has ended
         for plan in self._plans.clear():
             _release_graph(plan)
         self._resources.release(abort=self._broken is not None)
+
+    def abort(self) -> None:
+        """Free the communicator without waiting for its peers (``ncclCommAbort``): after
+        a failure, or when a peer is known to be gone. The communicator is then closed."""
+        if self._closed:
+            return
+        self._broken = self._broken or "aborted"
+        self.close()
 
     def barrier(self) -> None:
         """Block until every rank has called ``barrier`` (at most COCCL_TIMEOUT_S)."""
@@ -370,18 +381,22 @@ class Communicator:
 
     def _agree(self, collective: str, entry: Any, error: BaseException | None) -> None:
         """Compare this rank's entry with every rank's; raise on every rank if any rank
-        refused the call or the ranks disagree."""
+        refused the call or the ranks disagree. One small exchange of digests when they
+        agree; the entries themselves, to name the difference, when they do not."""
+        what = f"checking that every rank makes the same {collective} call"
+        digest = hashlib.sha1(repr(entry).encode()).hexdigest()
         try:
-            entries = self._boot.allgather(
-                entry,
-                self._settings.timeout_s,
-                f"checking that every rank makes the same {collective} call",
-            )
+            digests = self._boot.allgather(digest, self._settings.timeout_s, what)
+            entries = None
+            if any(d != digests[0] for d in digests):
+                entries = self._boot.allgather(entry, self._settings.timeout_s, what)
         except CocclError as exc:
             self._break(exc)
             raise
         if error is not None:
             raise error
+        if entries is None:
+            return
         problem = disagreement(collective, entries)
         if problem is not None:
             raise CocclError(problem)
@@ -505,7 +520,7 @@ class Communicator:
         if choice.algorithm == "native":
             plan.graph_reason = "the transport's own collective: one launch already"
             return plan
-        graphs = route == "nccl" and env.graphs and n > 1
+        graphs = route == "nccl" and env.graphs
         chunk = chunk_bytes
         if chunk is None:
             chunk = default_chunk_bytes(
@@ -546,7 +561,7 @@ class Communicator:
             )  # fmt: skip
             plan.graph_bytes = buffers + window
         elif route == "nccl":
-            plan.graph_reason = "COCCL_GRAPHS=0" if n > 1 else "one rank"
+            plan.graph_reason = "COCCL_GRAPHS=0"
         else:
             plan.graph_reason = f"{route} data travels over MPI (the host drives each message)"
         return plan

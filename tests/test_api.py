@@ -157,3 +157,25 @@ def test_nccl_wire_types():
     assert wire_type(64, BFLOAT16) == (32, 9)
     assert wire_type(64, None) == (64, NCCL_UINT8)  # compressed payload: bytes
     assert wire_type(64, np.int16) == (64, NCCL_UINT8)  # no NCCL int16: bytes
+
+
+@pytest.mark.parametrize("variable", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_a_launcher_that_started_more_ranks_than_mpi_sees_is_an_error(variable):
+    """torchrun (or another MPI's mpiexec) starts N processes that each see an MPI world
+    of one: coccl.init says so and how to launch, instead of running N 1-rank worlds."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env.update({variable: "2", "COCCL_UNDER_MPIEXEC": ""})
+    proc = subprocess.run(
+        [sys.executable, "-c", "import coccl; coccl.init()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "CocclError" in proc.stderr and f"{variable}=2" in proc.stderr
+    assert "mpiexec" in proc.stderr

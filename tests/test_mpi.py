@@ -1,4 +1,7 @@
-"""Run the multi-rank test files of tests/mpi/ on 1, 2, 3 and 4 ranks, one case each."""
+"""Run the multi-rank test files of tests/mpi/ on 1, 2, 3 and 4 ranks, one case each.
+
+Files named in SLOW carry the ``slow`` marker (``pytest -m "not slow"`` leaves them out).
+"""
 
 from pathlib import Path
 
@@ -7,7 +10,11 @@ import pytest
 from gpu import GPU
 from mpi_launch import run_ranks
 
-FILES = sorted(p.name for p in (Path(__file__).parent / "mpi").glob("test_*.py"))
+SLOW = {"test_soak.py"}
+FILES = [
+    pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name
+    for name in sorted(p.name for p in (Path(__file__).parent / "mpi").glob("test_*.py"))
+]
 
 
 @pytest.mark.mpi
