@@ -26,7 +26,7 @@ random normal inputs per rank, see ``collective.rank_data``):
   quantized input carries. It is *not* a worst case over all inputs: errors that line up
   (inputs chosen against the codec) can add linearly, up to ``q b (1+b)^q n^(1/2) E``.
   On the bench's data the measured error sits well below it, because a typical
-  roundtrip errs by ``codec.rel_error_typical``, 2.4x (taco) to 5x (int8) less than
+  roundtrip errs by ``codec.rel_error_typical``, 2.4x (taco) to 6.9x (int8) less than
   ``b``, and ``sum_j ||P_j||^2`` is ``(n+1)/2 E^2`` for a ring, not ``n E^2``.
   ``tests/test_bench_bounds.py`` checks the bound on simulated schedules at small counts,
   where the errors fluctuate most.
