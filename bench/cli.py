@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+import coccl
+
 from . import launch
 
 # Modules whose import registers subcommands (each decorates its runners with @command).
@@ -158,6 +160,31 @@ def _load_commands() -> None:
         importlib.import_module(module)
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends every option's text with its default, written as it would be typed
+    (``1K``, ``identity,int8,taco``, ``float32``), unless the text already says
+    ``(default...)`` itself (a default that depends on other flags)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = default_text(action.default)
+        if shown is None or "(default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: {shown})".strip()
+
+
+def default_text(value: object) -> str | None:
+    """How a default reads in ``--help``; None when there is nothing to show (no default,
+    a flag that is off)."""
+    if value is None or value is argparse.SUPPRESS or value is False:
+        return None
+    if isinstance(value, np.dtype):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    return str(value).replace("%", "%%")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``coccl-bench`` parser with one subparser per registered command."""
     _load_commands()
@@ -166,9 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmarks of coccl's collectives and codecs (nccl-tests style).",
         allow_abbrev=False,
     )
+    parser.add_argument(
+        "--version", action="version", version=f"coccl-bench (coccl {coccl.__version__})"
+    )
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for cmd in COMMANDS.values():
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, allow_abbrev=False)
+        p = sub.add_parser(
+            cmd.name,
+            help=cmd.help,
+            description=cmd.help,
+            allow_abbrev=False,
+            formatter_class=DefaultsHelpFormatter,
+        )
         cmd.add_arguments(p)
         p.set_defaults(subparser=p)
         if cmd.mpi:
@@ -178,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="N",
                 help="launch N ranks with mpiexec (instead of running under mpiexec)",
             )
+            p.add_argument(
+                "--mpiexec",
+                metavar="CMD",
+                help="the launcher --np runs, e.g. 'mpiexec' (the system's, on PATH) or "
+                "'srun --mpi=pmix' (default: the mpiexec beside this Python, installed by "
+                "the mpich wheel, else the first on PATH)",
+            )
     return parser
 
 
@@ -185,15 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``coccl-bench``; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Unknown flags are answered with the usage of the subcommand they were given to
+    # (argparse's own answer would show the top-level usage, which lists no flags).
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.subparser.error(f"unrecognized arguments: {' '.join(unknown)}")
     cmd = COMMANDS[args.command]
     problem = cmd.validate(args) if cmd.validate is not None else None
     if problem:
         args.subparser.error(problem)
+    if cmd.mpi and args.mpiexec is not None and args.np is None:
+        args.subparser.error("--mpiexec names the launcher of --np N: give --np too")
     if cmd.mpi and args.np is not None:
         if launch.under_mpiexec():
             parser.error("--np starts its own mpiexec; leave it out under mpiexec")
-        return launch.relaunch(args.np, argv)
+        return launch.relaunch(args.np, argv, args.mpiexec)
     args.argv = argv  # what the record calls the command
     if not cmd.mpi:
         return cmd.run(args)
@@ -202,7 +251,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_on_ranks(cmd: Command, args: argparse.Namespace) -> int:
     """Run an MPI command; an exception on one rank aborts the whole job (as
-    ``python -m mpi4py`` does), so that the other ranks do not wait for it forever."""
+    ``python -m mpi4py`` does), so that the other ranks do not wait for it forever. A
+    child of ``--np N`` that is not in a world of N ranks says why and stops."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    problem = launch.world_mismatch(MPI.COMM_WORLD.Get_size())
+    if problem:
+        print(f"coccl-bench: error: {problem}", file=sys.stderr, flush=True)
+        MPI.Finalize()  # so that ``python -m mpi4py`` exits quietly, without MPI_Abort
+        return 2
     try:
         return cmd.run(args)
     except Exception:

@@ -1,11 +1,14 @@
 """The collective sweeps: ``coccl-bench allreduce | reduce_scatter | allgather``.
 
 At each message size, the native baseline and every (algorithm, compressor) asked for run
-on the same rank-seeded data: one checked call (bytes on the wire, error against an exact
-float64 reduction that every rank computes itself from every rank's data, as mpi4py's
-tests do), the warm-up calls, then ``iters`` timed calls out of place and ``iters`` in
-place, as nccl-tests does. A collective is a small ``Spec`` (counts, bus-bandwidth
-factor, the call); data, buffers and the sweep are the same code for all three.
+on the same rank-seeded data: one first call (bytes on the wire), the warm-up calls, then
+``iters`` timed calls out of place and ``iters`` in place, as nccl-tests does; then the
+check: each rank compares its two outputs with an exact float64 reduction that it
+computes itself from every rank's data (as mpi4py's tests do), against the error bound
+of what ran (``coccl.bench.bounds``). An output beyond its bound counts in ``#wrong``,
+and a sweep with any exits with status 1. A collective is a small ``Spec`` (counts,
+bus-bandwidth factor, the call); data, buffers and the sweep are the same code for all
+three.
 """
 
 from __future__ import annotations
@@ -14,23 +17,27 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import coccl
+from coccl.compressors import Compressor
 
-from . import launch, timing
+from . import bounds, launch, timing
 from .cli import comma_list, command, datatype, parse_size, positive_int
 from .table import (
+    MAX_WIDTH,
+    Layout,
     Progress,
     Row,
-    format_header,
-    format_row,
+    TablePlan,
+    auto_notes,
     format_summary,
     human_size,
+    layout,
     provenance,
     write_json,
 )
@@ -38,6 +45,7 @@ from .table import (
 OPS = ("sum", "avg", "max", "min", "prod")
 SEED = 20240917  # of the rank-seeded input data
 EXIT_USAGE = 2  # as argparse: the request itself cannot run
+EXIT_WRONG = 1  # some output erred beyond its bound (nccl-tests fails such a run too)
 
 
 class UsageError(Exception):
@@ -77,7 +85,6 @@ REDUCE_SCATTER = Spec(
     "reduce_scatter", reduces=True, sharded=True, bus_factor=lambda n: (n - 1) / n
 )
 ALLGATHER = Spec("allgather", reduces=False, sharded=True, bus_factor=lambda n: (n - 1) / n)
-SPECS = {spec.name: spec for spec in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER)}
 
 
 def sweep_sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
@@ -162,6 +169,7 @@ class Buffers:
         ip_in, ip_out: the in-place input and output, laid out as in nccl-tests (one
             buffer; ReduceScatter's output and AllGather's input at this rank's offset).
         ref: the exact expected output of this rank (float64), or None (no check).
+        ref_norms: what the error bound needs of ``ref`` (None without a check).
     """
 
     x: Any
@@ -169,10 +177,37 @@ class Buffers:
     ip_in: Any
     ip_out: Any
     ref: np.ndarray | None
+    ref_norms: bounds.Reference | None
 
     def restore(self) -> None:
         """Put ``x`` back into ``ip_in`` (an in-place call overwrote it)."""
         self.ip_in[...] = self.x
+
+
+def reference(
+    spec: Spec, count: int, dtype: np.dtype, op: str, rank: int, nranks: int
+) -> tuple[np.ndarray, bounds.Reference]:
+    """This rank's exact expected output (float64), computed from every rank's input one
+    rank at a time, and its norm and contributions' energy for the error bound."""
+    shard = count // nranks
+    if spec.name == "allgather":
+        ref = np.concatenate([rank_data(r, shard, dtype) for r in range(nranks)])
+        ref = ref.astype(np.float64)
+        norm = float(np.linalg.norm(ref))
+        return ref, bounds.Reference(norm=norm, energy=norm)
+    window = slice(rank * shard, (rank + 1) * shard) if spec.sharded else slice(None)
+    energy2 = 0.0
+
+    def parts() -> Iterator[np.ndarray]:  # one rank's input at a time, not n of them
+        nonlocal energy2
+        for r in range(nranks):
+            part = rank_data(r, count, dtype)[window]
+            energy2 += float(np.sum(np.square(part, dtype=np.float64)))
+            yield part
+
+    ref = exact_reduction(parts(), op, dtype, nranks)
+    norm = float(np.linalg.norm(ref))
+    return ref, bounds.Reference(norm=norm, energy=math.sqrt(energy2))
 
 
 def make_buffers(
@@ -182,23 +217,16 @@ def make_buffers(
     input) and the out-of-place and in-place buffers, on ``xp``'s device."""
     shard = count // nranks
     n_in = shard if spec.name == "allgather" else count
-    ref = None
-    if check and spec.name == "allgather":
-        ref = np.concatenate([rank_data(r, n_in, dtype) for r in range(nranks)])
-        ref = ref.astype(np.float64)
-    elif check:  # a generator: one rank's input at a time, not n of them
-        window = slice(rank * shard, (rank + 1) * shard) if spec.sharded else slice(None)
-        parts = (rank_data(r, n_in, dtype)[window] for r in range(nranks))
-        ref = exact_reduction(parts, op, dtype, nranks)
+    ref, norms = reference(spec, count, dtype, op, rank, nranks) if check else (None, None)
     x = xp.asarray(rank_data(rank, n_in, dtype))
     if spec.name == "allreduce":
         out, work = xp.empty_like(x), xp.empty_like(x)
-        return Buffers(x, out, work, work, ref)
+        return Buffers(x, out, work, work, ref, norms)
     if spec.name == "reduce_scatter":
         out, work = xp.empty(shard, dtype=x.dtype), xp.empty_like(x)
-        return Buffers(x, out, work, work[rank * shard : (rank + 1) * shard], ref)
+        return Buffers(x, out, work, work[rank * shard : (rank + 1) * shard], ref, norms)
     out, work = xp.empty(count, dtype=x.dtype), xp.empty(count, dtype=x.dtype)
-    return Buffers(x, out, work[rank * shard : (rank + 1) * shard], work, ref)
+    return Buffers(x, out, work[rank * shard : (rank + 1) * shard], work, ref, norms)
 
 
 def rel_error(y: Any, ref: np.ndarray) -> float:
@@ -207,6 +235,11 @@ def rel_error(y: Any, ref: np.ndarray) -> float:
     diff = float(np.linalg.norm(host.astype(np.float64) - ref))
     norm = float(np.linalg.norm(ref))
     return diff / norm if norm > 0 else diff
+
+
+def ran_algorithm(m: Measurement) -> str:
+    """The algorithm a measurement ran (what ``auto`` resolved to)."""
+    return str(m.ran["algorithm"])
 
 
 def worst(errors: list[float | None]) -> float | None:
@@ -223,17 +256,23 @@ class Measurement:
     """One (algorithm, compressor) at one size, combined over ranks.
 
     Attributes:
-        time_s, time_s_inplace: the slowest rank's median time of one call.
+        time, time_inplace: the timed calls, summarised over iterations and ranks.
         bytes_sent: payload bytes all ranks sent in one out-of-place call.
-        rel_err: the worst error of any rank, out of place or in place.
+        rel_err: the worst error of any rank, out of place or in place (None: no check).
+        rel_err_bound: the tightest error bound of any rank (None: no check).
+        wrong: outputs (two per rank) beyond their rank's bound (None: no check).
         peak_staging_bytes: the largest peak pool memory of any rank.
+        ran: what the call ran (``Communicator.describe``).
     """
 
-    time_s: float
-    time_s_inplace: float
+    time: timing.TimeStats
+    time_inplace: timing.TimeStats
     bytes_sent: int
     rel_err: float | None
+    rel_err_bound: float | None
+    wrong: int | None
     peak_staging_bytes: int
+    ran: dict[str, Any]
 
 
 @dataclass
@@ -251,6 +290,7 @@ class Sweep:
     check: bool
     chunk_bytes: int | None
     sync: Callable[[], None]
+    average: str = timing.AVERAGES[timing.DEFAULT_AVERAGE]  # how ranks' times combine
     overlap_min: int = 0  # measure overlap efficiency from this size on (0: never)
     overlap_iters: int | None = None  # timed runs of each half (None: from iters, 3-5)
 
@@ -270,7 +310,22 @@ class Sweep:
 
         return call
 
-    def measure(self, bufs: Buffers, algorithm: str, codec: Any) -> Measurement:
+    def describe(self, bufs: Buffers, algorithm: str, codec: Compressor) -> dict[str, Any]:
+        """What a call on ``bufs`` runs (``Communicator.describe``: ``auto`` resolved, the
+        chunk size, the route...), moving no byte."""
+        options = {"op": self.op} if self.spec.reduces else {}
+        ran = self.comm.describe(
+            self.spec.name,
+            bufs.x,
+            bufs.out,
+            algorithm=algorithm,
+            compressor=codec,
+            chunk_bytes=self.chunk_bytes,
+            **options,
+        )
+        return dict(ran)
+
+    def measure(self, bufs: Buffers, algorithm: str, codec: Compressor) -> Measurement:
         """A first call, the warm-up, timed out-of-place and in-place calls, then the check
         of the outputs the last timed calls left (as nccl-tests: the check's host work
         comes after the timing, so no timed call follows it; on the H200 the calls right
@@ -289,18 +344,36 @@ class Sweep:
         bufs.restore()
         timing.timed_call(inplace, barrier, self.sync)
         times_ip = timing.time_calls(inplace, self.iters, barrier, self.sync, bufs.restore)
+        # After the calls, so that it tells what the cached plan holds (a CUDA graph...).
+        ran = self.describe(bufs, algorithm, codec)
         # The in-place buffers never alias ``out``: each holds its last call's result.
-        errors = []
-        if bufs.ref is not None:
+        rel_err = bound = wrong = None
+        if bufs.ref is not None and bufs.ref_norms is not None:
             errors = [rel_error(bufs.out, bufs.ref), rel_error(bufs.ip_out, bufs.ref)]
+            local_bound = bounds.rel_error_bound(
+                self.spec.name,
+                ran["algorithm"],
+                coccl.get_compressor(ran["compressor"]),
+                self.op,
+                self.dtype,
+                self.mpi.Get_size(),
+                bufs.ref_norms,
+            )
+            local_wrong = sum(not error <= local_bound for error in errors)  # NaN: wrong
+            rel_err = worst(self.mpi.allgather(worst(errors)))
+            bound = float(self.mpi.allreduce(local_bound, op=MPI.MIN))
+            wrong = int(self.mpi.allreduce(local_wrong, op=MPI.SUM))
         stats = self.comm.stats()
         peak = sum(stats[f"peak_{kind}_bytes"] for kind in ("host", "pinned", "device"))
         return Measurement(
-            time_s=timing.slowest_median(self.mpi, times),
-            time_s_inplace=timing.slowest_median(self.mpi, times_ip),
+            time=timing.summarize(self.mpi, times, self.average),
+            time_inplace=timing.summarize(self.mpi, times_ip, self.average),
             bytes_sent=int(self.mpi.allreduce(sent, op=MPI.SUM)),
-            rel_err=worst(self.mpi.allgather(worst(errors))),
+            rel_err=rel_err,
+            rel_err_bound=bound,
+            wrong=wrong,
             peak_staging_bytes=int(self.mpi.allreduce(peak, op=MPI.MAX)),
+            ran=ran,
         )
 
     def bytes_sent_once(self, bufs: Buffers, algorithm: str, codec: Any) -> int:
@@ -321,14 +394,19 @@ class Sweep:
         native: Measurement | None,
         identity_bytes: int | None,
     ) -> Row:
-        """The table row of a measurement (sizes, bandwidths, ratio, speedup)."""
+        """The table row of a measurement (sizes, bandwidths, ratio, speedup);
+        ``identity_bytes``: what identity sends with the algorithm that ran."""
         size = count * self.dtype.itemsize
         factor = self.spec.bus_factor(self.mpi.Get_size())
-        algbw, algbw_ip = size / m.time_s / 1e9, size / m.time_s_inplace / 1e9
-        if algorithm == "native":
+        algbw, algbw_ip = size / m.time.time / 1e9, size / m.time_inplace.time / 1e9
+        if ran_algorithm(m) == "native":
             ratio: float | None = 1.0
         else:  # None when nothing went on the wire (one rank)
             ratio = m.bytes_sent / identity_bytes if identity_bytes else None
+
+        def us(values: dict[str, float]) -> dict[str, float]:
+            return {name: seconds * 1e6 for name, seconds in values.items()}
+
         return Row(
             size=size,
             count=count,
@@ -336,17 +414,24 @@ class Sweep:
             redop=self.op if self.spec.reduces else "none",
             algorithm=algorithm,
             compressor=compressor,
-            time_us=m.time_s * 1e6,
+            time_us=m.time.time * 1e6,
             algbw=algbw,
             busbw=algbw * factor,
-            time_us_inplace=m.time_s_inplace * 1e6,
+            time_us_inplace=m.time_inplace.time * 1e6,
             algbw_inplace=algbw_ip,
             busbw_inplace=algbw_ip * factor,
+            time_us_iters=us(m.time.iters),
+            time_us_iters_inplace=us(m.time_inplace.iters),
+            time_us_ranks=us(m.time.ranks),
+            time_us_ranks_inplace=us(m.time_inplace.ranks),
             ratio=ratio,
             rel_err=m.rel_err,
-            native_time_us=None if native is None else native.time_s * 1e6,
-            speedup=None if native is None else native.time_s / m.time_s,
+            rel_err_bound=m.rel_err_bound,
+            wrong=m.wrong,
+            native_time_us=None if native is None else native.time.time * 1e6,
+            speedup=None if native is None else native.time.time / m.time.time,
             peak_staging_bytes=m.peak_staging_bytes,
+            ran=m.ran,
         )
 
     def run_size(
@@ -372,22 +457,27 @@ class Sweep:
                 measured[algorithm, name] = native
             else:
                 measured[algorithm, name] = self.measure(bufs, algorithm, codecs[name])
-        identity_bytes: dict[str, int] = {}
-        for algorithm, _ in variants:
-            if algorithm != "native" and algorithm not in identity_bytes:
+        identity_bytes: dict[str, int] = {}  # ring/two_shot -> what identity sends
+
+        def sent_by_identity(algorithm: str) -> int:
+            if algorithm not in identity_bytes:
                 m = measured.get((algorithm, "identity"))
                 identity_bytes[algorithm] = (
                     m.bytes_sent if m else self.bytes_sent_once(bufs, algorithm, identity)
                 )
-        rows = [
-            self.row(count, alg, name, m, native, identity_bytes.get(alg))
-            for (alg, name), m in measured.items()
-        ]
+            return identity_bytes[algorithm]
+
+        rows = []
+        for (alg, name), m in measured.items():
+            ran = ran_algorithm(m)
+            sent = None if ran == "native" else sent_by_identity(ran)
+            rows.append(self.row(count, alg, name, m, native, sent))
         if self.overlap_min and count * self.dtype.itemsize >= self.overlap_min:
             for row in rows:
-                if row.algorithm in ("ring", "two_shot") and row.compressor != "identity":
+                algorithm, codec_id = row.ran_label.split("/")
+                if algorithm in ("ring", "two_shot") and codec_id != "identity":
                     progress(f"overlap {row.algorithm}/{row.compressor}")
-                    profile = self.overlap(bufs, row.algorithm, codecs[row.compressor])
+                    profile = self.overlap(bufs, algorithm, codecs[row.compressor])
                     row.overlap_efficiency = profile["overlap_efficiency"]
                     row.overlap_times_us = {
                         name: round(profile[f"{name}_s"] * 1e6, 1)
@@ -411,41 +501,46 @@ class Sweep:
 
 # ---------------------------------------------------------------------- the commands
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """nccl-tests' flags, then coccl's."""
+    """nccl-tests' flags, then coccl's. ``--help`` adds each default (cli.py)."""
     add = parser.add_argument
     # fmt: off
     # Unlike nccl-tests (one size, 32M), the default is a first sweep: 1K to 16M, x4.
-    add("-b", "--minbytes", type=parse_size, default=parse_size("1K"),
-        help="smallest size in bytes, K/M/G suffixes are binary (default 1K)")
-    add("-e", "--maxbytes", type=parse_size, default=parse_size("16M"),
-        help="largest size in bytes (default 16M)")
+    add("-b", "--minbytes", type=parse_size, default="1K",
+        help="smallest size in bytes, K/M/G suffixes are binary")
+    add("-e", "--maxbytes", type=parse_size, default="16M", help="largest size in bytes")
     add("-f", "--stepfactor", type=positive_int, default=4,
-        help="size multiplier from one step to the next (default 4)")
-    add("-n", "--iters", type=positive_int, default=20, help="timed calls per size (default 20)")
-    add("-w", "--warmup_iters", type=int, default=5, help="warm-up calls per size (default 5)")
+        help="size multiplier from one step to the next")
+    add("-n", "--iters", type=positive_int, default=20, help="timed calls per size")
+    add("-w", "--warmup_iters", type=int, default=5, help="warm-up calls per size")
     add("-c", "--check", type=int, choices=(0, 1), default=1,
-        help="1: measure rel_err against an exact float64 reduction (default 1)")
+        help="1: check every output against an exact float64 reduction and the error "
+             "bound of what ran (rel_err, #wrong; exit status 1 if any is wrong)")
+    add("-a", "--average", type=int, choices=tuple(timing.AVERAGES),
+        default=timing.DEFAULT_AVERAGE,
+        help="how the ranks' median times combine into a row's: 0 rank 0, 1 average, "
+             "2 minimum, 3 maximum (nccl-tests' default is 1; a collective is as fast as "
+             "its slowest rank)")
     add("-d", "--datatype", type=datatype, default=np.dtype(np.float32),
         help="float32 (float), float16 (half), bfloat16, float64 (double), int8, ..., "
-             "uint64 (default float32)")
-    add("-o", "--op", choices=OPS, default="sum", help="reduction op (default sum)")
+             "uint64")
+    add("-o", "--op", choices=OPS, default="sum", help="reduction op")
     add("--backend", type=comma_list, default=["auto"],
         help="comma-separated coccl.init backends (auto, mpi, nccl), one sweep each: "
-             "the transport of device data (default auto)")
+             "the transport of device data")
     add("--algorithm", type=comma_list, default=["ring", "two_shot"],
-        help="comma-separated algorithms to compare (default ring,two_shot)")
+        help="comma-separated algorithms to compare (ring, two_shot, native, auto)")
     add("--compressor", type=comma_list, default=["identity"],
         help="comma-separated compressors to compare, e.g. identity,taco,int8")
     add("--chunk-bytes", type=parse_size, default=None,
-        help="pipeline chunk size (default: COCCL_CHUNK_BYTES)")
+        help="pipeline chunk size (default: COCCL_CHUNK_BYTES, or coccl's choice)")
     add("--device", choices=("cpu", "gpu"), default="cpu",
         help="cpu: numpy buffers; gpu: CuPy buffers on GPU (local rank %% GPUs)")
-    add("--json", metavar="PATH", help="write the results as JSON")
+    add("--json", metavar="PATH", help="write the results as JSON (bench/SCHEMA.md)")
     add("--plot", metavar="PATH", help="draw busbw and latency against size (PNG)")
     add("--no-progress", action="store_true", help="no progress line on the terminal")
     add("--overlap-min", type=parse_size, default=0,
         help="from this size on, also measure each compressed schedule's overlap "
-             "efficiency: max(codec-only, transport-only) / pipelined time (default: off)")
+             "efficiency: max(codec-only, transport-only) / pipelined time (default: 0, off)")
     add("--overlap-iters", type=positive_int, default=None,
         help="timed runs of each of the three (median taken; default: -n, within 3-5)")
     # fmt: on
@@ -485,7 +580,8 @@ _register(ALLGATHER, "all_gather_perf")
 
 def run(spec: Spec, args: argparse.Namespace) -> int:
     """One sweep per backend, on every rank; rank 0 prints the tables and writes the
-    files (one JSON with every row; one plot per backend)."""
+    files (one JSON with every row; one plot per backend). Returns ``EXIT_WRONG`` if an
+    output erred beyond its bound (every rank alike), else 0."""
     from mpi4py import MPI  # noqa: PLC0415
 
     mpi = MPI.COMM_WORLD
@@ -510,6 +606,7 @@ def run(spec: Spec, args: argparse.Namespace) -> int:
                 bool(args.check),
                 args.chunk_bytes,
                 sync,
+                timing.AVERAGES[args.average],
                 args.overlap_min,
                 args.overlap_iters,
             )
@@ -535,7 +632,7 @@ def run(spec: Spec, args: argparse.Namespace) -> int:
         meta["backend"] = ",".join(dict.fromkeys(row.backend for row in rows)) or meta["backend"]
         write_json(args.json, meta, rows)
         print(f"# JSON written to {args.json}", flush=True)
-    return 0
+    return EXIT_WRONG if any(row.wrong for row in rows) else 0
 
 
 def _per_backend(path: str, backend: str, nbackends: int) -> str:
@@ -570,7 +667,8 @@ def _sweep(
     stream = sys.stdout if where == "stdout" else sys.stderr
     progress = Progress(sum(work), enabled=where != "none", stream=stream)
     say = _Say(rank0, progress)
-    _print_preamble(say, sweep, meta, notes)
+    table = layout(_table_plan(sweep, counts, variants, codecs, native_ok, args.overlap_min))
+    _print_preamble(say, sweep, meta, notes, table)
     rows: list[Row] = []
     done = 0.0
     for count, step in zip(counts, work, strict=True):
@@ -579,10 +677,54 @@ def _sweep(
         for row in sweep.run_size(count, variants, codecs, native_ok, tick):
             row.backend = sweep.comm.backend
             rows.append(row)
-            say(format_row(row))
+            say(table.row(row))
         done += step
-    say(format_summary(rows))
+    for line in [*auto_notes(rows), *format_summary(rows, sweep.check)]:
+        say(line)
     return rows
+
+
+# What an ``auto`` pair may resolve to (algorithms/auto.py): the transport's collective or
+# a schedule. auto keeps a codec that was named; one it changed would still be shown
+# (``taco>identity``), only wider than its column.
+_AUTO_ALGORITHMS = ("native", "ring", "two_shot")
+
+
+def _table_plan(
+    sweep: Sweep,
+    counts: list[int],
+    variants: list[tuple[str, str]],
+    codecs: dict[str, Any],
+    native_ok: bool,
+    overlap_min: int,
+) -> TablePlan:
+    """What the sweep's table must hold, from the sweep's sizes and pairs."""
+    max_count = max(counts, default=0)
+    max_size = max_count * sweep.dtype.itemsize
+    lossy = [name for _, name in variants if not codecs[name].lossless]
+    algorithms, compressors = [], []
+    for algorithm, name in variants:
+        labels = [f"auto>{choice}" for choice in _AUTO_ALGORITHMS]
+        algorithms += labels if algorithm == "auto" else [algorithm]
+        compressors.append(name)
+    overlap = (
+        overlap_min > 0
+        and max_size >= overlap_min
+        and any(alg in ("ring", "two_shot", "auto") and not codecs[name].lossless
+                for alg, name in variants)
+    )  # fmt: skip
+    return TablePlan(
+        max_size=max_size,
+        max_count=max_count,
+        type=sweep.dtype.name,
+        redop=sweep.op if sweep.spec.reduces else "none",
+        algorithms=algorithms,
+        compressors=compressors,
+        check=sweep.check,
+        lossy=bool(lossy),
+        baseline=native_ok and any(algorithm != "native" for algorithm, _ in variants),
+        overlap=overlap,
+    )
 
 
 def _ticker(progress: Progress, start: float, step: float, label: str) -> Callable[[str], None]:
@@ -766,6 +908,7 @@ def _metadata(sweep: Sweep, args: argparse.Namespace, device: dict[str, Any]) ->
         "iters": sweep.iters,
         "warmup_iters": sweep.warmup,
         "check": int(sweep.check),
+        "average": sweep.average,
         "chunk_bytes": sweep.chunk_bytes,
         "bus_factor": sweep.spec.bus_factor(mpi.Get_size()),
         "algorithms": args.algorithm,
@@ -790,19 +933,35 @@ class _Say:
             print(text, flush=True)
 
 
-def _print_preamble(say: _Say, sweep: Sweep, meta: dict[str, Any], notes: list[str]) -> None:
+# How the table names the columns it leaves out to fit (the JSON fields they show).
+_COLUMN_NAMES = {
+    "algbw": "algbw (out-of-place)",
+    "algbw_inplace": "algbw (in-place)",
+    "busbw_inplace": "busbw (in-place)",
+    "time_us_inplace": "time (in-place)",
+}
+
+
+def _print_preamble(
+    say: _Say, sweep: Sweep, meta: dict[str, Any], notes: list[str], table: Layout
+) -> None:
     if not say.enabled:
         return
     chunk = sweep.chunk_bytes if sweep.chunk_bytes is not None else "default"
     dirty = " (with uncommitted changes)" if meta["commit_dirty"] else ""
+    average = next(k for k, v in timing.AVERAGES.items() if v == sweep.average)
     say(
         f"# coccl-bench {meta['collective']}: nranks {meta['nranks']}, backend "
         f"{meta['backend']}, device {meta['device']}, datatype {meta['datatype']}, "
         f"op {meta['op']}"
     )
     say(
-        f"# iters {sweep.iters}, warmup {sweep.warmup}, check {int(sweep.check)}, "
-        f"chunk_bytes {chunk}; time = median of each rank, slowest rank"
+        f"# algorithm {','.join(meta['algorithms'])}, compressor "
+        f"{','.join(meta['compressors'])}, chunk_bytes {chunk}"
+    )
+    say(
+        f"# iters {sweep.iters}, warmup {sweep.warmup}, check {int(sweep.check)}; time = "
+        f"median of each rank's calls, ranks combined by {sweep.average} (-a {average})"
     )
     say(f"# command: {meta['command']}")
     say(f"# commit {meta['commit']}{dirty}, {meta['date']}")
@@ -811,5 +970,8 @@ def _print_preamble(say: _Say, sweep: Sweep, meta: dict[str, Any], notes: list[s
         say(f"#  Rank {r['rank']:2d} Pid {r['pid']:7d} on {r['hostname']} {where}")
     for note in notes:
         say(f"# note: {note}")
+    if table.hidden:
+        names = ", ".join(_COLUMN_NAMES.get(key, key) for key in table.hidden)
+        say(f"# note: left out to fit {MAX_WIDTH} characters (in the JSON): {names}")
     say("#")
-    say(format_header())
+    say(table.header())

@@ -233,18 +233,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     # fmt: off
     add("--compressor", type=codec_specs, default=DEFAULT_CODECS,
-        help="comma-separated codecs, each NAME or NAME:KEY=VALUE,... "
-             f"(default {DEFAULT_CODECS})")
+        help="comma-separated codecs, each NAME or NAME:KEY=VALUE,...")
     add("--input", nargs="+", metavar="FILE",
-        help=".npy/.npz files (every float array counts, flattened); "
-             "default: the built-in synthetic tensors")
-    add("--shape", type=shape_2d, default=(2048, 1024),
-        help="TOKENSxHIDDEN of the synthetic tensors (default 2048x1024)")
-    add("--seed", type=int, default=SEED, help=f"seed of the synthetic tensors (default {SEED})")
+        help=".npy/.npz files, every float array flattened "
+             "(default: the built-in synthetic tensors)")
+    add("--shape", type=shape_2d, default="2048x1024",
+        help="TOKENSxHIDDEN of the synthetic tensors")
+    add("--seed", type=int, default=SEED, help="seed of the synthetic tensors")
     add("--model-quantizations", action="store_true",
         help="also give the AllReduce error model: two-shot and ring at --ranks ranks")
     add("--ranks", type=positive_int, default=4,
-        help="ranks of the modelled AllReduce (default 4)")
+        help="ranks of the modelled AllReduce")
     add("--json", metavar="PATH", help="write the results as JSON")
     # fmt: on
 

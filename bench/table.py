@@ -2,9 +2,13 @@
 which commit it was measured) and the progress line.
 
 The table keeps nccl-tests' columns and conventions (``#`` before header lines, sizes
-in bytes, times in microseconds, bandwidths in GB/s = 1e9 B/s) and adds coccl's: the
-algorithm and compressor of the row, the compression ratio, the relative error against
-an exact reduction, and the native baseline of the same run with the speedup over it.
+in bytes, times in microseconds, bandwidths in GB/s = 1e9 B/s, ``#wrong``) and adds
+coccl's where a run has them: the algorithm and codec of the row (when the run has more
+than one; ``auto>two_shot`` and ``taco>identity`` say what ``auto`` ran), the compression
+ratio, the relative error against an exact reduction, the speedup over the native
+baseline of the same run, the overlap efficiency.
+Columns that carry nothing for a run are left out, and the least telling ones give way
+until a row fits ``MAX_WIDTH`` characters; the JSON record always has every figure.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+MAX_WIDTH = 120  # characters of a table line, the "#" or leading space included
 
 
 @dataclass
@@ -32,14 +39,23 @@ class Row:
 
     Attributes:
         size: bytes. count: elements. type: dtype name. redop: op (``none`` for AllGather).
-        algorithm, compressor: what ran.
-        time_us, algbw, busbw: out-of-place: the slowest rank's median time in
-            microseconds, ``size / time`` and the bus bandwidth, in GB/s.
+        algorithm, compressor: what was asked for (``algorithm`` may be ``auto``).
+        time_us, algbw, busbw: out of place: the median time of one call in
+            microseconds (each rank's median, ranks combined as ``-a`` says), ``size /
+            time`` and the bus bandwidth, in GB/s.
         time_us_inplace, algbw_inplace, busbw_inplace: the same, in place.
+        time_us_iters, time_us_iters_inplace: ``{"min", "median", "max"}`` over the
+            timed calls: each rank's, ranks combined as ``-a`` says.
+        time_us_ranks, time_us_ranks_inplace: ``{"rank0", "avg", "min", "max"}`` of the
+            ranks' median times.
         ratio: bytes all ranks sent with this compressor / bytes they sent with
             identity on the same algorithm (1.0 for native; None if nothing was sent).
         rel_err: ``||y - ref|| / ||ref||`` against an exact float64 reduction, worst
             over ranks and over out-of-place and in-place (None when not checked).
+        rel_err_bound: the error a correct run may reach (``coccl.bench.bounds``), the
+            tightest of any rank's (None when not checked).
+        wrong: how many of the checked outputs (each rank's out-of-place and in-place
+            result) erred beyond their rank's bound (None when not checked).
         native_time_us: the native baseline's out-of-place time at this size (None if
             the transport has no native collective for this dtype and op).
         speedup: ``native_time_us / time_us``.
@@ -50,6 +66,9 @@ class Row:
         overlap_times_us: that profile's three times (pipelined, codec_only,
             transport_only), slowest rank's medians, in microseconds.
         backend: the transport that ran it (``mpi`` or ``nccl``).
+        ran: what the call ran (``Communicator.describe``): ``algorithm`` (``auto``
+            resolved), ``compressor`` (its config), ``reason``, ``chunk_bytes``,
+            ``transport``, ... (None only for rows made without a communicator).
     """
 
     size: int
@@ -64,57 +83,45 @@ class Row:
     time_us_inplace: float
     algbw_inplace: float
     busbw_inplace: float
+    time_us_iters: dict[str, float]
+    time_us_iters_inplace: dict[str, float]
+    time_us_ranks: dict[str, float]
+    time_us_ranks_inplace: dict[str, float]
     ratio: float | None
     rel_err: float | None
+    rel_err_bound: float | None
+    wrong: int | None
     native_time_us: float | None
     speedup: float | None
     peak_staging_bytes: int
     overlap_efficiency: float | None = None
     overlap_times_us: dict[str, float] | None = None
     backend: str = ""  # the communicator's backend (mpi, nccl) that ran the row
+    ran: dict[str, Any] | None = None
+
+    @property
+    def ran_label(self) -> str:
+        """``algorithm/codec`` that actually ran (the requested pair if unknown)."""
+        if self.ran is None:
+            return f"{self.algorithm}/{self.compressor}"
+        return f"{self.ran['algorithm']}/{self.ran['compressor']['id']}"
+
+    @property
+    def algorithm_label(self) -> str:
+        """The table's algorithm: as asked, or ``auto>two_shot`` (what auto ran)."""
+        if self.algorithm != "auto" or self.ran is None:
+            return self.algorithm
+        return f"auto>{self.ran['algorithm']}"
+
+    @property
+    def compressor_label(self) -> str:
+        """The table's codec: as asked, or ``taco>identity`` when auto ran another."""
+        if self.ran is None or self.ran["compressor"]["id"] == self.compressor:
+            return self.compressor
+        return f"{self.compressor}>{self.ran['compressor']['id']}"
 
 
-# (title, unit, width) of each column, in order; the first two lines of the header.
-_COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("size", "(B)", 12),
-    ("count", "(elements)", 12),
-    ("type", "", 9),
-    ("redop", "", 6),
-    ("algorithm", "", 10),
-    ("compressor", "", 10),
-    ("time", "(us)", 11),
-    ("algbw", "(GB/s)", 7),
-    ("busbw", "(GB/s)", 7),
-    ("time", "(us)", 11),
-    ("algbw", "(GB/s)", 7),
-    ("busbw", "(GB/s)", 7),
-    ("ratio", "", 6),
-    ("rel_err", "", 9),
-    ("native", "(us)", 11),
-    ("speedup", "", 7),
-    ("overlap", "", 7),
-)
-_GROUPS = (("out-of-place", 6, 9), ("in-place", 9, 12))  # (title, first col, end col)
-
-
-def _line(cells: list[str]) -> str:
-    return " ".join(cell.rjust(width) for cell, (_, _, width) in zip(cells, _COLUMNS, strict=True))
-
-
-def format_header() -> str:
-    """Three ``#`` lines: column groups, titles, units."""
-    titles = _line([title for title, _, _ in _COLUMNS])
-    units = _line([unit for _, unit, _ in _COLUMNS])
-    groups = [" "] * len(titles)
-    offsets = [0]
-    for _, _, width in _COLUMNS:
-        offsets.append(offsets[-1] + width + 1)
-    for title, first, end in _GROUPS:
-        span = offsets[end] - 1 - offsets[first]
-        groups[offsets[first] : offsets[first] + span] = title.center(span)
-    return "\n".join("#" + line for line in ("".join(groups).rstrip(), titles, units))
-
-
+# ------------------------------------------------------------------------- the table
 def _num(value: float | None, decimals: int, width: int) -> str:
     """Fixed-point with ``decimals``, fewer if it would not fit ``width``."""
     if value is None:
@@ -128,44 +135,196 @@ def _num(value: float | None, decimals: int, width: int) -> str:
     return text
 
 
-def format_row(row: Row) -> str:
-    """One table line (aligned under ``format_header``; the ``#`` column is a space)."""
-    rel_err = "N/A" if row.rel_err is None else f"{row.rel_err:.2e}"
-    cells = [
-        str(row.size),
-        str(row.count),
-        row.type,
-        row.redop,
-        row.algorithm,
-        row.compressor,
-        _num(row.time_us, 2, 11),
-        _num(row.algbw, 2, 7),
-        _num(row.busbw, 2, 7),
-        _num(row.time_us_inplace, 2, 11),
-        _num(row.algbw_inplace, 2, 7),
-        _num(row.busbw_inplace, 2, 7),
-        _num(row.ratio, 3, 6),
-        rel_err,
-        _num(row.native_time_us, 2, 11),
-        _num(row.speedup, 2, 7),
-        _num(row.overlap_efficiency, 2, 7),
+def _sci(value: float | None) -> str:
+    if value is None:
+        return "N/A"
+    return f"{value:.2e}" if math.isfinite(value) else str(value)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: ``key`` names it (as the JSON field it shows), ``title`` and
+    ``unit`` are its two header lines, ``group`` the title above a run of columns."""
+
+    key: str
+    title: str
+    unit: str
+    width: int
+    cell: Callable[[Row], str]
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """What a sweep will print, known before its first row: the column widths and which
+    optional columns carry something.
+
+    Attributes:
+        max_size, max_count: the largest size and count of the sweep.
+        type, redop: the data type's name and the op (``none`` for AllGather).
+        algorithms, compressors: every label a row may show in the algorithm and codec
+            columns (``Row.algorithm_label``, ``Row.compressor_label``), ``auto``'s
+            possible choices included.
+        check: outputs are checked (``-c 1``).
+        lossy: some codec of the run is lossy (then ratio and rel_err say something).
+        baseline: the native baseline runs, next to some other pair (speedup).
+        overlap: some row measures its overlap efficiency.
+    """
+
+    max_size: int
+    max_count: int
+    type: str
+    redop: str
+    algorithms: Sequence[str]
+    compressors: Sequence[str]
+    check: bool = True
+    lossy: bool = False
+    baseline: bool = True
+    overlap: bool = False
+
+
+# The columns that give way, in this order, until a line fits MAX_WIDTH: algbw is derived
+# from what stays (size / time); the in-place figures repeat the out-of-place ones for
+# coccl's schedules, which run the same code on aliased buffers.
+_GIVE_WAY = ("algbw_inplace", "algbw", "busbw_inplace", "time_us_inplace", "ratio", "speedup")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The columns a sweep prints and the ones it left out (they are in the JSON)."""
+
+    columns: tuple[Column, ...]
+    hidden: tuple[str, ...]
+
+    @property
+    def width(self) -> int:
+        return 1 + sum(c.width + 1 for c in self.columns) - 1
+
+    def _line(self, cells: list[str]) -> str:
+        return " ".join(cell.rjust(c.width) for cell, c in zip(cells, self.columns, strict=True))
+
+    def header(self) -> str:
+        """Three ``#`` lines: column groups, titles, units."""
+        titles = self._line([c.title for c in self.columns])
+        units = self._line([c.unit for c in self.columns])
+        groups = [" "] * len(titles)
+        offset = 0
+        spans: dict[str, list[int]] = {}
+        for c in self.columns:
+            if c.group:
+                spans.setdefault(c.group, [offset, offset + c.width])[1] = offset + c.width
+            offset += c.width + 1
+        for title, (first, end) in spans.items():
+            groups[first:end] = title.center(end - first)[: end - first]
+        lines = ("".join(groups), titles, units)
+        return "\n".join("#" + line.rstrip() for line in lines)
+
+    def row(self, row: Row) -> str:
+        """One table line (aligned under ``header``; the ``#`` column is a space)."""
+        return " " + self._line([c.cell(row) for c in self.columns])
+
+
+def layout(plan: TablePlan, max_width: int = MAX_WIDTH) -> Layout:
+    """The columns of a sweep: nccl-tests' always; the algorithm and codec when the run
+    has more than one; the others when they carry something; then the ones of
+    ``_GIVE_WAY`` left out, in turn, while a line is wider than ``max_width``."""
+
+    def width(title: str, *values: str) -> int:
+        return max(len(title), *(len(v) for v in values)) if values else len(title)
+
+    def col(
+        key: str, title: str, unit: str, w: int, cell: Callable[[Row], str], group: str = ""
+    ) -> Column:
+        return Column(key, title, unit, max(w, len(title), len(unit)), cell, group)
+
+    oop, ip = "out-of-place", "in-place"
+    columns = [
+        col("size", "size", "(B)", len(str(plan.max_size)), lambda r: str(r.size)),
+        col("count", "count", "(elements)", len(str(plan.max_count)), lambda r: str(r.count)),
+        col("type", "type", "", len(plan.type), lambda r: r.type),
+        col("redop", "redop", "", len(plan.redop), lambda r: r.redop),
     ]
-    return " " + _line(cells)
+    if len(set(plan.algorithms)) > 1:
+        w = width("", *plan.algorithms)
+        columns.append(col("algorithm", "algorithm", "", w, lambda r: r.algorithm_label))
+    if len(set(plan.compressors)) > 1:
+        w = width("", *plan.compressors)
+        columns.append(col("compressor", "codec", "", w, lambda r: r.compressor_label))
+    for group, suffix in ((oop, ""), (ip, "_inplace")):
+        columns += [
+            col(f"time_us{suffix}", "time", "(us)", 8,
+                lambda r, s=suffix: _num(getattr(r, f"time_us{s}"), 2, 8), group),
+            col(f"algbw{suffix}", "algbw", "(GB/s)", 6,
+                lambda r, s=suffix: _num(getattr(r, f"algbw{s}"), 2, 6), group),
+            col(f"busbw{suffix}", "busbw", "(GB/s)", 6,
+                lambda r, s=suffix: _num(getattr(r, f"busbw{s}"), 2, 6), group),
+        ]  # fmt: skip
+    if plan.lossy:
+        columns.append(col("ratio", "ratio", "", 5, lambda r: _num(r.ratio, 3, 5)))
+    if plan.check and plan.lossy:
+        columns.append(col("rel_err", "rel_err", "", 8, lambda r: _sci(r.rel_err)))
+    if plan.check:
+        columns.append(
+            col("wrong", "#wrong", "", 6, lambda r: "N/A" if r.wrong is None else str(r.wrong))
+        )
+    if plan.baseline:
+        columns.append(col("speedup", "speedup", "", 7, lambda r: _num(r.speedup, 2, 7)))
+    if plan.overlap:
+        columns.append(
+            col("overlap_efficiency", "overlap", "", 7, lambda r: _num(r.overlap_efficiency, 2, 7))
+        )
+    hidden: list[str] = []
+    result = Layout(tuple(columns), ())
+    for key in _GIVE_WAY:
+        if result.width <= max_width:
+            break
+        if any(c.key == key for c in columns):
+            columns = [c for c in columns if c.key != key]
+            hidden.append(key)
+            result = Layout(tuple(columns), tuple(hidden))
+    return result
 
 
-def format_summary(rows: list[Row]) -> str:
-    """The footer: average out-of-place bus bandwidth of each (algorithm, compressor)
-    over the sweep, as nccl-tests' "Avg bus bandwidth" line."""
+def format_summary(rows: list[Row], check: bool) -> list[str]:
+    """The footer, as nccl-tests': the out-of-bounds count (``OK`` or ``FAILED``) and
+    the average out-of-place bus bandwidth of each (algorithm, compressor)."""
+    if check:
+        wrong = sum(row.wrong or 0 for row in rows)
+        verdict = f"{wrong} {'FAILED' if wrong else 'OK'}"
+    else:
+        verdict = "not checked (-c 0)"
     sums: dict[str, list[float]] = {}
     for row in rows:
         sums.setdefault(f"{row.algorithm}/{row.compressor}", []).append(row.busbw)
     parts = [f"{name} {sum(v) / len(v):.3f}" for name, v in sums.items()]
-    return "# Avg bus bandwidth (out-of-place, GB/s): " + (", ".join(parts) or "no rows")
+    return [
+        f"# Out of bounds values : {verdict}",
+        "# Avg bus bandwidth (out-of-place, GB/s): " + (", ".join(parts) or "no rows"),
+    ]
 
 
-def format_table(rows: list[Row]) -> str:
-    """Header, one line per row and the summary footer."""
-    return "\n".join([format_header(), *map(format_row, rows), format_summary(rows)])
+def auto_notes(rows: list[Row]) -> list[str]:
+    """One line per run of sizes over which an ``auto`` pair ran the same thing:
+    ``# auto/taco 1024..4194304 B: ran native/identity (reason)``; the reason is the
+    one ``Communicator.describe`` gave, or a pointer to the JSON where it varies."""
+    notes: list[str] = []
+    runs: dict[str, list[tuple[int, int, str, list[str]]]] = {}
+    for row in rows:
+        if row.algorithm != "auto" or row.ran is None:
+            continue
+        spans = runs.setdefault(f"{row.algorithm}/{row.compressor}", [])
+        what, why = row.ran_label, str(row.ran.get("reason", ""))
+        if spans and spans[-1][2] == what:
+            first, _, _, reasons = spans[-1]
+            spans[-1] = (first, row.size, what, [*reasons, why])
+        else:
+            spans.append((row.size, row.size, what, [why]))
+    for name, spans in runs.items():
+        for first, last, what, reasons in spans:
+            sizes = f"{first} B" if first == last else f"{first}..{last} B"
+            why = reasons[0] if len(set(reasons)) == 1 else "reasons by size in the JSON"
+            notes.append(f"# {name} {sizes}: ran {what}" + (f" ({why})" if why else ""))
+    return notes
 
 
 def cpu_name() -> str:

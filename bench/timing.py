@@ -4,8 +4,10 @@ rank-combined figure a table shows.
 Each call is timed on its own, between a barrier and the end of its work: the barrier
 makes every rank start together (a late rank would otherwise be charged to its peers),
 and on a GPU the device is synchronized before the clock stops, because a collective
-returns once its work is queued, not once it is done. A series is summarised by its
-median (robust to the odd scheduler hiccup), and ranks by their slowest median: a
+returns once its work is queued, not once it is done. A rank's series is summarised by
+its median (robust to the odd scheduler hiccup), minimum and maximum; the ranks' figures
+are then combined as nccl-tests' ``-a`` says: rank 0's, their average, their minimum or
+their maximum. coccl-bench's default is the maximum (nccl-tests' the average): a
 collective is as fast as its slowest participant.
 """
 
@@ -13,8 +15,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+# nccl-tests' -a values: how the ranks' times are combined into the one a row shows.
+AVERAGES: dict[int, str] = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
+DEFAULT_AVERAGE = 3
 
 
 def no_sync() -> None:
@@ -60,10 +67,44 @@ def time_calls(
     return samples
 
 
-def slowest_median(mpi_comm: Any, samples: list[float]) -> float:
-    """The median of this rank's samples, then the largest such median over all ranks of
-    ``mpi_comm`` (a collective call: every rank must make it)."""
-    from mpi4py import MPI  # noqa: PLC0415
+def combine(values: Sequence[float], average: str) -> float:
+    """The ranks' ``values`` (rank order) combined as ``average`` (``AVERAGES``)."""
+    if average == "rank0":
+        return values[0]
+    if average == "avg":
+        return statistics.fmean(values)
+    if average == "min":
+        return min(values)
+    if average == "max":
+        return max(values)
+    raise ValueError(f"unknown average {average!r}: choose from {', '.join(AVERAGES.values())}")
 
-    local = statistics.median(samples) if samples else 0.0
-    return float(mpi_comm.allreduce(local, op=MPI.MAX))
+
+@dataclass(frozen=True)
+class TimeStats:
+    """A series of timed calls on every rank, summarised (seconds).
+
+    Attributes:
+        time: the figure a row shows: each rank's median, ranks combined by ``average``.
+        iters: ``{"min", "median", "max"}`` over the calls: each rank's, ranks combined
+            by ``average`` (``iters["median"] == time``).
+        ranks: ``{"rank0", "avg", "min", "max"}``: the ranks' medians combined each way.
+    """
+
+    time: float
+    iters: dict[str, float]
+    ranks: dict[str, float]
+
+
+def summarize(mpi_comm: Any, samples: list[float], average: str) -> TimeStats:
+    """Summarise this rank's ``samples`` with every other rank's (a collective call:
+    every rank of ``mpi_comm`` must make it, and every rank gets the same result)."""
+    local = (min(samples), statistics.median(samples), max(samples)) if samples else (0.0,) * 3
+    per_rank = mpi_comm.allgather(local)
+    iters = {
+        name: combine([r[i] for r in per_rank], average)
+        for i, name in enumerate(("min", "median", "max"))
+    }
+    medians = [r[1] for r in per_rank]
+    ranks = {name: combine(medians, name) for name in AVERAGES.values()}
+    return TimeStats(iters["median"], iters, ranks)

@@ -1,9 +1,12 @@
-"""Tests of ``coccl-bench``: argument parsing, byte counts and bus factors, the table and
-JSON writers on fake rows, the plot, and end-to-end sweeps launched with ``--np``."""
+"""Tests of ``coccl-bench``: argument parsing and help, byte counts and bus factors, the
+table and JSON writers on fake rows, the plot, and end-to-end sweeps launched with
+``--np``, with a correct and with a deliberately broken codec."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.resources
 import json
 import math
 import os
@@ -15,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coccl.bench import cli, launch
+import coccl
+from coccl.bench import cli, launch, timing
 from coccl.bench.collective import (
     ALLGATHER,
     ALLREDUCE,
@@ -28,11 +32,13 @@ from coccl.bench.collective import (
     worst,
 )
 from coccl.bench.table import (
+    MAX_WIDTH,
     Progress,
     Row,
-    format_header,
-    format_row,
-    format_table,
+    TablePlan,
+    auto_notes,
+    format_summary,
+    layout,
     to_record,
     write_json,
 )
@@ -50,14 +56,21 @@ ROW_FIELDS = {
     "time_us_inplace",
     "algbw_inplace",
     "busbw_inplace",
+    "time_us_iters",
+    "time_us_iters_inplace",
+    "time_us_ranks",
+    "time_us_ranks_inplace",
     "ratio",
     "rel_err",
+    "rel_err_bound",
+    "wrong",
     "native_time_us",
     "speedup",
     "peak_staging_bytes",
     "overlap_efficiency",
     "overlap_times_us",
     "backend",
+    "ran",
 }
 META_FIELDS = {
     "collective",
@@ -70,6 +83,8 @@ META_FIELDS = {
     "hostname",
     "cpu",
     "gpu",
+    "average",
+    "check",
     "rows",
 }
 
@@ -188,9 +203,137 @@ def test_command_registry() -> None:
         del cli.COMMANDS["_test_cmd"]
 
 
-def test_strip_np() -> None:
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"coccl-bench (coccl {coccl.__version__})"
+
+
+def help_text(name: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """``coccl-bench NAME --help``, whitespace collapsed (argparse wraps lines)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([name, "--help"])
+    assert exc.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "codec", "fidelity"])
+def test_help_shows_every_default(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_text(name, capsys)
+    options = argparse.ArgumentParser(formatter_class=cli.DefaultsHelpFormatter)
+    cli.COMMANDS[name].add_arguments(options)
+    for action in options._actions:  # argparse lists a parser's options only here
+        shown = cli.default_text(action.default)
+        if shown is None or not action.option_strings or action.dest == "help":
+            continue
+        flag = action.option_strings[-1]
+        assert flag in text
+        # argparse may wrap a long default in the middle: compare without whitespace
+        squeezed = "".join(text.split())
+        assert "(default" in (action.help or "") or f"(default:{shown})" in squeezed, flag
+
+
+def test_help_shows_defaults_as_typed(capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_text("allreduce", capsys)
+    for expected in ("(default: 1K)", "(default: 16M)", "(default: float32)"):
+        assert expected in text
+    for expected in ("(default: ring,two_shot)", "(default: identity)", "(default: 3)"):
+        assert expected in text
+    assert "(default: identity,int8,taco)" in help_text("codec", capsys)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "codec", "fidelity"])
+def test_unknown_flag_shows_the_subcommands_usage(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([name, "--no-such-flag", "3"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: coccl-bench {name} ")
+    assert "unrecognized arguments: --no-such-flag 3" in err
+
+
+def test_package_ships_py_typed() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    assert importlib.resources.files("coccl").joinpath("py.typed").is_file()
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    package_data = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in package_data["coccl"]  # installed with the package, not only here
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "bench" / "scripts"
+# What the probe scripts may import of coccl: its public face and the bench's parsers.
+PUBLIC_MODULES = {"coccl", "coccl.compressors", "coccl.bench.cli"}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS.glob("*.py")), ids=lambda p: p.name)
+def test_probe_scripts_use_public_api_only(script: Path) -> None:
+    tree = ast.parse(script.read_text(), filename=str(script))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coccl"):
+            assert node.module in PUBLIC_MODULES, f"line {node.lineno}: from {node.module}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("coccl"):
+                    assert alias.name in PUBLIC_MODULES, f"line {node.lineno}: {alias.name}"
+        elif isinstance(node, ast.Attribute):
+            private = node.attr.startswith("_") and not node.attr.startswith("__")
+            assert not private, f"line {node.lineno}: .{node.attr}"
+
+
+def test_probe_scripts_are_not_the_cli() -> None:
+    assert not (SCRIPTS / "__init__.py").exists()  # not a package: not installed
+    for module in Path(cli.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [getattr(node, "module", None) or ""]
+                names += [alias.name for alias in node.names]
+                assert not any("scripts" in name for name in names), module.name
+
+
+def test_strip_launch_flags() -> None:
     argv = ["allreduce", "--np", "4", "-b", "8", "--np=2", "--json", "x.json"]
-    assert launch.strip_np(argv) == ["allreduce", "-b", "8", "--json", "x.json"]
+    argv += ["--mpiexec", "srun --mpi=pmix", "--mpiexec=mpiexec"]
+    assert launch.strip_launch_flags(argv) == ["allreduce", "-b", "8", "--json", "x.json"]
+
+
+def test_mpiexec_command(tmp_path: Path) -> None:
+    assert launch.mpiexec("srun --mpi=pmix")[:2] == ["srun", "--mpi=pmix"]
+    assert launch.mpiexec()[0].endswith("mpiexec")
+
+
+def test_world_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(launch.NP_ENV, raising=False)
+    assert launch.world_mismatch(1) is None  # not a child of --np
+    monkeypatch.setenv(launch.NP_ENV, "4")
+    monkeypatch.setenv(launch.LAUNCHER_ENV, "--np 4: /venv/bin/mpiexec -n 4 python ...")
+    assert launch.world_mismatch(4) is None
+    problem = launch.world_mismatch(1)
+    assert problem and "--np 4" in problem and "/venv/bin/mpiexec" in problem
+    assert "--mpiexec" in problem
+
+
+def test_mpiexec_needs_np(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["allreduce", "--mpiexec", "mpiexec"])
+    assert exc.value.code == 2 and "give --np too" in capsys.readouterr().err
+
+
+@pytest.mark.mpi
+def test_launcher_of_another_mpi_is_named(tmp_path: Path) -> None:
+    # a "launcher" that starts each rank as its own one-rank job, as a foreign mpiexec does
+    fake = tmp_path / "fake-mpiexec"
+    fake.write_text(  # drops "-n N" and starts the command twice
+        '#!/bin/sh\nshift 2\n"$@" & a=$!\n"$@" & b=$!\n'
+        "wait $a; ra=$?\nwait $b; rb=$?\nexit $((ra > rb ? ra : rb))\n"
+    )
+    fake.chmod(0o755)
+    proc = run_bench(["allreduce", "--np", "2", "--mpiexec", str(fake), "-e", "1K"], tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("--np 2 started ranks that each see an MPI world of 1") == 2
+    assert "Abort" not in proc.stderr and proc.stdout == ""
 
 
 # ---------------------------------------------------------- sizes and bandwidth
@@ -263,6 +406,31 @@ def test_exact_reduction_integer_avg_truncates_toward_zero() -> None:
     assert got.tolist() == [-1.0, 1.0, 1.0]
 
 
+class FakeWorld:
+    """The allgather of an MPI communicator whose ranks contributed ``per_rank``."""
+
+    def __init__(self, per_rank: list[list[float]]) -> None:
+        self.per_rank = per_rank
+
+    def allgather(self, local: object) -> list:
+        return [(min(s), float(np.median(s)), max(s)) for s in self.per_rank]
+
+
+@pytest.mark.parametrize("average", ["rank0", "avg", "min", "max"])
+def test_time_summary(average: str) -> None:
+    per_rank = [[3.0, 1.0, 2.0], [4.0, 6.0, 5.0, 9.0], [2.0, 2.0, 8.0]]
+    stats = timing.summarize(FakeWorld(per_rank), per_rank[0], average)
+    medians = [2.0, 5.5, 2.0]
+    assert stats.ranks == {"rank0": 2.0, "avg": 9.5 / 3, "min": 2.0, "max": 5.5}
+    assert stats.time == stats.ranks[average] == stats.iters["median"]
+    pick = {"rank0": lambda v: v[0], "avg": lambda v: sum(v) / 3, "min": min, "max": max}
+    assert stats.iters["min"] == pytest.approx(pick[average]([1.0, 4.0, 2.0]))
+    assert stats.iters["max"] == pytest.approx(pick[average]([3.0, 9.0, 8.0]))
+    assert pick[average](medians) == pytest.approx(stats.time)
+    with pytest.raises(ValueError, match="unknown average"):
+        timing.combine([1.0], "mean")
+
+
 def test_worst_keeps_nan() -> None:
     assert worst([1e-3, None, 2e-3]) == 2e-3
     assert math.isnan(worst([1e-3, math.nan]))
@@ -271,6 +439,8 @@ def test_worst_keeps_nan() -> None:
 
 # ----------------------------------------------------------- table and JSON
 def fake_row(**changes: object) -> Row:
+    stats = {"min": 700.0, "median": 812.5, "max": 900.0}
+    ranks = {"rank0": 800.0, "avg": 806.0, "min": 800.0, "max": 812.5}
     row = Row(
         size=1 << 20,
         count=1 << 18,
@@ -284,8 +454,14 @@ def fake_row(**changes: object) -> Row:
         time_us_inplace=799.0,
         algbw_inplace=1.31,
         busbw_inplace=1.97,
+        time_us_iters=stats,
+        time_us_iters_inplace=stats,
+        time_us_ranks=ranks,
+        time_us_ranks_inplace=ranks,
         ratio=0.2656,
         rel_err=3.1e-3,
+        rel_err_bound=0.09,
+        wrong=0,
         native_time_us=1500.0,
         speedup=1.846,
         peak_staging_bytes=4 << 20,
@@ -295,49 +471,121 @@ def fake_row(**changes: object) -> Row:
     return row
 
 
+def fake_plan(**changes: object) -> TablePlan:
+    plan = {
+        "max_size": 1 << 20,
+        "max_count": 1 << 18,
+        "type": "float32",
+        "redop": "sum",
+        "algorithms": ["ring", "two_shot"],
+        "compressors": ["identity", "taco"],
+        "check": True,
+        "lossy": True,
+        "baseline": True,
+        **changes,
+    }
+    return TablePlan(**plan)  # type: ignore[arg-type]
+
+
+def titles(table_layout: object) -> list[str]:
+    return table_layout.header().splitlines()[1].lstrip("#").split()  # type: ignore[attr-defined]
+
+
 def test_table_lines_align() -> None:
-    header = format_header().splitlines()
+    table = layout(fake_plan(baseline=False))
+    header = table.header().splitlines()
     assert len(header) == 3 and all(line.startswith("#") for line in header)
-    for title in ("size", "count", "redop", "algbw", "busbw", "ratio", "rel_err", "speedup"):
-        assert title in header[1]
     assert "out-of-place" in header[0] and "in-place" in header[0]
-    line = format_row(fake_row())
-    assert len(line) == len(header[1])
+    assert titles(table) == [
+        "size", "count", "type", "redop", "algorithm", "codec",
+        "time", "algbw", "busbw", "time", "algbw", "busbw",
+        "ratio", "rel_err", "#wrong",
+    ]  # fmt: skip
+    assert table.hidden == ()
+    line = table.row(fake_row())
+    assert len(line) == len(header[1]) == table.width <= MAX_WIDTH
     assert line.split() == [
-        "1048576",
-        "262144",
-        "float32",
-        "sum",
-        "two_shot",
-        "taco",
-        "812.50",
-        "1.29",
-        "1.94",
-        "799.00",
-        "1.31",
-        "1.97",
-        "0.266",
-        "3.10e-03",
-        "1500.00",
-        "1.85",
-        "N/A",  # overlap efficiency: not measured for this row
-    ]
+        "1048576", "262144", "float32", "sum", "two_shot", "taco",
+        "812.50", "1.29", "1.94", "799.00", "1.31", "1.97",
+        "0.266", "3.10e-03", "0",
+    ]  # fmt: skip
+
+
+def test_table_leaves_out_columns_that_say_nothing() -> None:
+    # one algorithm, one codec, identity only, no check, no baseline, no overlap
+    plain = layout(
+        fake_plan(algorithms=["ring"], compressors=["identity"], lossy=False, check=False,
+                  baseline=False)
+    )  # fmt: skip
+    assert titles(plain) == [
+        "size", "count", "type", "redop", "time", "algbw", "busbw", "time", "algbw", "busbw",
+    ]  # fmt: skip
+    checked = layout(fake_plan(compressors=["identity"], lossy=False))
+    assert titles(checked)[-2:] == ["#wrong", "speedup"]  # identity: no ratio, no rel_err
+    overlap = layout(fake_plan(overlap=True, algorithms=["ring"], compressors=["taco"]))
+    assert titles(overlap)[-1] == "overlap"
+
+
+def test_table_fits_the_terminal() -> None:
+    # every optional column, the widest sizes and an auto pair: some columns give way
+    plan = fake_plan(
+        max_size=1 << 30,
+        max_count=1 << 29,
+        type="bfloat16",
+        algorithms=["ring", "two_shot", "auto>native", "auto>two_shot"],
+        compressors=["identity", "taco", "int8", "taco>identity", "int8>identity"],
+        overlap=True,
+    )
+    table = layout(plan)
+    assert table.width <= MAX_WIDTH
+    assert table.hidden and table.hidden[0] == "algbw_inplace"
+    assert "#wrong" in titles(table) and "overlap" in titles(table)
+    assert len(table.row(fake_row(size=1 << 30, count=1 << 29, type="bfloat16"))) <= MAX_WIDTH
 
 
 def test_table_missing_values() -> None:
-    line = format_row(fake_row(ratio=None, rel_err=None, native_time_us=None, speedup=None))
+    table = layout(fake_plan())  # algbw gives way: speedup is the last column
+    assert table.hidden == ("algbw_inplace", "algbw") and titles(table)[-1] == "speedup"
+    line = table.row(fake_row(ratio=None, rel_err=None, wrong=None, speedup=None))
     assert line.split()[-4:] == ["N/A", "N/A", "N/A", "N/A"]
-    huge = format_row(fake_row(time_us=123456789.0))
-    assert "123456789" in huge
-    table = format_table([fake_row(), fake_row(algorithm="ring", busbw=1.0)])
-    assert table.splitlines()[-1].startswith("# Avg bus bandwidth")
-    assert "two_shot/taco 1.940" in table and "ring/taco 1.000" in table
+    assert "123456789" in table.row(fake_row(time_us=123456789.0))
+
+
+def test_summary() -> None:
+    rows = [fake_row(), fake_row(algorithm="ring", busbw=1.0, wrong=2)]
+    verdict, bandwidth = format_summary(rows, check=True)
+    assert verdict == "# Out of bounds values : 2 FAILED"
+    assert bandwidth.startswith("# Avg bus bandwidth")
+    assert "two_shot/taco 1.940" in bandwidth and "ring/taco 1.000" in bandwidth
+    assert format_summary(rows[:1], check=True)[0] == "# Out of bounds values : 0 OK"
+    assert "not checked" in format_summary(rows, check=False)[0]
+
+
+def test_auto_notes() -> None:
+    def ran(algorithm: str, codec: str, reason: str) -> dict:
+        return {"algorithm": algorithm, "compressor": {"id": codec}, "reason": reason}
+
+    small, big = ran("native", "identity", "below 16 MiB"), ran("two_shot", "taco", "from 16 MiB")
+    rows = [
+        fake_row(algorithm="auto", size=1024, ran=small),
+        fake_row(algorithm="auto", size=4096, ran=small),
+        fake_row(algorithm="ring", size=4096),
+        fake_row(algorithm="auto", size=16384, ran=big),
+    ]
+    assert rows[0].ran_label == "native/identity" and rows[2].ran_label == "ring/taco"
+    assert (rows[0].algorithm_label, rows[0].compressor_label) == ("auto>native", "taco>identity")
+    assert (rows[3].algorithm_label, rows[3].compressor_label) == ("auto>two_shot", "taco")
+    assert (rows[2].algorithm_label, rows[2].compressor_label) == ("ring", "taco")
+    assert auto_notes(rows) == [
+        "# auto/taco 1024..4096 B: ran native/identity (below 16 MiB)",
+        "# auto/taco 16384 B: ran two_shot/taco (from 16 MiB)",
+    ]
 
 
 def test_write_json(tmp_path: Path) -> None:
     meta = {"collective": "allreduce", "nranks": 4}
     path = tmp_path / "out.json"
-    write_json(path, meta, [fake_row(), fake_row(rel_err=math.nan, ratio=None)])
+    write_json(path, meta, [fake_row(), fake_row(rel_err=math.nan, ratio=None, wrong=2)])
     record = json.loads(path.read_text())
     assert record["collective"] == "allreduce" and len(record["rows"]) == 2
     assert set(record["rows"][0]) == ROW_FIELDS
@@ -397,10 +645,13 @@ def run_bench(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.Co
     )
 
 
-def check_record(record: dict, collective: str, nranks: int, variants: set[tuple]) -> None:
+def check_record(
+    record: dict, collective: str, nranks: int, variants: set[tuple], average: str = "max"
+) -> None:
     assert META_FIELDS <= set(record)
     assert record["collective"] == collective and record["nranks"] == nranks
     assert record["backend"] == "mpi" and record["device"] == "cpu"
+    assert record["average"] == average and record["check"] == 1
     assert "--np" in record["command"] and "--np" in record["launcher"]
     rows = record["rows"]
     assert rows and all(set(row) == ROW_FIELDS for row in rows)
@@ -409,12 +660,18 @@ def check_record(record: dict, collective: str, nranks: int, variants: set[tuple
     for row in rows:
         assert row["count"] % (1 if collective == "allreduce" else nranks) == 0
         assert row["size"] == row["count"] * 4
-        assert row["time_us"] > 0 and row["time_us_inplace"] > 0
-        assert row["algbw"] == pytest.approx(row["size"] / row["time_us"] / 1e3)
-        assert row["busbw"] == pytest.approx(row["algbw"] * factor)
+        for suffix in ("", "_inplace"):
+            time_us = row[f"time_us{suffix}"]
+            iters, ranks = row[f"time_us_iters{suffix}"], row[f"time_us_ranks{suffix}"]
+            assert time_us > 0 and time_us == iters["median"] == ranks[average]
+            assert iters["min"] <= iters["median"] <= iters["max"]
+            assert ranks["min"] <= ranks["avg"] <= ranks["max"]
+            assert row[f"algbw{suffix}"] == pytest.approx(row["size"] / time_us / 1e3)
+            assert row[f"busbw{suffix}"] == pytest.approx(row[f"algbw{suffix}"] * factor)
         assert row["native_time_us"] > 0
         assert row["speedup"] == pytest.approx(row["native_time_us"] / row["time_us"])
-        assert row["rel_err"] < 1e-6  # identity: float32 rounding of the sum only
+        assert row["wrong"] == 0 and row["rel_err"] <= row["rel_err_bound"]
+        assert row["rel_err_bound"] < 1e-6  # identity: float32 rounding of the sum only
         if row["compressor"] == "identity":
             assert row["ratio"] == pytest.approx(1.0)
 
@@ -454,7 +711,10 @@ def test_allreduce_end_to_end(tmp_path: Path) -> None:
     assert (tmp_path / "tmp.png").read_bytes()[:4] == b"\x89PNG"
     lines = proc.stdout.splitlines()
     assert any("out-of-place" in line for line in lines)
-    assert sum(not line.startswith("#") for line in lines) == 14  # rank 0 prints, once
+    assert "# Out of bounds values : 0 OK" in lines
+    table = [line for line in lines if not line.startswith("#")]
+    assert len(table) == 14  # rank 0 prints, once
+    assert all(len(line) <= MAX_WIDTH for line in table)
 
 
 @pytest.mark.mpi
@@ -475,11 +735,13 @@ def test_overlap_measured_from_overlap_min(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
-def test_sharded_collectives_end_to_end(collective: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("collective", "average"), [("reduce_scatter", 0), ("allgather", 1)])
+def test_sharded_collectives_end_to_end(collective: str, average: int, tmp_path: Path) -> None:
     proc = run_bench(
         [
             collective,
+            "-a",
+            str(average),
             "--np",
             "2",
             "-b",
@@ -503,8 +765,57 @@ def test_sharded_collectives_end_to_end(collective: str, tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads((tmp_path / "out.json").read_text())
     variants = {("ring", "identity"), ("two_shot", "identity"), ("native", "identity")}
-    check_record(record, collective, 2, variants)
+    check_record(record, collective, 2, variants, timing.AVERAGES[average])
     assert sorted({r["size"] for r in record["rows"]}) == [8, 64, 512, 4096]
+
+
+# A codec whose roundtrip is 25% too large: a scale bug. It declares int8's error bound,
+# so every compressed row of a sweep must come out wrong, and the sweep must fail.
+BROKEN_CODEC = """
+import sys
+
+import numpy as np
+
+import coccl
+from coccl.bench.cli import main
+from coccl.compressors import Int8Compressor
+
+
+@coccl.register_compressor
+class SkewedInt8(Int8Compressor):
+    codec_id = "skewed_int8"
+
+    def encode_into(self, x, payload, dtype):
+        super().encode_into(np.asarray(x * 1.25, dtype=x.dtype), payload, dtype)
+
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.mpi
+def test_broken_codec_is_out_of_bounds(tmp_path: Path) -> None:
+    script = tmp_path / "broken_codec_bench.py"
+    script.write_text(BROKEN_CODEC)
+    args = ["allreduce", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0", "--no-progress"]
+    args += ["--compressor", "identity,int8,skewed_int8", "--json", "b.json"]
+    proc = subprocess.run(
+        [*launch.mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(script), *args],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("COCCL_BENCH_")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert {r["compressor"] for r in rows} == {"identity", "int8", "skewed_int8"}
+    for row in rows:
+        broken = row["compressor"] == "skewed_int8"
+        assert (row["wrong"] == 4) == broken, row  # 2 ranks x (out-of-place, in-place)
+        assert (row["rel_err"] > row["rel_err_bound"]) == broken, row
+    wrong = sum(r["wrong"] for r in rows)
+    assert f"# Out of bounds values : {wrong} FAILED" in proc.stdout.splitlines()
 
 
 @pytest.mark.mpi

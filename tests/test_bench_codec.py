@@ -17,8 +17,11 @@ import pytest
 from coccl.bench import cli
 from coccl.bench.codec import Columns, codec_specs, rotation_sets
 from coccl.bench.fidelity import SYNTHETIC, allreduce_quantizations, synthetic_tensors
+from coccl.compressors import Compressor
 
-CODEC_ROW = {"codec", "op", "dtype", "count", "GBps", "fraction"}
+from gpu import GPU
+
+CODEC_ROW = {"codec", "op", "dtype", "count", "nbytes", "time_ms", "GBps", "fraction"}
 FIDELITY_ROW = {"tensor", "shape", "codec", "rel_l2", "max_abs", "snr_db"}
 RECORD = {"command", "date", "commit", "rows"}
 
@@ -147,32 +150,98 @@ def test_fidelity_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 # ---------------------------------------------------------------------- codec
+def moved_bytes(codec: Compressor, op: str, dtype: np.dtype, count: int) -> int:
+    """What one call reads and writes, by the module docstring of ``bench/codec.py``."""
+    payload = codec.encoded_nbytes(count, dtype)
+    data = 8 * count if op == "decode_accumulate" else dtype.itemsize * count
+    return payload + data
+
+
 def test_codec_cpu_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "codec.json"
-    argv = ["codec", "--device", "cpu", "--counts", "4K", "-d", "float32,bfloat16"]
+    argv = ["codec", "--device", "cpu", "--counts", "4K,1000", "-d", "float32,bfloat16"]
     argv += ["--compressor", "identity,int8,taco:group_size=32", "-n", "2", "-w", "0"]
     assert cli.main([*argv, "--json", str(path)]) == 0
     out = capsys.readouterr().out
     assert "copy bandwidth" in out and "decode_accumulate" in out
+    assert "# Out of bounds values : 0 OK" in out.splitlines()
     record = read(path)
-    assert RECORD | {"cpu", "copy_GBps"} <= set(record)
-    assert record["device"] == "cpu" and record["copy_GBps"] > 0
+    assert RECORD | {"cpu", "copy_GBps", "check", "checks", "errors"} <= set(record)
+    assert record["device"] == "cpu" and record["copy_GBps"] > 0 and record["errors"] == []
     assert "codec --device cpu" in record["command"]
     rows = record["rows"]
     assert all(CODEC_ROW <= set(r) for r in rows)
+    specs = {s.label: s.codec for s in codec_specs("identity,int8,taco:group_size=32")}
     keys = {(r["codec"], r["op"], r["dtype"], r["count"]) for r in rows}
     assert keys == {
-        (codec, op, dtype, 4096)
-        for codec in ("identity", "int8", "taco:group_size=32")
+        (codec, op, dtype, count)
+        for codec in specs
         for op in ("encode", "decode", "decode_accumulate")
         for dtype in ("float32", "bfloat16")
+        for count in (4096, 1000)
     }
-    for r in rows:
-        assert r["GBps"] > 0
-        # both are rounded (fraction to 4 decimals)
-        expected = r["GBps"] / record["copy_GBps"]
-        assert r["fraction"] == pytest.approx(expected, rel=1e-2, abs=1e-4)
+    for r in rows:  # full precision: the figures are exactly what the time says
+        dtype = cli.datatype(r["dtype"])
+        assert r["nbytes"] == moved_bytes(specs[r["codec"]], r["op"], dtype, r["count"])
+        assert r["time_ms"] > 0
+        assert r["GBps"] == pytest.approx(r["nbytes"] / (r["time_ms"] * 1e-3) / 1e9, rel=1e-12)
+        assert r["fraction"] == pytest.approx(r["GBps"] / record["copy_GBps"], rel=1e-12)
+        assert r["kernel"] is None and r["config"] is None  # CPU, default timings
     assert {r["group_size"] for r in rows if r["codec"] == "taco:group_size=32"} == {32}
+    checks = {(c["codec"], c["dtype"], c["count"]): c for c in record["checks"]}
+    assert set(checks) == {(k[0], k[2], k[3]) for k in keys}
+    for (codec, _, _), c in checks.items():
+        assert c["ok"] and c["payload_mismatches"] is None  # no GPU to compare with
+        assert c["rel_err"] <= c["bound"]
+        assert (c["bound"] == 0) == (codec == "identity") and (c["rel_err"] == 0) == (
+            codec == "identity"
+        )
+
+
+# A codec whose roundtrip is 25% too large (a scale bug) declaring int8's error bound.
+BROKEN_CODEC = """
+import sys
+
+import numpy as np
+
+import coccl
+from coccl.bench.cli import main
+from coccl.compressors import Int8Compressor
+
+
+@coccl.register_compressor
+class SkewedInt8(Int8Compressor):
+    codec_id = "skewed_int8"
+
+    def encode_into(self, x, payload, dtype):
+        super().encode_into(np.asarray(x * 1.25, dtype=x.dtype), payload, dtype)
+
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_codec_check_fails_a_broken_codec(tmp_path: Path) -> None:
+    script = tmp_path / "broken_codec_bench.py"
+    script.write_text(BROKEN_CODEC)
+    args = ["codec", "--counts", "1000", "-d", "float32", "-n", "1", "-w", "0"]
+    args += ["--compressor", "int8,skewed_int8", "--json", str(tmp_path / "c.json")]
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "# Out of bounds values : 1 FAILED" in proc.stdout.splitlines()
+    checks = {c["codec"]: c for c in read(tmp_path / "c.json")["checks"]}
+    assert checks["int8"]["ok"] and not checks["skewed_int8"]["ok"]
+    assert checks["skewed_int8"]["rel_err"] > 0.2 > checks["skewed_int8"]["bound"]
+
+
+def test_codec_gpu_flags_need_the_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--tuning", "--launch-cost", "--fp8-check"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["codec", flag])
+        assert exc.value.code == 2
+        assert f"{flag} measures the GPU kernels: add --device gpu" in capsys.readouterr().err
 
 
 def test_codec_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -208,3 +277,28 @@ def test_unknown_compressor_exit_code(subcommand: str) -> None:
     assert proc.returncode == 2
     assert "compressor 'nope' is not available: unknown compressor 'nope'" in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.gpu
+def test_codec_gpu_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if not GPU:
+        pytest.skip("needs CuPy and a CUDA GPU")
+    path = tmp_path / "codec.json"
+    argv = ["codec", "--device", "gpu", "--counts", "1M,4M", "-d", "float32,bfloat16"]
+    argv += ["--compressor", "identity,int8,taco", "-n", "3", "-w", "1", "--json", str(path)]
+    argv += ["--tuning", "--launch-cost", "--fp8-check", "512M"]
+    assert cli.main(argv) == 0, capsys.readouterr().out
+    record = read(path)
+    assert record["errors"] == [] and record["copy_kernel_GBps"] > 0
+    assert len(record["rows"]) == 2 * 3 * 2 * 3
+    for r in record["rows"]:
+        lossy = r["codec"] != "identity"
+        assert (r["kernel"] is not None) == lossy
+        if lossy:
+            assert r["kernel"]["regs"] > 0 and r["kernel"]["local_bytes"] >= 0
+    assert all(c["ok"] and c["payload_mismatches"] == 0 for c in record["checks"])
+    assert {r["config"] for r in record["launch_cost_rows"]} == {"launch cost timed"}
+    assert {r["op"] for r in record["tuning_rows"]} == {"encode"}
+    assert len({r["config"] for r in record["tuning_rows"]}) > 1
+    assert [c["fp8_format"] for c in record["fp8_checks"]] == ["e4m3", "e5m2"]
+    assert all(c["ok"] and c["patterns"] == 512 << 20 for c in record["fp8_checks"])

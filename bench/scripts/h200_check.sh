@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One device call on the H200: install offline, check and time the GPU codec kernels, run
-# the GPU tests (one-rank NCCL, several ranks sharing the GPU over MPI), and a short
-# 4-rank MPI sweep. Logs and JSON land in $OUT. Usage: bash bench/h200_check.sh [parts]
+# GPU checks and measurements on one machine, part by part; logs and JSON land in $OUT
+# (JSON in $JSONDIR if set). Usage, from the repository root:
+#   bash bench/scripts/h200_check.sh [parts]     (default: "info codec tests mpitests sweep")
+# Figures measured this way, with their commit, live in bench/results/*.json and
+# bench/NOTES.md, not here.
 set -u
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-# Open MPI's shared-memory transport copies a large message in one call on the receiver
-# (Linux CMA) instead of through 32 KiB fragments that both ranks' threads must move; the
-# H200 machine's environment sets the fragments (none). H200_SINGLE_COPY=none reproduces
-# the figures measured before session 7.
+# Open MPI's shared-memory transport: "cma" (Linux cross-memory attach) copies a large
+# message in one call on the receiver; "none" moves it through 32 KiB fragments that both
+# ranks copy inside their MPI calls. H200_SINGLE_COPY selects one for the A/B.
 export OMPI_MCA_btl_vader_single_copy_mechanism=${H200_SINGLE_COPY:-cma}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 parts=${1:-"info codec tests mpitests sweep"}
@@ -15,6 +16,7 @@ JSONDIR=${JSONDIR:-$OUT}
 step() { echo; echo "=== $* ($(date +%T))"; }
 for part in $parts; do case $part in
 info)
+  # The machine: GPU, driver, clocks, library versions; installs coccl from this checkout.
   step info
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c "import cupy, numba, mpi4py, torch; print('cupy', cupy.__version__, 'numba', numba.__version__, 'mpi4py', mpi4py.__version__, 'torch', torch.__version__)"
@@ -22,29 +24,43 @@ info)
   python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -2
   python3 -c "import coccl; print('coccl ok', coccl.__file__)" ;;
 codec)
+  # Codec kernels: throughput against the device copy, each roundtrip within its bound and
+  # byte-identical to the host's kernels, the encode's launch configurations, the host's
+  # launch cost, and the hardware FP8 conversion against the software one (all 2^32 inputs).
   step codec kernels
-  timeout 300 python3 bench/gpu_codec_check.py --out "$OUT" 2>&1 | tee "$OUT/codec_log.txt" | tail -70 ;;
+  timeout 300 python3 -m coccl.bench.cli codec --device gpu --counts 64M,256M \
+    --compressor identity,int8,taco,taco:group_size=32,taco:group_size=512 -d bfloat16,float16,float32 \
+    -n 25 --tuning --launch-cost --fp8-check --json "$JSONDIR/codec.json" 2>&1 | tee "$OUT/codec_log.txt" | tail -70 ;;
 tests)
+  # The GPU tests that need one process: codec kernels against the CPU's, one-rank NCCL.
   step pytest gpu single process
   timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py tests/test_nccl.py 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -15 ;;
 mpitests)
+  # The multi-rank GPU tests at 2 and 4 ranks sharing the GPU over MPI.
   step pytest gpu multi-rank
   timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k "gpu and (2 or 4)" 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -25 ;;
 sweep)
+  # A short 4-rank AllReduce sweep on the GPU over MPI: every schedule and codec, checked.
   step 4-rank MPI sweep on the GPU
   timeout 300 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e 256M -f 4 -n 5 -w 2 --no-progress \
     --algorithm ring,two_shot --compressor identity,taco,int8 -d float32 \
     --json "$OUT/mpi4.json" 2>&1 | tee "$OUT/sweep.txt" | tail -40 ;;
 tune)
+  # The codec kernels' throughput and launch configurations only (no checks).
   step codec tuning and throughput
-  timeout 240 python3 bench/gpu_codec_check.py --out "$OUT" --skip-checks 2>&1 | tee "$OUT/codec_log.txt" | tail -45 ;;
+  timeout 240 python3 -m coccl.bench.cli codec --device gpu --counts 64M,256M -d bfloat16 \
+    --compressor taco,int8 -n 25 -c 0 --tuning --json "$JSONDIR/codec-tuning.json" 2>&1 | tee "$OUT/codec_log.txt" | tail -45 ;;
 nccltests)
+  # The NCCL tests: one rank, then one GPU per rank.
   step "pytest NCCL: one rank, then one GPU per rank"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_nccl.py tests/test_mpi.py -k "nccl" 2>&1 | tee "$OUT/pytest_nccl.txt" | tail -8 ;;
 mpitests_all)
+  # The multi-rank GPU tests at every rank count (1-4).
   step pytest gpu multi-rank, 1-4 ranks
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k gpu 2>&1 | tee "$OUT/pytest_mpi_gpu.txt" | tail -8 ;;
 sweeps)
+  # The recorded 4-rank sweeps: 1 MiB to 1 GiB per dtype (SWEEP_DTYPES), every schedule and
+  # codec, with the overlap efficiency of each compressed schedule from 64 MiB on.
   for dt in ${SWEEP_DTYPES:-float32 bfloat16}; do
     step "4-rank MPI sweep on the GPU, $dt, with overlap"
     timeout ${SWEEP_TIMEOUT:-290} python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e 1G -f 4 -n ${SWEEP_ITERS:-4} -w 1 --no-progress \
@@ -52,6 +68,7 @@ sweeps)
       --overlap-iters ${SWEEP_OVERLAP_ITERS:-15} --json "$JSONDIR/mpi4-$dt.json" 2>&1 | tee "$OUT/sweep-$dt.txt" | grep -v "^#  Rank" | tail -24
   done ;;
 chunks)
+  # The pipeline chunk size's effect on 4-rank taco AllReduce at 256 MiB.
   for cb in 4M 16M; do
     step "4-rank two_shot taco, 256 MiB float32, chunks of $cb"
     timeout 90 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 256M -e 256M -n 5 -w 1 --no-progress \
@@ -59,10 +76,12 @@ chunks)
       --json "$JSONDIR/mpi4-chunks-$cb.json" 2>&1 | grep -v "^#  Rank" | tail -5
   done ;;
 probe)
+  # The staged pipeline's overlap over a grid of settings (bench/scripts/overlap_probe.py).
   step "4-rank overlap probe: ${PROBE_ARGS:-defaults}"
-  timeout ${PROBE_TIMEOUT:-200} mpiexec --oversubscribe -n 4 python3 bench/overlap_probe.py \
+  timeout ${PROBE_TIMEOUT:-200} mpiexec --oversubscribe -n 4 python3 bench/scripts/overlap_probe.py \
     --out "$JSONDIR/probe-${PROBE_NAME:-1}.json" ${PROBE_ARGS:-} 2>&1 | grep -v "^#  Rank" | tail -80 ;;
 latency)
+  # Small sizes, two_shot against auto: where auto's thresholds come from.
   step "4-rank latency sweep on the GPU (auto's table)"
   timeout 60 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 8 -e 4M -f 4 -n 10 -w 3 --no-progress \
     --algorithm two_shot,auto --compressor identity,taco -d bfloat16 \
@@ -79,7 +98,10 @@ ncclchunks)
       | grep -v "^#  Rank" | tail -22
   done; done ;;
 tp)
+  # Tensor-parallel GPT training smoke test: 2 ranks sharing the GPU over MPI, taco two-shot.
   step "TP GPT smoke on the GPU: 2 ranks sharing it over MPI"
   timeout 150 mpiexec --oversubscribe -n 2 python3 -m mpi4py examples/tp_gpt.py --device cuda --backend mpi \
     --steps 60 --tp-compressor taco --tp-algorithm two_shot --log-every 20 2>&1 | tail -6 ;;
+*)
+  echo "unknown part $part" >&2; exit 2 ;;
 esac; done

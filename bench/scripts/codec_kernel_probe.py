@@ -1,0 +1,49 @@
+"""A few launches of one codec kernel and nothing else, for a profiler (ncu).
+
+    ncu -k regex:coccl_codec --launch-skip 3 --launch-count 1 \\
+        python3 bench/scripts/codec_kernel_probe.py encode --count 64M
+
+Encodes (``encode``) or decodes into a float32 accumulator (``decode_accumulate``)
+``--count`` random ``--dtype`` elements with ``--compressor``, ``--launches`` times,
+after one encode that makes the payload. A script beside coccl-bench, not part of it:
+it uses coccl's public API only.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import coccl
+from coccl.bench.cli import datatype, parse_size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("op", choices=("encode", "decode_accumulate"))
+    ap.add_argument("--count", default="64M", help="elements (K/M/G binary)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--compressor", default="taco")
+    ap.add_argument("--launches", type=int, default=6)
+    args = ap.parse_args()
+
+    import cupy as cp
+
+    codec = coccl.get_compressor(args.compressor)
+    dtype, count = datatype(args.dtype), parse_size(args.count)
+    host = np.random.default_rng(1).standard_normal(count, dtype=np.float32).astype(dtype)
+    x = cp.asarray(host.view(np.uint8)).view(dtype)
+    payload = codec.encode(x)
+    acc = cp.zeros(count, dtype=cp.float32)
+    for _ in range(args.launches):
+        if args.op == "encode":
+            codec.encode(x, out=payload)
+        else:
+            codec.decode(payload, out=acc, count=count, dtype=dtype, accumulate=True)
+    cp.cuda.runtime.deviceSynchronize()
+    print(f"{args.launches} x {args.compressor} {args.op} of {count} {dtype.name} done")
+
+
+if __name__ == "__main__":
+    main()
