@@ -326,10 +326,10 @@ class Sweep:
         return dict(ran)
 
     def measure(self, bufs: Buffers, algorithm: str, codec: Compressor) -> Measurement:
-        """A first call, the warm-up, timed out-of-place and in-place calls, then the check
-        of the outputs the last timed calls left (as nccl-tests: the check's host work
-        comes after the timing, so no timed call follows it; on the H200 the calls right
-        after it ran up to 2.5x as slow, bench/NOTES.md)."""
+        """A first call, the warm-up, timed loops of out-of-place and in-place calls, then
+        the check of the outputs (as nccl-tests: the check's host work comes after the
+        timing, so no timed call follows it; on the H200 the calls right after it ran up
+        to 2.5x as slow, bench/NOTES.md)."""
         from mpi4py import MPI  # noqa: PLC0415
 
         oop = self.caller(algorithm, codec, bufs.x, bufs.out)
@@ -344,9 +344,13 @@ class Sweep:
         bufs.restore()
         timing.timed_call(inplace, barrier, self.sync)
         times_ip = timing.time_calls(inplace, self.iters, barrier, self.sync, bufs.restore)
+        # The checked in-place output is one call's (in a timed loop each call reduced the
+        # last one's result); ``out`` holds the last out-of-place call's.
+        bufs.restore()
+        inplace()
+        self.sync()
         # After the calls, so that it tells what the cached plan holds (a CUDA graph...).
         ran = self.describe(bufs, algorithm, codec)
-        # The in-place buffers never alias ``out``: each holds its last call's result.
         rel_err = bound = wrong = None
         if bufs.ref is not None and bufs.ref_norms is not None:
             errors = [rel_error(bufs.out, bufs.ref), rel_error(bufs.ip_out, bufs.ref)]

@@ -40,6 +40,7 @@ def test_codec_specs() -> None:
         "group_size": 32,
         "ash": False,
         "dual_scale": True,
+        "coccl_clamps": False,
     }
     assert codec_specs("taco:fp8_format=e5m2")[0].codec.fp8_format == "e5m2"
 
