@@ -39,15 +39,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from coccl import algorithms
-from coccl.communicator import Communicator
 from coccl.compressors import Compressor, get_compressor
 from coccl.virtual_ranks import SIMULATED_ALGORITHMS, simulate_allreduce
+
+if TYPE_CHECKING:
+    # Not imported at run time: the Communicator imports mpi4py, which initialises MPI,
+    # and a VirtualTPGroup needs no MPI at all.
+    from coccl.communicator import Communicator
 
 __all__ = [
     "ColumnParallelLinear",
@@ -169,12 +173,14 @@ class VirtualTPGroup:
         )
 
 
-GroupLike = TPGroup | VirtualTPGroup | Communicator
+GroupLike = "TPGroup | VirtualTPGroup | Communicator"
 
 
 def _as_group(group: GroupLike, algorithm: str, compressor: Any) -> TPGroup | VirtualTPGroup:
     if isinstance(group, (TPGroup, VirtualTPGroup)):
         return group
+    from coccl.communicator import Communicator  # noqa: PLC0415
+
     if not isinstance(group, Communicator):
         raise TypeError(
             f"group must be a TPGroup, VirtualTPGroup or Communicator, got {type(group).__name__}"

@@ -104,20 +104,22 @@ def simulate_allreduce(
     if not isinstance(op, str) or op not in SIMULATED_OPS:
         raise ValueError(f"simulate_allreduce takes op 'sum' or 'avg', not {op!r}")
     if chunk_bytes is not None and (
-        isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, (int, np.integer))
+        isinstance(chunk_bytes, bool)
+        or not isinstance(chunk_bytes, (int, np.integer))
+        or chunk_bytes < 1
     ):
         raise ValueError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
-    if chunk_bytes is not None and chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
     codec = get_compressor(compressor)
-    first = _first(partials)
-    codec.check_dtype(first.dtype)
-    codec.check_op(op)
-    with _on_current_stream(first):
-        ranks, keep = _stack(partials, first)
+    is_list = isinstance(partials, (list, tuple))
+    if is_list and not partials:
+        raise ValueError("partials holds no contribution (n must be at least 1)")
+    with _on_current_stream(partials[0] if is_list else partials):
+        first = _first(partials)
+        codec.check_dtype(first.dtype)
+        codec.check_op(op)
+        ranks, _owner = _stack(partials, first)  # _owner keeps a copy's memory alive
         data, obj = first.new(first.shape)
         _simulate(ranks, data, codec, np.dtype(first.dtype), algorithm, op, first.new)
-        del keep  # the stacked copy is no longer read
     return obj
 
 
@@ -126,8 +128,6 @@ def _first(partials: Sequence[Any] | Any) -> Flat:
     """Rank 0's contribution as a Flat (its kind, device, dtype and shape make the
     result), after checking that the others match it."""
     if isinstance(partials, (list, tuple)):
-        if not partials:
-            raise ValueError("partials holds no contribution (n must be at least 1)")
         first = as_flat(partials[0], "partials[0]")
         for i, p in enumerate(partials[1:], 1):
             _check_like(as_flat(p, f"partials[{i}]"), first, f"partials[{i}]")
@@ -165,23 +165,44 @@ def _check_like(f: Flat, first: Flat, name: str) -> None:
 
 
 @contextlib.contextmanager
-def _on_current_stream(flat: Flat) -> Iterator[None]:
-    """Run CuPy work on the caller's stream: torch's current stream for torch tensors (so
-    the result is ordered after the work that produced the partials), else CuPy's."""
-    if flat.xp is np:
-        yield
-        return
-    import cupy as cp  # noqa: PLC0415
+def _on_current_stream(like: Any) -> Iterator[None]:
+    """Run device work for arrays like ``like`` on their device and the caller's stream.
 
-    with flat.data.device:
-        if flat.kind != "torch":
-            yield
-            return
+    For torch CUDA tensors: on torch's current stream (so the result is ordered after the
+    work that produced the partials), CuPy's temporaries taken from torch's caching
+    allocator (one pool, stream-ordered; inside a CUDA graph capture, the graph's own
+    pool, so a captured simulation can be replayed). Entered before any DLPack view is
+    made, so torch sees the consumer stream is its own and adds no synchronisation. For
+    CuPy arrays: their device and CuPy's current stream. Host arrays: nothing to do.
+    """
+    module = type(like).__module__.split(".")[0]
+    if module == "torch" and like.is_cuda:
+        import cupy as cp  # noqa: PLC0415
         import torch  # noqa: PLC0415
 
-        stream = torch.cuda.current_stream(flat.data.device.id)
-        with cp.cuda.ExternalStream(stream.cuda_stream, flat.data.device.id):
+        device = like.device.index
+        stream = torch.cuda.current_stream(device)
+        with (
+            cp.cuda.Device(device),
+            cp.cuda.ExternalStream(stream.cuda_stream, device),
+            cp.cuda.using_allocator(_torch_allocator),
+        ):
             yield
+    elif module == "cupy":
+        with like.device:
+            yield
+    else:
+        yield
+
+
+def _torch_allocator(nbytes: int) -> Any:
+    """A CuPy allocation backed by a torch tensor on the current device (the tensor lives
+    as long as the CuPy memory that refers to it)."""
+    import cupy as cp  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    block = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{cp.cuda.Device().id}")
+    return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(block.data_ptr(), nbytes, block), 0)
 
 
 # ------------------------------------------------------------------------ schedules
