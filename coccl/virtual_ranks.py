@@ -40,10 +40,11 @@ positions past ``count`` are zero), so that one codec launch encodes or decodes 
 step of every shard at once: a payload of several shards decodes to the same values as
 one payload per shard, since groups never straddle shards. Positions past ``count``
 stand for the zero padding of the real last group: accumulators are reset to zero there
-before every encode. One simulated AllReduce is about ``3 (n - 1)`` array operations for
-``two_shot`` and ``3 n`` for ``ring`` (on the GPU, a ring hop is the codec's fused
-``reduce_encode_kernel`` when no padding is present), each over ``count`` elements: no
-per-shard or per-pair Python loop.
+before every encode. One simulated AllReduce is about ``2 n + 3`` array operations for
+``two_shot`` (one encode and one decode of all n contributions, then ``2 (n - 1)``
+additions in each owner's order) and ``4 n`` for ``ring`` (``2 n`` on the GPU, where a
+hop is the codec's fused ``reduce_encode_kernel`` when no padding is present), each over
+at most ``n * count`` elements: no per-shard or per-pair Python loop.
 """
 
 from __future__ import annotations
@@ -255,9 +256,10 @@ class _Simulation:
             self.x.view(_bits(dtype))[:, count:] = 0
             _copy(self.x[:, :count], ranks)
         self.acc = self.array((self.length,), accumulate_dtype(dtype))
-        self.src = self.array((self.length,), dtype)  # a contiguous input to encode
-        nbytes = codec.encoded_nbytes(self.length, dtype)
-        self.payloads = [self.array((nbytes,), np.uint8) for _ in range(2)]
+
+    def payload(self, count: int) -> Any:
+        """A new payload buffer for ``count`` elements."""
+        return self.array((self.codec.encoded_nbytes(count, self.dtype),), np.uint8)
 
     def array(self, shape: tuple[int, ...], dtype: Any) -> Any:
         data, obj = self._new(shape, dtype)
@@ -291,12 +293,12 @@ class _Simulation:
         for a, b, view in self.blocks(rank_of_shard):
             self.acc[a:b].reshape(view.shape)[...] = view
 
-    def gather(self, rank_of_shard: int) -> Any:
-        """``src`` of shard k = rank ``(k + rank_of_shard) % n``'s data, contiguous."""
+    def gather(self, rank_of_shard: int, dst: Any) -> Any:
+        """``dst`` of shard k = rank ``(k + rank_of_shard) % n``'s data, contiguous."""
         bits = _bits(self.dtype)
         for a, b, view in self.blocks(rank_of_shard):
-            self.src[a:b].reshape(view.shape).view(bits)[...] = view.view(bits)
-        return self.src
+            dst[a:b].reshape(view.shape).view(bits)[...] = view.view(bits)
+        return dst
 
     # ------------------------------------------------------------------- steps
     def zero_tail(self) -> None:
@@ -311,12 +313,14 @@ class _Simulation:
         """``acc += decode(payload)``: the fused decode-accumulate of a reduction."""
         self.codec.decode_into(payload, self.acc, self.dtype, True)
 
-    def finish(self, op: str, out: Any) -> None:
-        """``acc`` holds every reduced shard: ``avg``'s division, one encode, and the
-        decode every rank (owner included) does into ``out``."""
+    def finish(self, op: str, out: Any, payload: Any = None) -> None:
+        """``acc`` holds every reduced shard: ``avg``'s division, one encode (into
+        ``payload``, or a new buffer), and the decode every rank (owner included) does
+        into ``out``."""
         self.zero_tail()
         finalize(self.acc, op, self.n)
-        payload = self.payloads[0]
+        if payload is None:
+            payload = self.payload(self.length)
         self.encode(self.acc, payload)
         if self.length == self.count:
             self.codec.decode_into(payload, out, self.dtype, False)
@@ -327,35 +331,40 @@ class _Simulation:
 
     # --------------------------------------------------------------- schedules
     def two_shot(self, op: str, out: Any) -> None:
-        """Owner k: own data, then ranks 0..n-1 but k in rank order. Step i (1..n-1)
-        adds rank i - 1 to the shards k >= i and rank i to the shards k < i: those are
-        two contiguous runs of the layout, encoded as one payload."""
-        n, per, x = self.n, self.per, self.x
-        bits = _bits(self.dtype)
+        """Owner k: its own data, then the decoded payloads of ranks 0..n-1 but k, in
+        rank order. Every rank's data is encoded in one launch and decoded in another
+        (the owners' own blocks too, unused: one launch instead of n); then rank j's
+        decoded blocks are added to every shard but j, for j = 0, 1, ..., n-1, which is
+        each owner's order. Adding a decoded value is the codec's decode-accumulate
+        (FORMAT.md: the float32 value is added)."""
+        n, per, length = self.n, self.per, self.length
         self.load(0)
-        payload = self.payloads[1]
-        for i in range(1, n):
-            cut = i * per
-            self.src[:cut].view(bits)[...] = x[i, :cut].view(bits)
-            self.src[cut:].view(bits)[...] = x[i - 1, cut:].view(bits)
-            self.encode(self.src, payload)
-            self.add_decoded(payload)
+        payload = self.payload(n * length)
+        self.encode(self.x.reshape(-1), payload)
+        decoded = self.array((n, length), self.acc.dtype)
+        self.codec.decode_into(payload, decoded.reshape(-1), self.dtype, False)
+        for j in range(n):
+            if j > 0:
+                self.acc[: j * per] += decoded[j, : j * per]
+            if j < n - 1:
+                self.acc[(j + 1) * per :] += decoded[j, (j + 1) * per :]
         self.finish(op, out)
 
     def ring(self, op: str, out: Any) -> None:
         """Shard k: rank k+1 encodes, ranks k+2 .. k-1 add and re-encode (one hop each,
         all shards at once), the owner k adds last."""
         n = self.n
+        src = self.array((self.length,), self.dtype)  # a hop's own data, contiguous
+        received, spare = self.payload(self.length), self.payload(self.length)
         # the codec's fused hop kernel (GPU), bitwise its three steps; it sees no padding,
         # so it runs only when there is none
         hop = None
         if self.length == self.count:
-            hop = self.codec.reduce_encode_kernel(self.src, self.dtype)
-        received, spare = self.payloads
-        self.encode(self.gather(1), received)
+            hop = self.codec.reduce_encode_kernel(src, self.dtype)
+        self.encode(self.gather(1, src), received)
         for t in range(1, n - 1):
             if hop is not None:
-                hop(self.gather(t + 1), received, spare)
+                hop(self.gather(t + 1, src), received, spare)
             else:
                 self.load(t + 1)
                 self.add_decoded(received)
@@ -364,8 +373,7 @@ class _Simulation:
             received, spare = spare, received
         self.load(0)
         self.add_decoded(received)
-        self.payloads = [spare, received]  # finish encodes into payloads[0]
-        self.finish(op, out)
+        self.finish(op, out, spare)
 
 
 # ---------------------------------------------------------------------------- helpers
