@@ -67,3 +67,15 @@ def test_tp2_compressed_replicas_stay_identical(tmp_path: Path) -> None:
     assert tp["compressor"]["id"] == "taco"
     assert tp["replicated_identical"] is True
     assert 0.0 < tp["val_loss"] < 6.0  # finite and near ln(256) = 5.5 after 3 steps
+
+
+@pytest.mark.mpi
+def test_virtual_tp2_equals_real_tp2(tmp_path: Path) -> None:
+    """--virtual-tp 2 (one process) trains bitwise like two real ranks under mpiexec."""
+    args = ["--tp-compressor", "taco", "--tp-algorithm", "two_shot", "--log-every", "1"]
+    tp_cmd = [*mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(SCRIPT)]
+    real = run_example([*tp_cmd, *args], tmp_path, "real")
+    virtual = run_example([sys.executable, str(SCRIPT), "--virtual-tp", "2", *args], tmp_path, "v")
+    assert virtual["mode"] == "virtual" and virtual["tp"] == 2
+    assert virtual["history"] == real["history"]
+    assert virtual["train_loss"] == real["train_loss"]
