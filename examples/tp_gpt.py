@@ -210,15 +210,20 @@ def lr_at(step: int, steps: int, peak: float) -> float:
 
 
 def make_optimizer(
-    model: nn.Module, lr: float | torch.Tensor, *, fused: bool | None = None
+    model: nn.Module,
+    lr: float | torch.Tensor,
+    *,
+    fused: bool | None = None,
+    capturable: bool = False,
 ) -> torch.optim.Optimizer:
     """AdamW, weight decay on matrices only. Elementwise, so a shard's update is exactly
     the slice of the unsharded update: no communication needed. ``fused`` picks
-    PyTorch's fused kernels (which also take a tensor ``lr`` that a CUDA graph reads)."""
+    PyTorch's fused kernels, which take a tensor ``lr``; ``capturable`` lets a CUDA graph
+    capture the step."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused, capturable=capturable)
 
 
 @torch.no_grad()

@@ -268,3 +268,39 @@ def test_gpu_torch_tensors_on_the_current_stream(algorithm):
         host = got.view(torch.int16).cpu().numpy().view(BF16)
     assert got.device.type == "cuda" and got.dtype == torch.bfloat16
     assert_bitwise(host, want)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("count", [128 * 4 * 16, 3 * 128 * 4 + 5], ids=["whole", "padded"])
+@pytest.mark.parametrize("codec", ["identity", "int8", "taco"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_gpu_simulation_replays_from_a_cuda_graph(algorithm, codec, count):
+    """Captured once, replayed on new data: every temporary comes from the graph's pool
+    and every kernel runs on the capturing stream (what the experiment's CUDA graphs of
+    whole training steps rely on)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    n = 4
+
+    def device_copy(parts: list[np.ndarray]):
+        return torch.stack(
+            [torch.from_numpy(p.view(np.int16)).cuda().view(torch.bfloat16) for p in parts]
+        )
+
+    static = device_copy(partials(0, n, count, BF16))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: kernels compiled, outside the capture
+        simulate_allreduce(static, algorithm=algorithm, compressor=codec)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = simulate_allreduce(static, algorithm=algorithm, compressor=codec)
+    for seed in (1, 2):
+        parts = partials(seed, n, count, BF16)
+        static.copy_(device_copy(parts))
+        graph.replay()
+        got = out.view(torch.int16).cpu().numpy().view(BF16)
+        assert_bitwise(got, simulate_allreduce(parts, algorithm=algorithm, compressor=codec))
