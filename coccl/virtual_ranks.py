@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from coccl.algorithms.plan import aligned_shards
-from coccl.arrays import Flat, accumulate_dtype, array_module, as_flat
+from coccl.arrays import Flat, accumulate_dtype, as_flat
 from coccl.compressors import Compressor, get_compressor
 from coccl.reduction import finalize
 
@@ -202,8 +202,11 @@ def _torch_allocator(nbytes: int) -> Any:
     import cupy as cp  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
-    block = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{cp.cuda.Device().id}")
-    return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(block.data_ptr(), nbytes, block), 0)
+    device = cp.cuda.Device().id
+    block = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+    # the device given: no pointer query (a size-0 block has a null pointer)
+    memory = cp.cuda.UnownedMemory(block.data_ptr(), nbytes, block, device)
+    return cp.cuda.MemoryPointer(memory, 0)
 
 
 # ------------------------------------------------------------------------ schedules
@@ -272,7 +275,6 @@ class _Simulation:
         strided views ``(start, stop, view)`` into ``x`` (start/stop: positions in the
         ``n * per`` layout): at most two views, one before and one after the wrap."""
         n, per, x = self.n, self.per, self.x
-        xp = array_module(x)
         s = rank_of_shard % n
         flat = x.reshape(-1)
         item = flat.itemsize
@@ -280,11 +282,8 @@ class _Simulation:
         for k0, k1, rank0 in ((0, n - s, s), (n - s, n, 0)):  # ranks s..n-1, then 0..
             if k1 > k0:
                 offset = rank0 * n * per + k0 * per
-                view = xp.lib.stride_tricks.as_strided(
-                    flat[offset:],
-                    shape=(k1 - k0, per),
-                    strides=((n + 1) * per * item, item),
-                )
+                strides = ((n + 1) * per * item, item)
+                view = _as_strided(flat[offset:], (k1 - k0, per), strides)
                 views.append((k0 * per, k1 * per, view))
         return views
 
@@ -381,6 +380,15 @@ def _bits(dtype: np.dtype) -> np.dtype:
     """An unsigned integer dtype of ``dtype``'s size: copies move bits, and every array
     library can copy those (CuPy need not know bfloat16)."""
     return np.dtype(f"u{np.dtype(dtype).itemsize}")
+
+
+def _as_strided(a: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    """A view of ``a``'s memory with this shape and these strides (in bytes)."""
+    if isinstance(a, np.ndarray):
+        return np.lib.stride_tricks.as_strided(a, shape, strides)
+    from cupy.lib.stride_tricks import as_strided  # noqa: PLC0415
+
+    return as_strided(a, shape, strides)
 
 
 def _copy(dst: Any, src: Any) -> None:
