@@ -42,9 +42,10 @@ one payload per shard, since groups never straddle shards. Positions past ``coun
 stand for the zero padding of the real last group: accumulators are reset to zero there
 before every encode. One simulated AllReduce is about ``2 n + 3`` array operations for
 ``two_shot`` (one encode and one decode of all n contributions, then ``2 (n - 1)``
-additions in each owner's order) and ``4 n`` for ``ring`` (``2 n`` on the GPU, where a
-hop is the codec's fused ``reduce_encode_kernel`` when no padding is present), each over
-at most ``n * count`` elements: no per-shard or per-pair Python loop.
+additions in each owner's order) and 3 to 5 per hop for ``ring`` (on the GPU without
+padding, a gather and the codec's fused ``reduce_encode_kernel``; otherwise a widening,
+a decode-accumulate and an encode), each over at most ``n * count`` elements: no
+per-shard or per-pair Python loop.
 """
 
 from __future__ import annotations
