@@ -21,28 +21,50 @@ activations after *g* and input gradients after *f* are identical on every rank,
 so are the gradients of every replicated parameter (embeddings, layer norms, the
 row-parallel bias): replicas never drift apart.
 
+**Virtual ranks.** On a :class:`VirtualTPGroup` the same layers run all ``size`` ranks
+of a group in one process: a layer holds every rank's shard (``rank_weights``) and
+computes every rank's partial products with the same calls a real rank makes, and each
+AllReduce is :func:`coccl.virtual_ranks.simulate_allreduce` of the ranks' partials,
+bitwise what a real coccl AllReduce over ``size`` ranks returns (the same quantization
+points, the same reduction order). Between the linears, activations are kept in the
+unsharded layout (a column-parallel output holds every rank's features, rank after rank
+within each block), so the modules in between, such as attention over the heads, run on
+every rank's features at once, unchanged. A study of the wire codec at TP = 8 thus
+becomes a one-process, one-GPU job.
+
 This module imports torch; ``import coccl`` does not import it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from coccl import algorithms
-from coccl.communicator import Communicator
 from coccl.compressors import Compressor, get_compressor
+from coccl.virtual_ranks import SIMULATED_ALGORITHMS, simulate_allreduce
+
+if TYPE_CHECKING:
+    # Not imported at run time: the Communicator imports mpi4py, which initialises MPI,
+    # and a VirtualTPGroup needs no MPI at all.
+    from coccl.communicator import Communicator
 
 __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "TPGroup",
+    "VirtualTPGroup",
     "copy_to_tp_region",
+    "copy_to_virtual_ranks",
     "is_tp_sharded",
+    "merge_virtual_ranks",
     "reduce_from_tp_region",
+    "reduce_from_virtual_ranks",
+    "split_virtual_ranks",
 ]
 
 # Attribute set on parameters that each rank holds a different shard of (Megatron calls it
@@ -101,9 +123,68 @@ class TPGroup:
         )
 
 
-def _as_group(group: TPGroup | Communicator, algorithm: str, compressor: Any) -> TPGroup:
-    if isinstance(group, TPGroup):
+@dataclass(frozen=True)
+class VirtualTPGroup:
+    """``size`` tensor-parallel ranks simulated in one process.
+
+    Layers built on it hold every rank's shard and compute every rank's partial results;
+    its AllReduce of the ``size`` partials is bitwise what each rank of a real coccl
+    group with the same algorithm, compressor and rank count would receive
+    (:func:`coccl.virtual_ranks.simulate_allreduce`).
+
+    Attributes:
+        size: the number of virtual ranks.
+        algorithm: ``"ring"`` or ``"two_shot"`` (``"native"`` and ``"auto"`` reduce in the
+            transport's own order, which cannot be reproduced bitwise).
+        compressor: a codec name, config dict or Compressor (resolved once here).
+        chunk_bytes: the pipeline chunk a real group would use; it does not change the
+            result (``coccl.virtual_ranks`` says why), and is kept for the record.
+    """
+
+    size: int
+    algorithm: str = "two_shot"
+    # A name or config dict is accepted and replaced by the Compressor it names.
+    compressor: str | dict[str, Any] | Compressor = "identity"
+    chunk_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"size must be a positive integer, got {self.size!r}")
+        if self.algorithm not in SIMULATED_ALGORITHMS:
+            raise ValueError(
+                f"VirtualTPGroup takes algorithm 'ring' or 'two_shot', not {self.algorithm!r}"
+            )
+        object.__setattr__(self, "compressor", get_compressor(self.compressor))
+
+    def allreduce(self, partials: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The sum of ``partials`` (rank ``r``'s at index ``r``) as every rank of a real
+        group receives it, in a new tensor (the partials are left untouched)."""
+        if len(partials) != self.size:
+            raise ValueError(f"{len(partials)} partials for {self.size} virtual ranks")
+        if self.size == 1:
+            # Nothing to reduce (as TPGroup at one rank): skip the codec's round trip too.
+            return partials[0].detach().clone()
+        return simulate_allreduce(
+            torch.stack([p.detach() for p in partials]),
+            algorithm=self.algorithm,
+            compressor=self.compressor,
+            op="sum",
+            chunk_bytes=self.chunk_bytes,
+        )
+
+
+GroupLike = "TPGroup | VirtualTPGroup | Communicator"
+
+
+def _as_group(group: GroupLike, algorithm: str, compressor: Any) -> TPGroup | VirtualTPGroup:
+    if isinstance(group, (TPGroup, VirtualTPGroup)):
         return group
+    from coccl.communicator import Communicator  # noqa: PLC0415
+
+    if not isinstance(group, Communicator):
+        raise TypeError(
+            f"group must be a TPGroup, VirtualTPGroup or Communicator, got {type(group).__name__}"
+        )
     return TPGroup(group, algorithm, compressor)
 
 
@@ -132,6 +213,35 @@ class _ReduceFromTPRegion(torch.autograd.Function):
         return grad, None
 
 
+class _CopyToVirtualRanks(torch.autograd.Function):
+    """f on virtual ranks: forward ``x`` once per rank, backward the simulated
+    AllReduce of the ranks' gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: VirtualTPGroup) -> tuple[torch.Tensor, ...]:
+        ctx.group = group
+        return tuple(x.view_as(x) for _ in range(group.size))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # an output no rank used gets a zero gradient (autograd materialises it)
+        return ctx.group.allreduce(grads), None
+
+
+class _ReduceFromVirtualRanks(torch.autograd.Function):
+    """g on virtual ranks: forward the simulated AllReduce of the ranks' partials,
+    backward the output's gradient to every rank."""
+
+    @staticmethod
+    def forward(ctx: Any, group: VirtualTPGroup, *partials: torch.Tensor) -> torch.Tensor:
+        ctx.size = len(partials)
+        return group.allreduce(partials)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (None, *([grad] * ctx.size))
+
+
 def copy_to_tp_region(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
     """Megatron's *f*: return ``x``; in backward, AllReduce its gradient over ``group``."""
     return _CopyToTPRegion.apply(x, group)
@@ -140,6 +250,39 @@ def copy_to_tp_region(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
 def reduce_from_tp_region(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
     """Megatron's *g*: AllReduce ``x`` over ``group``; in backward, pass the gradient on."""
     return _ReduceFromTPRegion.apply(x, group)
+
+
+def copy_to_virtual_ranks(x: torch.Tensor, group: VirtualTPGroup) -> list[torch.Tensor]:
+    """*f* on ``group.size`` virtual ranks: ``x`` once per rank (rank ``r``'s input at
+    index ``r``); in backward, the simulated AllReduce of the ranks' gradients."""
+    return list(_CopyToVirtualRanks.apply(x, group))
+
+
+def reduce_from_virtual_ranks(
+    partials: Sequence[torch.Tensor], group: VirtualTPGroup
+) -> torch.Tensor:
+    """*g* on ``group.size`` virtual ranks: the simulated AllReduce of the ranks'
+    ``partials``; in backward, the output's gradient goes to every rank."""
+    return _ReduceFromVirtualRanks.apply(group, *partials)
+
+
+def merge_virtual_ranks(outputs: Sequence[torch.Tensor], blocks: int = 1) -> torch.Tensor:
+    """The ranks' local outputs of a column-parallel layer (rank ``r``: its slice of each
+    of ``blocks`` blocks of features) as one tensor in the unsharded layout."""
+    stacked = torch.stack(list(outputs), dim=-2)  # [..., ranks, blocks * per]
+    per = stacked.shape[-1] // blocks
+    return stacked.unflatten(-1, (blocks, per)).transpose(-3, -2).flatten(-3)
+
+
+def split_virtual_ranks(x: torch.Tensor, size: int, blocks: int = 1) -> list[torch.Tensor]:
+    """``x`` (last dimension in the unsharded layout) cut into the ``size`` ranks' local
+    inputs of a row-parallel layer, each contiguous, as a real rank holds it; the inverse
+    of :func:`merge_virtual_ranks`."""
+    width = x.shape[-1]
+    if width % (blocks * size):
+        raise ValueError(f"dimension {width} does not split into {blocks} block(s) of {size}")
+    parts = x.unflatten(-1, (blocks, size, width // (blocks * size)))
+    return list(parts.movedim(-2, 0).contiguous().flatten(-2).unbind(0))
 
 
 def is_tp_sharded(p: torch.Tensor) -> bool:
@@ -169,32 +312,25 @@ def _split_features(total: int, size: int, what: str) -> int:
     return total // size
 
 
-class ColumnParallelLinear(nn.Module):
-    """``y = x A^T + b`` with ``A`` split along its output features (rows of ``A``).
+class _ParallelLinear(nn.Module):
+    """What both layers share: the group, the shapes, the parameters and ``from_linear``.
 
-    The input is replicated on every rank; the output stays split (each rank holds
-    ``out_features / size`` columns of ``y``), ready for a :class:`RowParallelLinear`.
-    Backward AllReduces the input gradient (Megatron's *f*).
-
-    Args:
-        in_features: size of each input sample.
-        out_features: size of each full output sample (divisible by the TP size).
-        group: a :class:`TPGroup`, or a Communicator with ``algorithm`` and ``compressor``.
-        bias: whether to learn a (split) bias.
-        algorithm, compressor: used when ``group`` is a Communicator.
-        device, dtype: of the parameters.
-
-    Parameters are initialised as ``nn.Linear`` would for this shard's shape; to start
-    from the same weights as an unsharded model, build it with :meth:`from_linear`.
+    On a :class:`TPGroup` a layer holds this rank's shard, ``weight`` (and ``bias``); on
+    a :class:`VirtualTPGroup` it holds every rank's, ``rank_weights[r]`` (and, where the
+    bias is sharded, ``rank_biases[r]``), each the tensor rank ``r`` would hold.
     """
+
+    sharded_dim: ClassVar[int]  # the dimension of the weight split over the ranks
+    sharded_bias: ClassVar[bool]  # whether the bias is split too (else replicated)
 
     def __init__(
         self,
         in_features: int,
         out_features: int,
-        group: TPGroup | Communicator,
+        group: GroupLike,
         *,
         bias: bool = True,
+        blocks: int = 1,
         algorithm: str = "two_shot",
         compressor: str | dict | Compressor = "identity",
         device: Any = None,
@@ -202,28 +338,68 @@ class ColumnParallelLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.group = _as_group(group, algorithm, compressor)
-        self.in_features = in_features
-        self.out_features = out_features
-        self.out_per_rank = _split_features(out_features, self.group.size, "out_features")
-        local = nn.Linear(in_features, self.out_per_rank, bias=bias, device=device, dtype=dtype)
-        self.weight = _mark_sharded(local.weight)
-        self.bias = _mark_sharded(local.bias) if bias else None
+        self.in_features, self.out_features, self.blocks = in_features, out_features, blocks
+        self.virtual = isinstance(self.group, VirtualTPGroup)
+        size = self.group.size
+        if self.sharded_dim == 0:
+            name, features = "out_features", out_features
+        else:
+            name, features = "in_features", in_features
+        self.features_per_rank = _split_features(features, size * blocks, name) * blocks
+        shape = [out_features, in_features]
+        shape[self.sharded_dim] = self.features_per_rank
+        # each rank's shard initialised as nn.Linear would for its shape
+        shards = [
+            nn.Linear(shape[1], shape[0], bias=bias, device=device, dtype=dtype)
+            for _ in range(size if self.virtual else 1)
+        ]
+        if self.virtual:
+            self.rank_weights = nn.ParameterList(s.weight for s in shards)
+            self.rank_biases = (
+                nn.ParameterList(s.bias for s in shards) if bias and self.sharded_bias else None
+            )
+            self.bias = shards[0].bias if bias and not self.sharded_bias else None
+        else:
+            self.weight = shards[0].weight
+            self.bias = shards[0].bias if bias else None
+        self._mark_sharded()
+
+    def _mark_sharded(self) -> None:
+        for weight, bias in self.shards():
+            _mark_sharded(weight)
+            if bias is not None and self.sharded_bias:
+                _mark_sharded(bias)
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks whose shards this layer holds: every rank of a virtual group, else
+        this process's."""
+        return list(range(self.group.size)) if self.virtual else [self.group.rank]
+
+    def shards(self) -> list[tuple[nn.Parameter, nn.Parameter | None]]:
+        """``(weight, bias)`` of each rank in ``ranks``, as that rank holds them (a
+        replicated bias is the same tensor for every rank)."""
+        if not self.virtual:
+            return [(self.weight, self.bias)]
+        biases = self.rank_biases if self.rank_biases is not None else [self.bias] * len(self.ranks)
+        return list(zip(self.rank_weights, biases, strict=True))
 
     @classmethod
     def from_linear(
         cls,
         linear: nn.Linear,
-        group: TPGroup | Communicator,
+        group: GroupLike,
         *,
         blocks: int = 1,
         algorithm: str = "two_shot",
         compressor: str | dict | Compressor = "identity",
-    ) -> ColumnParallelLinear:
-        """This rank's shard of an unsharded ``linear`` (the same on every rank).
+    ) -> Any:
+        """The shards of an unsharded ``linear`` (the same on every rank): this rank's on
+        a TPGroup or Communicator, every rank's on a VirtualTPGroup.
 
-        ``blocks`` > 1 treats the output features as that many equal consecutive blocks
+        ``blocks`` > 1 treats the split features as that many equal consecutive blocks
         (e.g. 3 for a fused ``[q | k | v]`` projection) and gives each rank its slice of
-        every block, so the local output is ``[q_r | k_r | v_r]``.
+        every block, so that its local features are ``[q_r | k_r | v_r]``.
         """
         # skip_init: no random init (it would only be overwritten, and drawing from the
         # global generator would shift every later draw away from the unsharded run's).
@@ -233,111 +409,109 @@ class ColumnParallelLinear(nn.Module):
             linear.out_features,
             group,
             bias=linear.bias is not None,
+            blocks=blocks,
             algorithm=algorithm,
             compressor=compressor,
             device=linear.weight.device,
             dtype=linear.weight.dtype,
         )
-        _mark_sharded(layer.weight)  # skip_init's to_empty made new Parameters
-        if layer.bias is not None:
-            _mark_sharded(layer.bias)
-        rank, size = layer.group.rank, layer.group.size
+        layer._mark_sharded()  # skip_init's to_empty made new Parameters
+        size = layer.group.size
         with torch.no_grad():
-            layer.weight.copy_(_shard_rows(linear.weight, rank, size, blocks))
-            if layer.bias is not None:
-                layer.bias.copy_(_shard_rows(linear.bias, rank, size, blocks))
+            for rank, (weight, bias) in zip(layer.ranks, layer.shards(), strict=True):
+                full = linear.weight if cls.sharded_dim == 0 else linear.weight.t()
+                shard = _shard_rows(full, rank, size, blocks)
+                weight.copy_(shard if cls.sharded_dim == 0 else shard.t())
+                if bias is not None and cls.sharded_bias:
+                    bias.copy_(_shard_rows(linear.bias, rank, size, blocks))
+                elif bias is not None:
+                    bias.copy_(linear.bias)
         return layer
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp_region(x, self.group)
-        return nn.functional.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         g = self.group
+        where = f"{g.size} virtual ranks" if self.virtual else f"rank {g.rank}/{g.size}"
+        split = "out_features" if self.sharded_dim == 0 else "in_features"
+        blocks = f" in {self.blocks} blocks" if self.blocks > 1 else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features} "
-            f"({self.out_per_rank} on rank {g.rank}/{g.size}), bias={self.bias is not None}, "
+            f"({split} {self.features_per_rank} per rank{blocks}, {where}), "
+            f"bias={self.bias is not None or getattr(self, 'rank_biases', None) is not None}, "
             f"algorithm={g.algorithm!r}, compressor={g.compressor!r}"
         )
 
 
-class RowParallelLinear(nn.Module):
+class ColumnParallelLinear(_ParallelLinear):
+    """``y = x A^T + b`` with ``A`` split along its output features (rows of ``A``).
+
+    The input is replicated on every rank; the output stays split (each rank holds
+    ``out_features / size`` columns of ``y``), ready for a :class:`RowParallelLinear`.
+    Backward AllReduces the input gradient (Megatron's *f*). On a
+    :class:`VirtualTPGroup` the output holds every rank's columns in the unsharded
+    layout (:func:`merge_virtual_ranks`), and the input gradient is the simulated
+    AllReduce of the ranks' partial input gradients.
+
+    Args:
+        in_features: size of each input sample.
+        out_features: size of each full output sample (divisible by the TP size).
+        group: a :class:`TPGroup` or :class:`VirtualTPGroup`, or a Communicator with
+            ``algorithm`` and ``compressor``.
+        bias: whether to learn a (split) bias.
+        blocks: the output features as that many equal blocks, each split over the ranks
+            (3 for a fused ``[q | k | v]``); see :meth:`from_linear`.
+        algorithm, compressor: used when ``group`` is a Communicator.
+        device, dtype: of the parameters.
+
+    Parameters are initialised as ``nn.Linear`` would for each shard's shape; to start
+    from the same weights as an unsharded model, build it with :meth:`from_linear`.
+    """
+
+    sharded_dim = 0
+    sharded_bias = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.virtual:
+            return nn.functional.linear(copy_to_tp_region(x, self.group), self.weight, self.bias)
+        inputs = copy_to_virtual_ranks(x, self.group)
+        outputs = [
+            nn.functional.linear(x_r, weight, bias)
+            for x_r, (weight, bias) in zip(inputs, self.shards(), strict=True)
+        ]
+        return merge_virtual_ranks(outputs, self.blocks)
+
+
+class RowParallelLinear(_ParallelLinear):
     """``y = x A^T + b`` with ``A`` split along its input features (columns of ``A``).
 
     The input arrives split (as a :class:`ColumnParallelLinear` leaves it); each rank
     computes a partial product and the forward AllReduces it (Megatron's *g*). The bias is
-    replicated and added once, after the AllReduce; the output is replicated.
+    replicated and added once, after the AllReduce; the output is replicated. On a
+    :class:`VirtualTPGroup` the input holds every rank's features in the unsharded layout
+    (:func:`split_virtual_ranks` cuts it), and the output is the simulated AllReduce of
+    the ranks' partial products.
 
     Args:
         in_features: size of each full input sample (divisible by the TP size).
         out_features: size of each output sample.
-        group: a :class:`TPGroup`, or a Communicator with ``algorithm`` and ``compressor``.
+        group: a :class:`TPGroup` or :class:`VirtualTPGroup`, or a Communicator with
+            ``algorithm`` and ``compressor``.
         bias: whether to learn a (replicated) bias.
+        blocks: the input features as that many equal blocks, each split over the ranks.
         algorithm, compressor: used when ``group`` is a Communicator.
         device, dtype: of the parameters.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        group: TPGroup | Communicator,
-        *,
-        bias: bool = True,
-        algorithm: str = "two_shot",
-        compressor: str | dict | Compressor = "identity",
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        super().__init__()
-        self.group = _as_group(group, algorithm, compressor)
-        self.in_features = in_features
-        self.out_features = out_features
-        self.in_per_rank = _split_features(in_features, self.group.size, "in_features")
-        local = nn.Linear(self.in_per_rank, out_features, bias=bias, device=device, dtype=dtype)
-        self.weight = _mark_sharded(local.weight)
-        self.bias = local.bias if bias else None
-
-    @classmethod
-    def from_linear(
-        cls,
-        linear: nn.Linear,
-        group: TPGroup | Communicator,
-        *,
-        algorithm: str = "two_shot",
-        compressor: str | dict | Compressor = "identity",
-    ) -> RowParallelLinear:
-        """This rank's shard of an unsharded ``linear`` (the same on every rank)."""
-        # skip_init: no random init (it would only be overwritten, and drawing from the
-        # global generator would shift every later draw away from the unsharded run's).
-        layer = torch.nn.utils.skip_init(
-            cls,
-            linear.in_features,
-            linear.out_features,
-            group,
-            bias=linear.bias is not None,
-            algorithm=algorithm,
-            compressor=compressor,
-            device=linear.weight.device,
-            dtype=linear.weight.dtype,
-        )
-        _mark_sharded(layer.weight)  # skip_init's to_empty made new Parameters
-        rank, size = layer.group.rank, layer.group.size
-        with torch.no_grad():
-            layer.weight.copy_(_shard_rows(linear.weight.t(), rank, size, 1).t())
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias)
-        return layer
+    sharded_dim = 1
+    sharded_bias = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = nn.functional.linear(x, self.weight)
-        y = reduce_from_tp_region(partial, self.group)
+        if self.virtual:
+            inputs = split_virtual_ranks(x, self.group.size, self.blocks)
+            partials = [
+                nn.functional.linear(x_r, weight)
+                for x_r, (weight, _) in zip(inputs, self.shards(), strict=True)
+            ]
+            y = reduce_from_virtual_ranks(partials, self.group)
+        else:
+            y = reduce_from_tp_region(nn.functional.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
-
-    def extra_repr(self) -> str:
-        g = self.group
-        return (
-            f"in_features={self.in_features} ({self.in_per_rank} on rank {g.rank}/{g.size}), "
-            f"out_features={self.out_features}, bias={self.bias is not None}, "
-            f"algorithm={g.algorithm!r}, compressor={g.compressor!r}"
-        )

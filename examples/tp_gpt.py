@@ -12,6 +12,8 @@ held-out validation split.
 
     # tensor parallel, 2 ranks, TACO on the wire
     mpiexec -n 2 python -m mpi4py examples/tp_gpt.py --tp-compressor taco --steps 300
+    # the same 2 ranks simulated in one process (bitwise the run above, on CPU)
+    python examples/tp_gpt.py --virtual-tp 2 --tp-compressor taco --steps 300
     # the PyTorch-only single-process reference (same seed, data and steps)
     python examples/tp_gpt.py --baseline --steps 300
 
@@ -179,8 +181,9 @@ class GPT(nn.Module):
 def parallelize(model: GPT, group: Any) -> GPT:
     """Replace every block's linears by this rank's TP shards of them, in place.
 
-    ``group`` is a :class:`coccl.tensor_parallel.TPGroup`. Heads and MLP hidden units
-    must divide by the group size.
+    ``group`` is a :class:`coccl.tensor_parallel.TPGroup`, or a ``VirtualTPGroup``: then
+    the layers hold every rank's shards and the model runs all ranks in this process.
+    Heads and MLP hidden units must divide by the group size.
     """
     from coccl.tensor_parallel import ColumnParallelLinear, RowParallelLinear  # noqa: PLC0415
 
@@ -206,13 +209,21 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: nn.Module,
+    lr: float | torch.Tensor,
+    *,
+    fused: bool | None = None,
+    capturable: bool = False,
+) -> torch.optim.Optimizer:
     """AdamW, weight decay on matrices only. Elementwise, so a shard's update is exactly
-    the slice of the unsharded update: no communication needed."""
+    the slice of the unsharded update: no communication needed. ``fused`` picks
+    PyTorch's fused kernels, which take a tensor ``lr``; ``capturable`` lets a CUDA graph
+    capture the step."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused, capturable=capturable)
 
 
 @torch.no_grad()
@@ -252,26 +263,38 @@ def parse_compressor(spec: str) -> str | dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--baseline", action="store_true", help="single process, plain PyTorch")
+    p.add_argument(
+        "--virtual-tp",
+        type=int,
+        default=0,
+        metavar="N",
+        help="single process simulating N TP ranks (coccl.tensor_parallel.VirtualTPGroup)",
+    )
     p.add_argument("--tp-compressor", default="identity", help="name, name:k=v,... or JSON")
     p.add_argument("--tp-algorithm", default="two_shot", help="ring, two_shot, native, auto")
     p.add_argument("--backend", default="auto", help="coccl backend: auto, mpi, nccl")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--val-batches", type=int, default=8)
+    p.add_argument("--steps", type=int, default=300, help="training steps")
+    p.add_argument("--seed", type=int, default=1234, help="initial weights and data order")
+    p.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    p.add_argument("--d-model", type=int, default=256, help="model width")
+    p.add_argument("--heads", type=int, default=8, help="attention heads")
+    p.add_argument("--seq", type=int, default=128, help="context length in bytes")
+    p.add_argument("--batch", type=int, default=16, help="sequences per step")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--val-batches", type=int, default=8, help="batches per evaluation")
     p.add_argument("--log-every", type=int, default=25, help="steps between val evaluations")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: cores / ranks)")
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke configuration")
     p.add_argument("--out", type=Path, help="also write the result JSON here")
     args = p.parse_args(argv)
+    if args.baseline and args.virtual_tp:
+        p.error("--baseline and --virtual-tp exclude each other")
     if args.tiny:
         args.layers, args.d_model, args.heads, args.seq = 2, 64, 4, 32
         args.batch, args.val_batches = 4, 2
@@ -311,7 +334,21 @@ def main(argv: list[str] | None = None) -> int:
 
     group = mpi = None
     rank, tp = 0, 1
-    if not args.baseline:
+    if args.virtual_tp:
+        import numba  # noqa: PLC0415
+
+        from coccl.tensor_parallel import VirtualTPGroup  # noqa: PLC0415
+
+        # numba's OpenMP threading layer shares the OpenMP runtime with torch, and starting
+        # it resets the runtime's thread count: start it now, with as many threads as
+        # torch, then give torch its count back (its sums depend on it).
+        threads = torch.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        torch.set_num_threads(threads)
+        compressor = parse_compressor(args.tp_compressor)
+        group = VirtualTPGroup(args.virtual_tp, args.tp_algorithm, compressor)
+        tp = group.size
+    elif not args.baseline:
         group, mpi = setup_tp(args)
         rank, tp = group.rank, group.size
 
@@ -329,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     val_set = val_batches(val, args.batch, cfg.seq, args.val_batches, device)
     log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if rank == 0 else (lambda *a: None)
     mode = "baseline" if group is None else f"tp={tp} {args.tp_algorithm} {group.compressor!r}"
+    if args.virtual_tp:
+        mode = f"virtual {mode}"
     log(f"[tp_gpt] {mode}: {n_params / 1e6:.2f} M parameters, {cfg}")
 
     history: list[dict[str, float]] = []
@@ -358,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         n_replicated = len(digests[0])
         identical = all(d == digests[0] for d in digests)
     result = {
-        "mode": "baseline" if group is None else "tp",
+        "mode": "baseline" if group is None else ("virtual" if args.virtual_tp else "tp"),
         "tp": tp,
         "compressor": None if group is None else group.compressor.get_config(),
         "algorithm": None if group is None else args.tp_algorithm,
@@ -382,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(result, indent=1) + "\n")
         if not identical:
             log("[tp_gpt] ERROR: replicated parameters differ across TP ranks")
-    if group is not None:
+    if mpi is not None:
         group.comm.close()
     return 0 if identical else 3
 

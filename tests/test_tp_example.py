@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mpi_launch import ROOT, mpiexec
@@ -67,3 +68,156 @@ def test_tp2_compressed_replicas_stay_identical(tmp_path: Path) -> None:
     assert tp["compressor"]["id"] == "taco"
     assert tp["replicated_identical"] is True
     assert 0.0 < tp["val_loss"] < 6.0  # finite and near ln(256) = 5.5 after 3 steps
+
+
+@pytest.mark.mpi
+def test_virtual_tp2_equals_real_tp2(tmp_path: Path) -> None:
+    """--virtual-tp 2 (one process) trains bitwise like two real ranks under mpiexec."""
+    args = ["--tp-compressor", "taco", "--tp-algorithm", "two_shot", "--log-every", "1"]
+    tp_cmd = [*mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(SCRIPT)]
+    real = run_example([*tp_cmd, *args], tmp_path, "real")
+    virtual = run_example([sys.executable, str(SCRIPT), "--virtual-tp", "2", *args], tmp_path, "v")
+    assert virtual["mode"] == "virtual" and virtual["tp"] == 2
+    assert virtual["history"] == real["history"]
+    assert virtual["train_loss"] == real["train_loss"]
+
+
+# ---------------------------------------------------- examples/tp_convergence_gpu.py
+CONVERGENCE = ROOT / "examples" / "tp_convergence_gpu.py"
+
+
+def load_example(name: str):
+    """An examples/ module, imported the way the scripts import their siblings."""
+    import importlib  # noqa: PLC0415
+
+    folder = str(ROOT / "examples")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
+@pytest.mark.mpi
+def test_convergence_experiment_smoke(tmp_path: Path) -> None:
+    """Both phases end to end on the CPU: every arm at TP 4 and 8 on virtual ranks, the
+    JSON and PNG; then the real TP = 2 run under mpiexec against the simulated one."""
+    out = tmp_path / "tp.json"
+    run = [sys.executable, str(CONVERGENCE), "run", "--smoke", "--seeds", "0,1"]
+    run += ["--work-dir", str(tmp_path / "runs"), "--out", str(out), "--jobs-per-gpu", "2"]
+    proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    arms = ["uncompressed", "identity", "taco", "taco_ring", "taco_no_ash"]
+    arms += ["taco_no_dual_scale", "int8"]
+    assert list(report["summary"]) == arms
+    assert len(report["runs"]) == 2 * (1 + 6 * 2) and not report["incomplete"]
+    for row in report["runs"]:
+        assert {"arm", "seed", "tp", "algorithm", "params", "tokens", "val_loss"} <= set(row)
+        assert row["history"] and row["history"][-1]["step"] == report["setup"]["steps"]
+    taco = report["summary"]["taco"]["tp8"]
+    assert taco["n"] == 2 and len(taco["delta_pct_vs_uncompressed_ci"]) == 2
+    assert {"mean", "sd", "delta_pct_vs_uncompressed", "delta_pct_vs_identity"} <= set(taco)
+    assert report["summary"]["uncompressed"]["tp1"]["delta_pct_vs_uncompressed"] == 0.0
+    assert set(report["target"]) == {"rule", "tp4", "tp8"}
+    assert report["corpus"]["train_bytes"] > 10**6 and report["commit"]
+
+    # a rerun finds every run done and only rewrites the report
+    again = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "26 already in" in again.stdout
+
+    check = [sys.executable, str(CONVERGENCE), "check", "--smoke", "--out", str(out)]
+    check += ["--work-dir", str(tmp_path / "check")]
+    proc = subprocess.run(check, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    report = json.loads(out.read_text())
+    section = report["real_vs_sim"]
+    assert section["backend"] == "mpi" and section["tp"] == 2
+    assert section["bitwise_equal"] is True and section["first_differing_step"] is None
+    assert report["summary"]  # the experiment's part is kept
+
+
+def test_convergence_help_shows_defaults() -> None:
+    for command in ("run", "check"):
+        proc = subprocess.run(
+            [sys.executable, str(CONVERGENCE), command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0 and "(default: " in proc.stdout
+
+
+def test_paired_statistics() -> None:
+    stats = load_example("convergence_stats")
+    assert stats.t975(1) == 12.706 and stats.t975(2) == 4.303
+    assert abs(stats.t975(40) - 2.021) < 1e-3 and abs(stats.t975(1000) - 1.962) < 1e-3
+    ref = {0: 2.0, 1: 2.2, 2: 1.8}
+    arm = {0: 2.02, 1: 2.222, 2: 1.818}  # +1% on every seed
+    paired = stats.paired_delta_pct(arm, ref)
+    assert paired["n"] == 3 and abs(paired["delta_pct"] - 1.0) < 1e-9
+    assert abs(paired["ci"][0] - 1.0) < 1e-9 and abs(paired["ci"][1] - 1.0) < 1e-9
+    # the same arm unpaired: the seeds' spread makes the interval wide
+    unpaired = stats.welch_delta_pct(list(arm.values()), list(ref.values()))
+    assert abs(unpaired["delta_pct"] - 1.0) < 1e-9
+    assert unpaired["ci"][0] < -5 and unpaired["ci"][1] > 5
+    noisy = stats.paired_delta_pct({0: 2.02, 1: 2.2, 2: 1.8}, ref)
+    d = [1.0, 0.0, 0.0]
+    half = 4.303 * stats.mean_sd(d)[1] / 3**0.5
+    assert abs(noisy["ci"][1] - (1 / 3 + half)) < 1e-9
+
+
+def test_stdlib_corpus_split_and_windows(tmp_path: Path) -> None:
+    corpus_mod = load_example("stdlib_corpus")
+    for i in range(60):
+        sub = tmp_path / f"pkg{i % 3}"
+        sub.mkdir(exist_ok=True)
+        (sub / f"m{i}.py").write_bytes(bytes([i]) * 100)
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "site-packages" / "x.py").write_bytes(b"third party")
+    corpus = corpus_mod.load_stdlib_corpus(tmp_path)
+    held_out = [i for i in range(60) if corpus_mod.is_validation(f"pkg{i % 3}/m{i}.py")]
+    assert corpus.info["val_files"] == len(held_out) and corpus.info["train_files"] == 60 - len(
+        held_out
+    )
+    assert corpus.train.size + corpus.val.size == 60 * 101  # each file and its newline
+    assert b"third party" not in corpus.train.tobytes()
+    assert corpus_mod.load_stdlib_corpus(tmp_path).info == corpus.info  # deterministic
+    w = corpus_mod.train_windows(corpus.train, 16, 4, 10, seed=1)
+    assert w.shape == (10, 4, 17)
+    starts = {bytes(win[:16]) + bytes([k]) for k, win in enumerate(w.reshape(-1, 17))}
+    assert len(starts) == 40
+    flat = corpus.train.tobytes()
+    assert all(bytes(win) in flat for win in w.reshape(-1, 17))
+    assert not np.array_equal(w, corpus_mod.train_windows(corpus.train, 16, 4, 10, seed=2))
+    with pytest.raises(ValueError, match="repeat"):
+        corpus_mod.train_windows(corpus.train, 16, 4, 10**6, seed=1)
+    v = corpus_mod.val_windows(corpus.val, 16, 2, 1) if corpus.val.size > 40 else None
+    assert v is None or v.shape == (1, 2, 17)
+
+
+def test_graph_and_eager_steps_agree_on_gpu(tmp_path: Path) -> None:
+    """The experiment's captured training step computes what its eager step computes
+    (a few steps of a small model at TP = 4, taco on virtual ranks)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    exp = load_example("tp_convergence_gpu")
+    from coccl.tensor_parallel import VirtualTPGroup  # noqa: PLC0415
+
+    setup = exp.replace(exp.SMOKE, device="cuda", steps=10, eval_every=5, cuda_graph="off", batch=8)
+    job = exp.Job("taco", 4, 0)
+    results = {}
+    for mode in ("off", "on"):
+        group = VirtualTPGroup(4, "two_shot", "taco")
+        results[mode] = exp.train(
+            job,
+            exp.replace(setup, cuda_graph=mode),
+            group,
+            torch.device("cuda"),
+            None,
+            lambda: False,
+            print,
+        )
+    assert results["on"]["cuda_graph"] is True and results["off"]["cuda_graph"] is False
+    assert results["on"]["train_losses"] == results["off"]["train_losses"]
+    assert results["on"]["val_loss"] == results["off"]["val_loss"]

@@ -15,6 +15,7 @@ from coccl.tensor_parallel import (  # noqa: E402
     ColumnParallelLinear,
     RowParallelLinear,
     TPGroup,
+    VirtualTPGroup,
     copy_to_tp_region,
     is_tp_sharded,
     reduce_from_tp_region,
@@ -184,3 +185,84 @@ def test_bad_codec_refused_at_construction(comm):
     if LOSSY:
         with pytest.raises(ValueError, match="native"):
             TPGroup(comm, "native", LOSSY[0])
+
+
+# ------------------------------------------------------------------- virtual ranks
+def load_tp_gpt():
+    """examples/tp_gpt.py as a module (its GPT and parallelize)."""
+    import importlib.util  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "tp_gpt.py"
+    spec = importlib.util.spec_from_file_location("tp_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tp_gpt"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("compressor", ["identity", *LOSSY])
+def test_virtual_mlp_equals_real_bitwise(comm, compressor, algorithm):
+    """Every rank's real layers against the virtual layers of all ranks in one process:
+    the same partial products (the same calls, shapes and inputs), the same AllReduce."""
+    fc1, fc2 = full_mlp()
+    col, row = shard(fc1, fc2, comm, algorithm, compressor)
+    virtual = VirtualTPGroup(comm.size, algorithm, compressor)
+    vcol = ColumnParallelLinear.from_linear(fc1, virtual)
+    vrow = RowParallelLinear.from_linear(fc2, virtual)
+    x, dy = inputs()
+    y, dx = run(col, row, x, dy)
+    vy, vdx = run(vcol, vrow, x, dy)
+    r = comm.rank
+    assert torch.equal(y, vy) and torch.equal(dx, vdx)
+    assert torch.equal(col.weight.grad, vcol.rank_weights[r].grad)
+    assert torch.equal(col.bias.grad, vcol.rank_biases[r].grad)
+    assert torch.equal(row.weight.grad, vrow.rank_weights[r].grad)
+    assert torch.equal(row.bias.grad, vrow.bias.grad)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "compressor"), [("two_shot", "identity"), ("ring", "taco"), ("two_shot", "taco")]
+)
+def test_virtual_gpt_training_equals_real(comm, algorithm, compressor):
+    """Three AdamW steps of a tiny GPT (examples/tp_gpt.py) on real ranks and on virtual
+    ranks: losses, every rank's shards and the replicated parameters agree bitwise (on
+    CPU; the attention of all heads at once gives each head the same bits as the
+    attention of one rank's heads)."""
+    tp_gpt = load_tp_gpt()
+    cfg = tp_gpt.GPTConfig(layers=2, d_model=48, heads=12, seq=16)  # 12 heads: 1-4 ranks
+    data = np.random.default_rng(0).integers(0, 256, size=4000).astype(np.uint8)
+
+    def train(group) -> tuple[list[float], torch.nn.Module]:
+        torch.manual_seed(3)
+        model = tp_gpt.parallelize(tp_gpt.GPT(cfg), group)
+        opt = tp_gpt.make_optimizer(model, 1e-2)
+        batches = tp_gpt.train_batches(data, 4, cfg.seq, 5, torch.device("cpu"))
+        losses = []
+        for _ in range(3):
+            x, y = next(batches)
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, model
+
+    real_losses, real = train(TPGroup(comm, algorithm, compressor))
+    virtual_losses, virtual = train(VirtualTPGroup(comm.size, algorithm, compressor))
+    assert real_losses == virtual_losses
+    virtual_modules = dict(virtual.named_modules())
+    for name, module in real.named_modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+            # this rank's shard is the virtual layer's shard of this rank
+            mine = module.shards()[0]
+            theirs = virtual_modules[name].shards()[comm.rank]
+            for p, q in zip(mine, theirs, strict=True):
+                assert (p is None) == (q is None), name
+                assert p is None or torch.equal(p.detach(), q.detach()), name
+    virtual_params = dict(virtual.named_parameters())
+    for name, p in real.named_parameters():
+        if not is_tp_sharded(p):
+            assert torch.equal(p.detach(), virtual_params[name].detach()), name
