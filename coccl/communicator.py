@@ -878,9 +878,17 @@ def _release_unclosed(resources: _Resources, name: str) -> None:
 
 
 def _set_numba_threads(threads: int) -> None:
+    """Size numba's thread pool; starting numba's OpenMP layer resets the process's
+    OpenMP thread count, so torch's intra-op count (if torch is loaded) is restored."""
+    import sys  # noqa: PLC0415
+
     import numba  # noqa: PLC0415
 
+    torch = sys.modules.get("torch")
+    torch_threads = torch.get_num_threads() if torch is not None else None
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    if torch_threads is not None and torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
 
 
 def check_launcher(mpi_size: int) -> None:

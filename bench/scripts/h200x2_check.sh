@@ -61,6 +61,24 @@ gather)
     eval "bench gather-$g-$link \"\$LINK_$link COCCL_NCCL_GATHER=$g\" -b 4M -e 256M -f 4 -n 10 \
       -w 3 -d bfloat16 --algorithm two_shot --compressor taco"
   done; done ;;
+tpgpu)
+  step "pytest: virtual TP ranks on the GPU"
+  timeout ${TP_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_virtual_ranks.py \
+    tests/test_virtual_tp.py tests/test_tp_example.py -k "gpu or graph" 2>&1 \
+    | tee "$RES/pytest_tp_gpu.txt" | tail -8 ;;
+calibrate)
+  step "convergence: one TP=8 taco run of ${CAL_STEPS:-200} steps, alone (step time)"
+  timeout 150 python3 examples/tp_convergence_gpu.py run --arms taco --tps 8 --seeds 0 \
+    --steps ${CAL_STEPS:-200} --time-limit-s 120 --work-dir /tmp/cal --out "$RES/calibrate.json" 2>&1 \
+    | tee "$RES/calibrate.txt" | tail -15 ;;
+convergence)
+  step "convergence experiment"
+  timeout ${CONV_TIMEOUT:-400} python3 examples/tp_convergence_gpu.py run ${CONV_ARGS:-} \
+    --out "$RES/tp-convergence-gpu.json" 2>&1 | tee "$RES/convergence.txt" | tail -40 ;;
+check)
+  step "convergence: real TP=2 over NCCL against the simulator"
+  timeout ${CHECK_TIMEOUT:-200} python3 examples/tp_convergence_gpu.py check ${CHECK_ARGS:-} \
+    --out "$RES/tp-convergence-gpu.json" 2>&1 | tee "$RES/check.txt" | tail -20 ;;
 pack)
   step pack
   tar czf "$OUT/results.tgz" -C "$RES" . && ls -la "$OUT"
