@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from coccl import algorithms
 from coccl.compressors import Compressor, get_compressor
@@ -356,6 +357,7 @@ class CocclProcessGroup(dist.ProcessGroup):
             collective in opts.compress
             and nbytes >= opts.min_compress_bytes
             and x.is_floating_point()
+            and name in ("sum", "avg")
         ):
             algorithm, compressor, path = "auto", "identity", "exact"
         else:
@@ -404,32 +406,32 @@ class CocclProcessGroup(dist.ProcessGroup):
         return getattr(self._inner(tensors), method)(*args)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._forward("broadcast", tensors, _or(opts, dist.BroadcastOptions))
+        return self._forward("broadcast", tensors, _or(opts, c10d.BroadcastOptions))
 
     def allgather(self, outputs: list, inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._forward("allgather", outputs, inputs, _or(opts, dist.AllgatherOptions))
+        return self._forward("allgather", outputs, inputs, _or(opts, c10d.AllgatherOptions))
 
     def allgather_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         return self._forward(
-            "allgather_coalesced", outputs, inputs, _or(opts, dist.AllgatherOptions)
+            "allgather_coalesced", outputs, inputs, _or(opts, c10d.AllgatherOptions)
         )
 
     def gather(self, outputs: list, inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._forward("gather", outputs, inputs, _or(opts, dist.GatherOptions))
+        return self._forward("gather", outputs, inputs, _or(opts, c10d.GatherOptions))
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None) -> Any:
-        return self._forward("scatter", outputs, inputs, _or(opts, dist.ScatterOptions))
+        return self._forward("scatter", outputs, inputs, _or(opts, c10d.ScatterOptions))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._forward("reduce", tensors, _or(opts, dist.ReduceOptions))
+        return self._forward("reduce", tensors, _or(opts, c10d.ReduceOptions))
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None):
         return self._forward(
-            "reduce_scatter", outputs, inputs, _or(opts, dist.ReduceScatterOptions)
+            "reduce_scatter", outputs, inputs, _or(opts, c10d.ReduceScatterOptions)
         )
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None) -> Any:
-        return self._forward("alltoall", outputs, inputs, _or(opts, dist.AllToAllOptions))
+        return self._forward("alltoall", outputs, inputs, _or(opts, c10d.AllToAllOptions))
 
     def alltoall_base(
         self,
@@ -441,7 +443,7 @@ class CocclProcessGroup(dist.ProcessGroup):
     ) -> Any:
         return self._forward(
             "alltoall_base", output, input, output_splits, input_splits,
-            _or(opts, dist.AllToAllOptions),
+            _or(opts, c10d.AllToAllOptions),
         )  # fmt: skip
 
     def all_to_all_single(
@@ -466,7 +468,7 @@ class CocclProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Any:
         """A Gloo barrier: every rank of the group has reached it (host order only)."""
         self._counts["forwarded:barrier"] += 1
-        return self._gloo.barrier(_or(opts, dist.BarrierOptions))
+        return self._gloo.barrier(_or(opts, c10d.BarrierOptions))
 
     # ------------------------------------------------------------ lifecycle
     def shutdown(self) -> None:
