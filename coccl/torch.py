@@ -472,11 +472,16 @@ class CocclProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------ lifecycle
     def shutdown(self) -> None:
-        """Free the Communicator (torch calls this from ``destroy_process_group``)."""
+        """Free the Communicator and the inner NCCL group (torch calls this from
+        ``destroy_process_group``)."""
         self.comm.close()
+        if self._nccl is not None:
+            self._nccl.shutdown()
 
     def abort(self) -> None:
         self.comm.close()
+        if self._nccl is not None:
+            self._nccl.abort()
 
 
 def _or(opts: Any, default: Callable[[], Any]) -> Any:

@@ -5,6 +5,7 @@ launchers it supports (torchrun, and mpiexec through ``coccl.torch.init_process_
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,42 @@ def test_cases_under_torchrun(tmp_path: Path):
 def test_cases_under_mpiexec(tmp_path: Path):
     """Three ranks: counts that are not multiples of the group, two-shot unlike ring."""
     run_cases([*mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py"], tmp_path)
+
+
+# ------------------------------------------------------------------ example
+EXAMPLE = ROOT / "examples" / "tp_dtensor.py"
+
+
+def run_example(cmd: list[str], groups: str, tmp_path: Path) -> dict:
+    out = tmp_path / "result.json"
+    args = ["--tiny", "--steps", "3", "--warmup", "1", "--threads", "1", "--groups", groups]
+    proc = subprocess.run(
+        [*cmd, str(EXAMPLE), *args, "--min-compress-bytes", "0", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    result = json.loads(out.read_text())
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == result  # the same JSON
+    runs = {r["spec"]: r for r in result["runs"]}
+    assert result["tp"] == 2 and list(runs) == groups.split(",")
+    for run in runs.values():
+        assert run["replicated_identical"] is True
+        assert len(run["losses"]) == 3 and run["tokens_per_s"] > 0
+    # coccl's exact path computes what the plain group does, to float rounding
+    assert runs["identity"]["losses"] == pytest.approx(runs["plain"]["losses"], rel=1e-5)
+    assert runs["identity"]["calls"]["allreduce:exact"] > 0
+    return runs
+
+
+def test_example_under_torchrun(tmp_path: Path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    runs = run_example([*torchrun, "--nproc-per-node", "2"], "plain,identity,taco", tmp_path)
+    taco = runs["taco"]
+    assert taco["calls"]["allreduce:compressed"] > 0 and "allreduce:exact" not in taco["calls"]
+    assert taco["losses"] != runs["plain"]["losses"]  # quantized, so not bitwise the same
+    assert taco["losses"] == pytest.approx(runs["plain"]["losses"], rel=0.02)
+
+
+@pytest.mark.mpi
+def test_example_under_mpiexec(tmp_path: Path):
+    run_example([*mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py"], "plain,identity", tmp_path)
