@@ -9,8 +9,9 @@ collectives, which the coccl group runs with the codec it was created with.
 
 One run trains the same model from the same seed and data once per group in ``--groups``
 (``plain``: a Gloo group on CPU, NCCL on GPU; otherwise a coccl codec: ``identity``,
-``taco``, ``int8``, ``taco:ash=false``...), and reports each one's loss history and
-throughput; ``identity``'s losses equal ``plain``'s to float rounding.
+``taco``, ``int8``, ``taco:ash=false``..., optionally with a schedule: ``identity@native``
+is NCCL's own AllReduce behind the coccl backend, ``taco@ring``), and reports each one's
+loss history and throughput; ``identity``'s losses equal ``plain``'s to float rounding.
 
     # 2 CPU ranks (torchrun, or mpiexec: coccl.torch.init_process_group reads either)
     torchrun --nproc-per-node 2 examples/tp_dtensor.py --steps 20
@@ -63,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--groups",
         default="plain,identity,taco",
-        help="comma list: 'plain' (Gloo / NCCL) or a coccl codec (name, name:k=v,...)",
+        help="comma list: 'plain' (Gloo / NCCL) or a coccl codec (name, name:k=v,...), "
+        "optionally with @algorithm (identity@native)",
     )
     p.add_argument("--algorithm", default="two_shot", help="coccl schedule of the TP calls")
     p.add_argument(
@@ -144,15 +146,19 @@ def replicated_digest(model: torch.nn.Module) -> str:
 
 # ---------------------------------------------------------------- training
 def make_group(spec: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """A TP group of every rank: plain (Gloo / NCCL) or coccl with codec ``spec``."""
+    """A TP group of every rank: ``plain`` (Gloo / NCCL), or coccl with codec ``spec``,
+    which may end in ``@algorithm`` (``identity@native``; default ``--algorithm``)."""
     if spec == "plain":
         backend = "nccl" if args.device == "cuda" else "gloo"
         return dist.new_group(backend=backend), {"group": "plain", "backend": backend}
-    codec = parse_compressor(spec)
+    codec, _, algorithm = spec.partition("@")
+    algorithm = algorithm or args.algorithm
     opts = coccl.torch.CocclOptions(
-        compressor=codec, algorithm=args.algorithm, min_compress_bytes=args.min_compress_bytes
+        compressor=parse_compressor(codec),
+        algorithm=algorithm,
+        min_compress_bytes=args.min_compress_bytes,
     )
-    record = {"group": "coccl", "compressor": opts.codec.get_config(), "algorithm": args.algorithm}
+    record = {"group": "coccl", "compressor": opts.codec.get_config(), "algorithm": algorithm}
     return dist.new_group(backend="coccl", pg_options=opts), record
 
 

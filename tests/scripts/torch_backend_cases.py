@@ -317,6 +317,8 @@ def test_broadcast_and_barrier(device):
 
 def test_send_recv_ring(device):
     n, rank = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        pytest.skip("a ring of sends needs two ranks")
     out = torch.full((4,), float(rank), device=device)
     got = torch.empty(4, device=device)
     works = [dist.isend(out, (rank + 1) % n), dist.irecv(got, (rank - 1) % n)]
