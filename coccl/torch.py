@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -134,6 +135,12 @@ class CocclOptions:
             )
 
     @property
+    def _timeout(self) -> None:
+        """torch's own Options carry a timeout, which DeviceMesh reads from
+        ``backend_override``; a coccl group takes the timeout ``new_group`` is given."""
+        return None
+
+    @functools.cached_property
     def codec(self) -> Compressor:
         """The group's codec object."""
         return get_compressor(self.compressor)
@@ -402,8 +409,7 @@ class CocclProcessGroup(dist.ProcessGroup):
         """Run ``method`` on the inner group that fits the tensors in ``args``."""
         self._counts[f"forwarded:{method}"] += 1
         log.debug("coccl group %s: %s forwarded to the inner group", self._group_name, method)
-        tensors = [a for a in args if isinstance(a, (torch.Tensor, list))]
-        return getattr(self._inner(tensors), method)(*args)
+        return getattr(self._inner(args), method)(*args)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return self._forward("broadcast", tensors, _or(opts, c10d.BroadcastOptions))
@@ -489,9 +495,12 @@ def _or(opts: Any, default: Callable[[], Any]) -> Any:
 
 
 def _flatten(items: Any) -> list[torch.Tensor]:
+    """The tensors in nested lists (other leaves, such as split sizes, left out)."""
     if isinstance(items, torch.Tensor):
         return [items]
-    return [t for item in items for t in _flatten(item)]
+    if isinstance(items, (list, tuple)):
+        return [t for item in items for t in _flatten(item)]
+    return []
 
 
 def _reduce_op(opts: Any) -> tuple[str, Any] | None:

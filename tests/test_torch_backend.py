@@ -91,7 +91,9 @@ def test_world_of_one(tmp_path: Path):
     script = tmp_path / "alone.py"
     script.write_text(
         "import torch, torch.distributed as dist, coccl.torch\n"
-        "coccl.torch.init_process_group()\n"
+        "opts = coccl.torch.CocclOptions(compressor='taco')\n"
+        "coccl.torch.init_process_group(pg_options=opts)\n"
+        "assert dist.group.WORLD.options is opts\n"
         "t = torch.arange(5.0)\n"
         "dist.all_reduce(t, op=dist.ReduceOp.AVG)\n"
         "assert dist.get_world_size() == 1 and torch.equal(t, torch.arange(5.0))\n"

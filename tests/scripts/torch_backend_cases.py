@@ -364,6 +364,23 @@ def test_subgroup_of_one_rank(device):
     assert torch.equal(t.cpu(), torch.arange(7.0))
 
 
+def test_init_device_mesh_with_backend_override(device):
+    """A mesh dimension of backend coccl with options, as DeviceMesh users declare it."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+
+    opts = CocclOptions(compressor="int8", algorithm="two_shot", min_compress_bytes=0)
+    mesh = init_device_mesh(
+        device.type, (dist.get_world_size(),), mesh_dim_names=("tp_override",),
+        backend_override={"tp_override": ("coccl", opts)},
+    )  # fmt: skip
+    g = mesh.get_group("tp_override")
+    assert isinstance(g, CocclProcessGroup) and g.options == opts
+    parts = everyone(seed_of("mesh"), 3000, torch.float32, device)
+    got = funcol.all_reduce(parts[dist.get_rank()], "sum", g)
+    check_result(got, exact_sum(parts), "int8", "allreduce", "two_shot", torch.float32, 3000)
+    assert g.stats() == {"allreduce:compressed": 1}
+
+
 def test_wrong_pg_options_type():
     with pytest.raises(TypeError, match="CocclOptions"):
         dist.new_group(backend="coccl", pg_options={"compressor": "taco"})
