@@ -289,7 +289,7 @@ class CocclProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _reduce_op(opts)
         if not self._carries(tensors, op):
-            return self._forward("allreduce", tensors, opts)
+            return self._forward("allreduce", tensors, _or(opts, c10d.AllreduceOptions))
         for t in tensors:
             self._run("allreduce", t, t, op)
         return CocclWork(tensors)
@@ -297,7 +297,9 @@ class CocclProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _reduce_op(opts)
         if not self._carries(tensors, op):
-            return self._forward("allreduce_coalesced", tensors, opts)
+            return self._forward(
+                "allreduce_coalesced", tensors, _or(opts, c10d.AllreduceCoalescedOptions)
+            )
         for t in tensors:
             self._run("allreduce", t, t, op)
         return CocclWork(tensors)
@@ -305,7 +307,9 @@ class CocclProcessGroup(dist.ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None):
         op = _reduce_op(opts)
         if not self._carries([input], op):
-            return self._forward("_reduce_scatter_base", output, input, opts)
+            return self._forward(
+                "_reduce_scatter_base", output, input, _or(opts, c10d.ReduceScatterOptions)
+            )
         self._run("reduce_scatter", input, output, op)
         return CocclWork([output])
 
@@ -314,14 +318,17 @@ class CocclProcessGroup(dist.ProcessGroup):
     ) -> Any:
         op = _reduce_op(opts)
         if not self._carries(inputs, op):
-            return self._forward("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+            return self._forward(
+                "reduce_scatter_tensor_coalesced", outputs, inputs,
+                _or(opts, c10d.ReduceScatterOptions),
+            )  # fmt: skip
         for out, x in zip(outputs, inputs, strict=True):
             self._run("reduce_scatter", x, out, op)
         return CocclWork(outputs)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None):
         if not self._carries([input], ("sum", None)):
-            return self._forward("_allgather_base", output, input, opts)
+            return self._forward("_allgather_base", output, input, _or(opts, c10d.AllgatherOptions))
         self._run("allgather", input, output, ("sum", None))
         return CocclWork([output])
 
@@ -329,7 +336,10 @@ class CocclProcessGroup(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
         if not self._carries(inputs, ("sum", None)):
-            return self._forward("allgather_into_tensor_coalesced", outputs, inputs, opts)
+            return self._forward(
+                "allgather_into_tensor_coalesced", outputs, inputs,
+                _or(opts, c10d.AllgatherOptions),
+            )  # fmt: skip
         for out, x in zip(outputs, inputs, strict=True):
             self._run("allgather", x, out, ("sum", None))
         return CocclWork(outputs)
@@ -343,7 +353,7 @@ class CocclProcessGroup(dist.ProcessGroup):
 
     def _carries(self, tensors: list[torch.Tensor], op: tuple[str, Any] | None) -> bool:
         """Whether coccl runs this call (else the inner group does): an op and dtypes it
-        has, on a device it moves data on."""
+        has."""
         if op is None:
             return False
         return all(t.dtype in _CARRIED for t in tensors)

@@ -354,6 +354,21 @@ def test_objects_and_all_to_all(device):
     assert torch.equal(y.cpu(), torch.tensor([10.0 * r + rank for r in range(n)]))
 
 
+def test_ops_coccl_lacks_are_forwarded(device):
+    """BAND (Gloo has it, NCCL not) goes to the inner group."""
+    if device.type == "cuda":
+        pytest.skip("NCCL has no bitwise reductions")
+    parts = everyone(seed_of("band"), 50, torch.int64, device)
+    t = parts[dist.get_rank()].clone()
+    before = dist.group.WORLD.stats().get("forwarded:allreduce", 0)
+    dist.all_reduce(t, op=dist.ReduceOp.BAND)
+    expected = parts[0].clone()
+    for p in parts[1:]:
+        expected &= p
+    assert torch.equal(t, expected)
+    assert dist.group.WORLD.stats()["forwarded:allreduce"] == before + 1
+
+
 def test_subgroup_of_one_rank(device):
     solo = dist.new_group([0], backend="coccl")
     if dist.get_rank() != 0:
