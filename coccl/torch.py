@@ -21,11 +21,14 @@ script runs unchanged::
 What compresses (``CocclOptions``): AllReduce and ReduceScatter of floating tensors of at
 least ``min_compress_bytes`` (64 KiB) with the group's codec; AllGather stays exact unless
 ``compress`` names it (gathering parameters lossily is rarely wanted); smaller messages
-(a loss scalar, metrics), integer tensors and the collectives not named take coccl's exact
-path (identity codec; ``algorithm="auto"`` where the group's codec is lossy). ReduceOps:
-SUM, AVG, MAX, MIN, PRODUCT (the last three exact only: coccl refuses them with a lossy
-codec), PREMUL_SUM where torch exposes its factor (2.13); other ops and dtypes coccl does
-not carry (bool, complex) forward to the inner group.
+(a loss scalar, metrics), integer tensors, MAX / MIN / PRODUCT (a vocab-parallel logits
+max) and the collectives not named take coccl's exact path (identity codec;
+``algorithm="auto"`` where the group's codec is lossy). ReduceOps: SUM, AVG, MAX, MIN,
+PRODUCT, and PREMUL_SUM where torch exposes its factor (2.13); other ops (BAND...) and
+dtypes coccl does not carry (bool, complex) forward to the inner group.
+
+Under torchrun no MPI is initialized: coccl's bootstrap runs over torch's store and host
+bytes over Gloo (mpi4py stays asleep unless the application wakes it).
 
 Data: CPU tensors travel over a private Gloo group (``coccl.torch_transport``); CUDA
 tensors over coccl's NCCL transport when every rank has a GPU of its own and CuPy (the
@@ -47,6 +50,7 @@ import functools
 import logging
 import os
 import socket
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -68,6 +72,8 @@ BACKEND = "coccl"
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 DEVICE_BACKENDS = ("auto", "nccl", "none")
 DEFAULT_MIN_COMPRESS_BYTES = 64 << 10
+# Set in every process that an MPI launcher (Open MPI, MPICH's Hydra, PMIx) starts.
+_MPI_LAUNCHER_RANKS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 # torch dtypes a coccl Communicator carries (others forward to the inner group).
 _CARRIED = frozenset(
     {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
@@ -253,6 +259,7 @@ class CocclProcessGroup(dist.ProcessGroup):
             wire = dist.ProcessGroupGloo(dist.PrefixStore("wire/", store), rank, size, timeout)
             return GlooTransport(wire, env.timeout_s, env.pipeline_depth)
 
+        _keep_mpi_asleep()
         from coccl.communicator import create  # noqa: PLC0415
 
         backend = {"auto": "auto", "nccl": "nccl", "none": "mpi"}[opts.device_backend]
@@ -500,6 +507,19 @@ class CocclProcessGroup(dist.ProcessGroup):
             self._nccl.abort()
 
 
+def _keep_mpi_asleep() -> None:
+    """Outside an MPI launch (torchrun, a lone process), keep mpi4py from initializing
+    MPI when coccl's modules import it: the group needs no MPI, and an MPI library's
+    singleton start can fail or hang where no MPI launcher runs. Under mpiexec, or once
+    the application has imported mpi4py.MPI itself, nothing changes."""
+    if "mpi4py.MPI" in sys.modules or any(k in os.environ for k in _MPI_LAUNCHER_RANKS):
+        return
+    import mpi4py  # noqa: PLC0415
+
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+
+
 def _or(opts: Any, default: Callable[[], Any]) -> Any:
     return default() if opts is None else opts
 
@@ -553,9 +573,6 @@ register_backend()
 
 
 # --------------------------------------------------------------------- launch
-_MPI_LAUNCHER_RANKS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-
-
 def init_process_group(backend: str = BACKEND, **kwargs: Any) -> None:
     """``torch.distributed.init_process_group`` under torchrun, mpiexec or alone.
 
