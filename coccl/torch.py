@@ -64,7 +64,7 @@ import torch.distributed.distributed_c10d as c10d
 from coccl import algorithms
 from coccl.compressors import Compressor, get_compressor
 from coccl.config import settings
-from coccl.torch_transport import GlooTransport, StoreBootstrap
+from coccl.torch_transport import GlooTransport, StoreBootstrap, as_timedelta
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,8 @@ class CocclProcessGroup(dist.ProcessGroup):
         env = dataclasses.replace(env, timeout_s=min(env.timeout_s, timeout.total_seconds()))
 
         def make_host(env: Any) -> GlooTransport:
-            wire = dist.ProcessGroupGloo(dist.PrefixStore("wire/", store), rank, size, timeout)
+            wire_store = dist.PrefixStore("wire/", store)
+            wire = dist.ProcessGroupGloo(wire_store, rank, size, as_timedelta(env.timeout_s))
             return GlooTransport(wire, env.timeout_s, env.pipeline_depth)
 
         _keep_mpi_asleep()

@@ -20,7 +20,6 @@ its own) or not at all (``coccl.torch`` refuses CUDA tensors then).
 from __future__ import annotations
 
 import pickle
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -124,8 +123,10 @@ class GlooTransport:
 
     Args:
         group: a ``ProcessGroupGloo`` that nothing else uses (its messages must not meet
-            the application's own sends and receives).
-        timeout_s: how long the native collectives wait for the other ranks.
+            the application's own sends and receives), created with the communicator's
+            timeout: Gloo's own timeout then bounds every wait (the pipeline's own
+            deadline, COCCL_TIMEOUT_S, also bounds point-to-point rounds).
+        timeout_s: that timeout, for messages.
         depth: the pipeline depth (rounds in flight), which bounds the messages in flight.
     """
 
@@ -179,47 +180,44 @@ class GlooTransport:
         return collective == "allgather" or np.dtype(dtype) in _GLOO_REDUCIBLE
 
     def native(self, collective: str, x: Any, out: Any, op: str, stream: Any = None) -> None:
-        """Gloo's own collective of flat host ``x`` into flat host ``out``, waiting at most
-        ``timeout_s`` for the other ranks."""
+        """Gloo's own collective of flat host ``x`` into flat host ``out`` (16-bit floats
+        reduced in float32)."""
         if collective == "allgather":
             recv = torch.from_numpy(out.view(np.uint8))
             work = self.group._allgather_base(recv, _host_tensor(x.view(np.uint8)))
             self._complete(work, "Gloo allgather")
             return
-        send = x.astype(np.float32) if x.dtype.itemsize == 2 and x.dtype.kind != "i" else x
-        send = np.array(send, copy=True)  # Gloo reduces in place; the input stays intact
+        widen = x.dtype in (np.dtype(np.float16), BFLOAT16)
         if collective == "allreduce":
-            work = self.group.allreduce([torch.from_numpy(send)], _allreduce_options(op))
-            result = send
+            # Gloo reduces in place: in ``out`` itself (a copy of ``x`` unless the call is
+            # in place), or in a float32 copy of 16-bit floats
+            acc = x.astype(np.float32) if widen else out
+            if acc is not x and not widen:
+                np.copyto(acc, x)
+            work = self.group.allreduce([torch.from_numpy(acc)], _allreduce_options(op))
         else:
-            result = np.empty(send.size // self.size, dtype=send.dtype)
+            send = x.astype(np.float32) if widen else x
+            acc = np.empty(send.size // self.size, dtype=send.dtype) if widen else out
             opts = dist.ReduceScatterOptions()
             opts.reduceOp = _REDUCE_OPS[op]
             work = self.group._reduce_scatter_base(
-                torch.from_numpy(result), torch.from_numpy(send), opts
+                torch.from_numpy(acc), torch.from_numpy(send), opts
             )
         self._complete(work, f"Gloo {collective}")
-        finalize(result, op, self.size)
-        out[...] = result.astype(out.dtype, copy=False)
+        finalize(acc, op, self.size)
+        if acc is not out:
+            out[...] = acc.astype(out.dtype)
 
     def _complete(self, work: Any, what: str) -> None:
-        """Wait for a Gloo collective, at most ``timeout_s`` (a pool thread waits in
-        ``Work.wait``: not every Gloo collective marks its own completion); its failure
+        """Wait for a Gloo collective; the group's timeout bounds the wait, and its failure
         or the timeout raises CocclError."""
-        waited = self._waiters.submit(work.wait)
-        deadline = time.monotonic() + self.timeout_s
-        spins = 0
-        while not waited.done():
-            spins += 1
-            if spins % 64 == 0 and time.monotonic() > deadline:
-                raise CocclError(
-                    f"{what}: timed out after {self.timeout_s:g} s waiting for every rank "
-                    "(COCCL_TIMEOUT_S); do all ranks call the same collective?"
-                )
-            time.sleep(0 if spins < 256 else 50e-6)
-        exc = waited.exception()
-        if exc is not None:
-            raise CocclError(f"{what} failed: {exc}") from exc
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise CocclError(
+                f"{what} failed or timed out after {self.timeout_s:g} s (the group's timeout, "
+                f"at most COCCL_TIMEOUT_S): {exc}; do all ranks call the same collective?"
+            ) from exc
 
 
 def _allreduce_options(op: str) -> Any:

@@ -169,10 +169,12 @@ def test_reduce_scatter_tensor(device, codec, algorithm, op, dtype, count):
     seed = seed_of("rs", codec, algorithm, op, str(dtype), count)
     parts = everyone(seed, n * count, dtype, device)
     out = torch.empty(count, dtype=dtype, device=device)
+    x = parts[rank].clone()
     reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG
-    dist.reduce_scatter_tensor(out, parts[rank], op=reduce_op, group=lossy_group(codec, algorithm))
+    dist.reduce_scatter_tensor(out, x, op=reduce_op, group=lossy_group(codec, algorithm))
     ref = exact_sum(parts)[rank * count : (rank + 1) * count] / (n if op == "avg" else 1)
     check_result(out, ref, codec, "reduce_scatter", algorithm, dtype, count)
+    assert torch.equal(x, parts[rank])  # the input is left as it was
 
 
 @pytest.mark.parametrize("count", COUNTS)
