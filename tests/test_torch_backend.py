@@ -87,13 +87,17 @@ def test_premul_sum_mapping():
 
 
 def test_world_of_one(tmp_path: Path):
-    """A lone process (no launcher) becomes a coccl world of one."""
+    """A lone process (no launcher) becomes a coccl world of one; creating it leaves
+    torch's intra-op thread count alone (numba's OpenMP start would reset it)."""
     script = tmp_path / "alone.py"
     script.write_text(
         "import torch, torch.distributed as dist, coccl.torch\n"
         "opts = coccl.torch.CocclOptions(compressor='taco')\n"
+        "torch.set_num_threads(1)\n"
+        "torch.ones(256, 256) @ torch.ones(256, 256)  # torch's OpenMP team has started\n"
         "coccl.torch.init_process_group(pg_options=opts)\n"
         "assert dist.group.WORLD.options is opts\n"
+        "assert torch.get_num_threads() == 1, 'creating the group changed torch threads'\n"
         "t = torch.arange(5.0)\n"
         "dist.all_reduce(t, op=dist.ReduceOp.AVG)\n"
         "assert dist.get_world_size() == 1 and torch.equal(t, torch.arange(5.0))\n"
