@@ -1,0 +1,647 @@
+"""coccl as a torch.distributed backend: ``import coccl.torch`` registers ``"coccl"``.
+
+TP code talks to ``torch.distributed`` (``dist.all_reduce``, ``reduce_scatter_tensor``,
+``all_gather_into_tensor``, DeviceMesh, DTensor's ``parallelize_module``, Megatron's
+process groups). A group created with ``backend="coccl"`` runs those three collectives
+through a coccl Communicator, with the codec and schedule chosen per group, and forwards
+every other operation (broadcast, send/recv, barrier, scatter, ...) to an inner Gloo group
+(CPU tensors) or an inner NCCL group (CUDA tensors, created on first use), so a training
+script runs unchanged::
+
+    import coccl.torch
+    import torch.distributed as dist
+
+    coccl.torch.init_process_group()            # torchrun's env, or mpiexec's
+    tp = dist.new_group(ranks, backend="coccl",
+                        pg_options=coccl.torch.CocclOptions(compressor="taco"))
+    dist.all_reduce(activations, group=tp)      # TACO FP8 on the wire
+    with coccl.torch.options(tp, compressor="identity"):
+        dist.all_reduce(exact_sum, group=tp)    # this call exact
+
+What compresses (``CocclOptions``): AllReduce and ReduceScatter of floating tensors of at
+least ``min_compress_bytes`` (64 KiB) with the group's codec; AllGather stays exact unless
+``compress`` names it (gathering parameters lossily is rarely wanted); smaller messages
+(a loss scalar, metrics), integer tensors, MAX / MIN / PRODUCT (a vocab-parallel logits
+max) and the collectives not named take coccl's exact path (identity codec;
+``algorithm="auto"`` where the group's codec is lossy). ReduceOps: SUM, AVG, MAX, MIN,
+PRODUCT, and PREMUL_SUM where torch exposes its factor (2.13); other ops (BAND...) and
+dtypes coccl does not carry (bool, complex) forward to the inner group.
+
+Under torchrun no MPI is initialized: coccl's bootstrap runs over torch's store and host
+bytes over Gloo (mpi4py stays asleep unless the application wakes it).
+
+Data: CPU tensors travel over a private Gloo group (``coccl.torch_transport``); CUDA
+tensors over coccl's NCCL transport when every rank has a GPU of its own and CuPy (the
+Communicator's ``backend="auto"``), else a CUDA collective raises. A CUDA call is ordered on
+the caller's current stream, as torch's NCCL is; ``Work.wait()`` makes the current stream
+wait for it; a CPU call completes before it returns. The group's ``timeout`` (and
+``COCCL_TIMEOUT_S``, the smaller wins) bounds every wait.
+
+Supported torch versions: 2.11 to 2.13 (tested on both ends; the backend uses
+``Backend.register_backend(..., extended_api=True)``, a Python ``ProcessGroup`` subclass
+and ``dist._Work``, as torchft does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+import socket
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from coccl import algorithms
+from coccl.compressors import Compressor, get_compressor
+from coccl.config import settings
+from coccl.torch_transport import GlooTransport, StoreBootstrap, as_timedelta
+
+log = logging.getLogger(__name__)
+
+BACKEND = "coccl"
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+DEVICE_BACKENDS = ("auto", "nccl", "none")
+DEFAULT_MIN_COMPRESS_BYTES = 64 << 10
+# Set in every process that an MPI launcher (Open MPI, MPICH's Hydra, PMIx) starts.
+_MPI_LAUNCHER_RANKS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+# torch dtypes a coccl Communicator carries (others forward to the inner group).
+_CARRIED = frozenset(
+    {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
+     torch.int16, torch.int32, torch.int64}
+)  # fmt: skip
+_EXACT_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.AVG: "avg",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.PRODUCT: "prod",
+}
+
+
+# ---------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class CocclOptions:
+    """A coccl group's choices, given as ``pg_options`` to ``init_process_group`` /
+    ``new_group`` (or in ``init_device_mesh``'s ``backend_override``); ``options()``
+    overrides them for the calls inside a ``with`` block.
+
+    Attributes:
+        compressor: codec name or config dict (``"taco"``, ``{"id": "int8"}``...) for the
+            collectives in ``compress``. Default ``"identity"``: exact.
+        algorithm: ``"auto"``, ``"ring"``, ``"two_shot"`` or ``"native"``.
+        chunk_bytes: pipeline chunk size (None: coccl's sizing rules).
+        min_compress_bytes: messages (input bytes) smaller than this run exact, so a
+            loss-averaging AllReduce of a scalar or a metric is never quantized.
+        compress: which collectives use a lossy ``compressor``; AllGather is left out by
+            default (gathering parameters lossily is rarely what a user wants).
+        device_backend: ``"auto"``: CUDA tensors travel over coccl's NCCL transport when
+            every rank has a GPU of its own; ``"nccl"``: require it; ``"none"``: CPU
+            tensors only (no NCCL communicator is created).
+    """
+
+    compressor: str | dict = "identity"
+    algorithm: str = "auto"
+    chunk_bytes: int | None = None
+    min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
+    compress: tuple[str, ...] = ("allreduce", "reduce_scatter")
+    device_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        codec = get_compressor(self.compressor)  # ValueError for an unknown codec
+        algorithms.check_algorithm(self.algorithm)
+        if self.algorithm == "native" and not codec.lossless:
+            raise ValueError(f"algorithm 'native' takes compressor='identity', not {codec!r}")
+        if self.chunk_bytes is not None and (
+            isinstance(self.chunk_bytes, bool)
+            or not isinstance(self.chunk_bytes, int)
+            or self.chunk_bytes < 1
+        ):
+            raise ValueError(f"chunk_bytes must be a positive integer, got {self.chunk_bytes!r}")
+        if isinstance(self.min_compress_bytes, bool) or not isinstance(
+            self.min_compress_bytes, int
+        ):
+            raise ValueError(f"min_compress_bytes must be an int, got {self.min_compress_bytes!r}")
+        object.__setattr__(self, "compress", tuple(self.compress))
+        unknown = [c for c in self.compress if c not in COLLECTIVES]
+        if unknown:
+            raise ValueError(f"compress names {unknown}; coccl's collectives are {COLLECTIVES}")
+        if self.device_backend not in DEVICE_BACKENDS:
+            raise ValueError(
+                f"device_backend must be one of {DEVICE_BACKENDS}, got {self.device_backend!r}"
+            )
+
+    @property
+    def _timeout(self) -> None:
+        """torch's own Options carry a timeout, which DeviceMesh reads from
+        ``backend_override``; a coccl group takes the timeout ``new_group`` is given."""
+        return None
+
+    @functools.cached_property
+    def codec(self) -> Compressor:
+        """The group's codec object."""
+        return get_compressor(self.compressor)
+
+
+# (group or None for every coccl group, field changes), innermost last. Process-wide, not
+# per thread or context: autograd runs CUDA backward passes on threads of its own.
+_OVERRIDES: list[tuple[Any, dict[str, Any]]] = []
+
+
+@contextlib.contextmanager
+def options(group: Any = None, **changes: Any) -> Iterator[None]:
+    """Override a coccl group's options for the calls made inside the block.
+
+    Collective like the calls themselves: every rank must make the same overrides.
+
+    Args:
+        group: the coccl group to override (``None``: every coccl group).
+        **changes: ``CocclOptions`` fields, e.g. ``compressor="identity"``.
+
+    Example:
+        >>> with coccl.torch.options(tp_group, compressor="int8", algorithm="ring"):
+        ...     dist.all_reduce(x, group=tp_group)
+    """
+    dataclasses.replace(CocclOptions(), **changes)  # validates names and values now
+    entry = (group, changes)
+    _OVERRIDES.append(entry)
+    try:
+        yield
+    finally:
+        _OVERRIDES.remove(entry)
+
+
+# ------------------------------------------------------------------------- work
+class CocclWork(dist._Work):
+    """A coccl collective's ``Work``. The collective has run (CPU) or is enqueued on the
+    issuing stream (CUDA), so ``wait()`` only makes the current stream wait for the event
+    recorded after it; ``get_future()`` is a completed future of the output tensors."""
+
+    def __init__(self, outputs: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._outputs = outputs
+        device = outputs[0].device if outputs else torch.device("cpu")
+        self._event: Any = None
+        if device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(device))
+            # a future over CUDA tensors orders its consumers' streams after this one
+            self._future: torch.futures.Future = torch.futures.Future(devices=[device])
+        else:
+            self._future = torch.futures.Future()
+        self._device = device
+        self._future.set_result(outputs)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if self._event is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._event)
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def is_completed(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Any:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+# ------------------------------------------------------------------ the group
+class CocclProcessGroup(dist.ProcessGroup):
+    """The process group behind ``backend="coccl"`` (build it through torch.distributed).
+
+    Attributes:
+        comm: the coccl Communicator that runs the group's collectives.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        opts: CocclOptions,
+    ) -> None:
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = timeout
+        self._options = opts
+        self._group_name: str | None = None
+        self._counts: Counter[str] = Counter()
+        # Collective creation, in the same order on every rank: the Gloo group that
+        # forwarded operations use, then the Communicator (its bootstrap over the store,
+        # its own Gloo group for host bytes, NCCL for device bytes where it can).
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self._nccl: Any = None
+        env = settings()
+        env = dataclasses.replace(env, timeout_s=min(env.timeout_s, timeout.total_seconds()))
+
+        def make_host(env: Any) -> GlooTransport:
+            wire_store = dist.PrefixStore("wire/", store)
+            wire = dist.ProcessGroupGloo(wire_store, rank, size, as_timedelta(env.timeout_s))
+            return GlooTransport(wire, env.timeout_s, env.pipeline_depth)
+
+        _keep_mpi_asleep()
+        from coccl.communicator import create  # noqa: PLC0415
+
+        backend = {"auto": "auto", "nccl": "nccl", "none": "mpi"}[opts.device_backend]
+        boot = StoreBootstrap(dist.PrefixStore("boot/", store), rank, size)
+        # Starting numba's OpenMP threads (the Communicator sets the codec threads) resets
+        # torch's intra-op thread count, which shares the OpenMP runtime: keep the user's.
+        threads = torch.get_num_threads()
+        self.comm = create(boot, make_host, backend, env)
+        torch.set_num_threads(threads)
+
+    # ------------------------------------------------------------ identity
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return BACKEND
+
+    @property
+    def group_name(self) -> str:
+        if self._group_name is None:
+            raise ValueError("this coccl process group has no name yet")
+        return self._group_name
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def options(self) -> CocclOptions:
+        """The group's options (``pg_options``), before any ``options()`` override."""
+        return self._options
+
+    def stats(self) -> dict[str, int]:
+        """Calls so far, by ``collective:path`` (``allreduce:compressed``,
+        ``allreduce:exact``, ``forwarded:broadcast``...)."""
+        return dict(self._counts)
+
+    def __repr__(self) -> str:
+        return f"CocclProcessGroup(rank={self.rank()}, size={self.size()}, {self._options})"
+
+    # ------------------------------------------------------- coccl's own three
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        op = _reduce_op(opts)
+        if not self._carries(tensors, op):
+            return self._forward("allreduce", tensors, _or(opts, c10d.AllreduceOptions))
+        for t in tensors:
+            self._run("allreduce", t, t, op)
+        return CocclWork(tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        op = _reduce_op(opts)
+        if not self._carries(tensors, op):
+            return self._forward(
+                "allreduce_coalesced", tensors, _or(opts, c10d.AllreduceCoalescedOptions)
+            )
+        for t in tensors:
+            self._run("allreduce", t, t, op)
+        return CocclWork(tensors)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None):
+        op = _reduce_op(opts)
+        if not self._carries([input], op):
+            return self._forward(
+                "_reduce_scatter_base", output, input, _or(opts, c10d.ReduceScatterOptions)
+            )
+        self._run("reduce_scatter", input, output, op)
+        return CocclWork([output])
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        op = _reduce_op(opts)
+        if not self._carries(inputs, op):
+            return self._forward(
+                "reduce_scatter_tensor_coalesced", outputs, inputs,
+                _or(opts, c10d.ReduceScatterOptions),
+            )  # fmt: skip
+        for out, x in zip(outputs, inputs, strict=True):
+            self._run("reduce_scatter", x, out, op)
+        return CocclWork(outputs)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None):
+        if not self._carries([input], ("sum", None)):
+            return self._forward("_allgather_base", output, input, _or(opts, c10d.AllgatherOptions))
+        self._run("allgather", input, output, ("sum", None))
+        return CocclWork([output])
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        if not self._carries(inputs, ("sum", None)):
+            return self._forward(
+                "allgather_into_tensor_coalesced", outputs, inputs,
+                _or(opts, c10d.AllgatherOptions),
+            )  # fmt: skip
+        for out, x in zip(outputs, inputs, strict=True):
+            self._run("allgather", x, out, ("sum", None))
+        return CocclWork(outputs)
+
+    # torch 2.13's Python API calls these names; older versions (and torch's C++ side)
+    # call the ones above.
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def _carries(self, tensors: list[torch.Tensor], op: tuple[str, Any] | None) -> bool:
+        """Whether coccl runs this call (else the inner group does): an op and dtypes it
+        has."""
+        if op is None:
+            return False
+        return all(t.dtype in _CARRIED for t in tensors)
+
+    def _run(self, collective: str, x: torch.Tensor, out: torch.Tensor, op: tuple) -> None:
+        """One coccl collective of ``x`` into ``out`` with the options in force."""
+        name, factor = op
+        if x.is_cuda and self.comm.backend != "nccl":
+            raise ValueError(
+                "this coccl group moves no CUDA tensors: its ranks do not each have a GPU of "
+                "their own with CuPy, or device_backend='none' (CocclOptions)"
+            )
+        opts = self._effective()
+        nbytes = x.numel() * x.element_size()
+        codec = opts.codec
+        lossy = not codec.lossless
+        if lossy and not (
+            collective in opts.compress
+            and nbytes >= opts.min_compress_bytes
+            and x.is_floating_point()
+            and name in ("sum", "avg")
+        ):
+            algorithm, compressor, path = "auto", "identity", "exact"
+        else:
+            algorithm, compressor = opts.algorithm, opts.compressor
+            path = "compressed" if lossy else "exact"
+        self._counts[f"{collective}:{path}"] += 1
+        kwargs: dict[str, Any] = {
+            "algorithm": algorithm, "compressor": compressor, "chunk_bytes": opts.chunk_bytes,
+        }  # fmt: skip
+        if collective != "allgather":
+            kwargs["op"] = name
+        getattr(self.comm, collective)(x, out, **kwargs)
+        if factor is not None:  # PREMUL_SUM: the sum of factor * x is factor * the sum
+            out.mul_(factor)
+
+    def _effective(self) -> CocclOptions:
+        """The group's options with the ``options()`` overrides in force for it."""
+        opts = self._options
+        for group, changes in _OVERRIDES:
+            if group is None or group is self:
+                opts = dataclasses.replace(opts, **changes)
+        return opts
+
+    # ------------------------------------------------------------ forwarded
+    def _inner(self, tensors: Any) -> Any:
+        """The inner group for these tensors: NCCL (created on first use) for CUDA
+        tensors, Gloo otherwise."""
+        flat = _flatten(tensors)
+        if not any(t.is_cuda for t in flat):
+            return self._gloo
+        if self._nccl is None:
+            # Creating a ProcessGroupNCCL does not communicate (NCCL's communicator is
+            # made by its first operation), so any subset of ranks may get here first.
+            nccl_opts = dist.ProcessGroupNCCL.Options()
+            nccl_opts._timeout = self._timeout
+            self._nccl = dist.ProcessGroupNCCL(
+                dist.PrefixStore("nccl/", self._store), self.rank(), self.size(), nccl_opts
+            )
+        return self._nccl
+
+    def _forward(self, method: str, *args: Any) -> Any:
+        """Run ``method`` on the inner group that fits the tensors in ``args``."""
+        self._counts[f"forwarded:{method}"] += 1
+        log.debug("coccl group %s: %s forwarded to the inner group", self._group_name, method)
+        return getattr(self._inner(args), method)(*args)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._forward("broadcast", tensors, _or(opts, c10d.BroadcastOptions))
+
+    def allgather(self, outputs: list, inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._forward("allgather", outputs, inputs, _or(opts, c10d.AllgatherOptions))
+
+    def allgather_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
+        return self._forward(
+            "allgather_coalesced", outputs, inputs, _or(opts, c10d.AllgatherOptions)
+        )
+
+    def gather(self, outputs: list, inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._forward("gather", outputs, inputs, _or(opts, c10d.GatherOptions))
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None) -> Any:
+        return self._forward("scatter", outputs, inputs, _or(opts, c10d.ScatterOptions))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._forward("reduce", tensors, _or(opts, c10d.ReduceOptions))
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None):
+        return self._forward(
+            "reduce_scatter", outputs, inputs, _or(opts, c10d.ReduceScatterOptions)
+        )
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None) -> Any:
+        return self._forward("alltoall", outputs, inputs, _or(opts, c10d.AllToAllOptions))
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: Any = None,
+    ) -> Any:
+        return self._forward(
+            "alltoall_base", output, input, output_splits, input_splits,
+            _or(opts, c10d.AllToAllOptions),
+        )  # fmt: skip
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: Any = None,
+    ) -> Any:
+        return self.alltoall_base(output, input, output_splits, input_splits, opts)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
+        return self._forward("send", tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
+        return self._forward("recv", tensors, src, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
+        return self._forward("recv_anysource", tensors, tag)
+
+    def barrier(self, opts: Any = None) -> Any:
+        """A Gloo barrier: every rank of the group has reached it (host order only)."""
+        self._counts["forwarded:barrier"] += 1
+        return self._gloo.barrier(_or(opts, c10d.BarrierOptions))
+
+    # ------------------------------------------------------------ lifecycle
+    def shutdown(self) -> None:
+        """Free the Communicator and the inner NCCL group (torch calls this from
+        ``destroy_process_group``)."""
+        self.comm.close()
+        if self._nccl is not None:
+            self._nccl.shutdown()
+
+    def abort(self) -> None:
+        self.comm.close()
+        if self._nccl is not None:
+            self._nccl.abort()
+
+
+def _keep_mpi_asleep() -> None:
+    """Outside an MPI launch (torchrun, a lone process), keep mpi4py from initializing
+    MPI when coccl's modules import it: the group needs no MPI, and an MPI library's
+    singleton start can fail or hang where no MPI launcher runs. Under mpiexec, or once
+    the application has imported mpi4py.MPI itself, nothing changes."""
+    if "mpi4py.MPI" in sys.modules or any(k in os.environ for k in _MPI_LAUNCHER_RANKS):
+        return
+    import mpi4py  # noqa: PLC0415
+
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+
+
+def _or(opts: Any, default: Callable[[], Any]) -> Any:
+    return default() if opts is None else opts
+
+
+def _flatten(items: Any) -> list[torch.Tensor]:
+    """The tensors in nested lists (other leaves, such as split sizes, left out)."""
+    if isinstance(items, torch.Tensor):
+        return [items]
+    if isinstance(items, (list, tuple)):
+        return [t for item in items for t in _flatten(item)]
+    return []
+
+
+def _reduce_op(opts: Any) -> tuple[str, Any] | None:
+    """``(coccl op, premultiplier or None)`` of a torch options object, or None for an op
+    coccl does not run (BAND, BOR, BXOR; PREMUL_SUM where torch hides the factor)."""
+    op = dist.ReduceOp.SUM if opts is None else getattr(opts, "reduceOp", opts)
+    if op == dist.ReduceOp.PREMUL_SUM:
+        factor = getattr(op, "factor", None)  # torch >= 2.13 exposes it
+        return None if factor is None else ("sum", factor)
+    for known, name in _EXACT_OPS.items():
+        if op == known:
+            return name, None
+    return None
+
+
+# ------------------------------------------------------------- registration
+def _create(dist_opts: Any, pg_options: Any) -> CocclProcessGroup:
+    """torch's creator for ``backend="coccl"`` (extended API: it gets ``pg_options``)."""
+    if pg_options is None:
+        pg_options = CocclOptions()
+    if not isinstance(pg_options, CocclOptions):
+        raise TypeError(
+            f"pg_options of a coccl group must be coccl.torch.CocclOptions, got "
+            f"{type(pg_options).__name__}"
+        )
+    return CocclProcessGroup(
+        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
+        pg_options,
+    )  # fmt: skip
+
+
+def register_backend() -> None:
+    """Register ``"coccl"`` with torch.distributed (``import coccl.torch`` does it once)."""
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+register_backend()
+
+
+# --------------------------------------------------------------------- launch
+def init_process_group(backend: str = BACKEND, **kwargs: Any) -> None:
+    """``torch.distributed.init_process_group`` under torchrun, mpiexec or alone.
+
+    Under torchrun (``RANK`` and ``WORLD_SIZE`` set) torch's environment is used as is.
+    Under mpiexec this fills ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE`` from MPI and ``MASTER_ADDR``/``MASTER_PORT`` (unless set) from
+    rank 0, so a script written for torchrun runs as it is; MPI is used for nothing else.
+    A lone process becomes a world of one. Explicit ``rank``/``world_size``/``store``/
+    ``init_method`` arguments are passed through untouched.
+
+    Args:
+        backend: the default group's backend (``"coccl"``, or e.g. ``"gloo"`` and coccl
+            only for groups made with ``new_group(backend="coccl")``).
+        **kwargs: ``torch.distributed.init_process_group``'s other arguments
+            (``pg_options=CocclOptions(...)`` for a coccl default group, ``timeout``...).
+    """
+    explicit = any(k in kwargs for k in ("rank", "world_size", "store", "init_method"))
+    if not explicit and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        os.environ.update(_launch_env())
+    dist.init_process_group(backend=backend, **kwargs)
+
+
+def _launch_env() -> dict[str, str]:
+    """torchrun's variables for this process, from mpiexec's MPI world or a world of one."""
+    env = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in os.environ}
+    if not any(k in os.environ for k in _MPI_LAUNCHER_RANKS):
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(_free_port()))
+        return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                **env}  # fmt: skip
+    from mpi4py import MPI  # noqa: PLC0415
+
+    world = MPI.COMM_WORLD
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    hosts = world.allgather(socket.gethostname())
+    if "MASTER_ADDR" not in env:
+        one_host = len(set(hosts)) == 1
+        address = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
+        env["MASTER_ADDR"] = world.bcast(address if world.Get_rank() == 0 else None)
+    if "MASTER_PORT" not in env:
+        env["MASTER_PORT"] = world.bcast(str(_free_port()) if world.Get_rank() == 0 else None)
+    env.update(
+        RANK=str(world.Get_rank()),
+        WORLD_SIZE=str(world.Get_size()),
+        LOCAL_RANK=str(node.Get_rank()),
+        LOCAL_WORLD_SIZE=str(node.Get_size()),
+    )
+    node.Free()
+    return env
+
+
+def _free_port() -> int:
+    """A TCP port that is free now (for torch's store on rank 0)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+__all__ = [
+    "BACKEND",
+    "CocclOptions",
+    "CocclProcessGroup",
+    "CocclWork",
+    "init_process_group",
+    "options",
+    "register_backend",
+]

@@ -1,0 +1,446 @@
+"""The coccl torch.distributed backend on several ranks: every rank runs these cases in the
+same order (tests/scripts/torch_ranks.py under torchrun or mpiexec; on CUDA tensors,
+tests/mpi/test_torch_backend_gpu.py imports them and overrides ``device``).
+
+Data is rank-seeded, so every rank builds every other rank's contribution and checks its
+result against an exact float64 reference without communicating. Groups are created in
+the order the cases first ask for them, the same on every rank (creation is collective).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import _functional_collectives as funcol
+
+import coccl
+import coccl.torch
+from coccl.torch import CocclOptions, CocclProcessGroup
+
+CODECS = ["identity", "int8", "taco"]
+DTYPES = [torch.float32, torch.bfloat16]
+COUNTS = [0, 1, 3, 4099]  # per rank (AllGather) or per shard (ReduceScatter)
+LARGE = 1024  # from this count, a lossy result is held to the error model
+EVERYTHING = ("allreduce", "reduce_scatter", "allgather")
+# torch 2.13 renamed reduce_scatter_tensor and all_gather_into_tensor; 2.11 has only these
+pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
+
+
+# ------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    return torch.device("cpu")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def world(device: torch.device) -> dist.ProcessGroup:
+    if not dist.is_initialized():
+        coccl.torch.init_process_group(timeout=timedelta(seconds=60))
+    return dist.group.WORLD
+
+
+_GROUPS: dict[tuple, dist.ProcessGroup] = {}
+
+
+def group(**options) -> dist.ProcessGroup:
+    """A coccl group of every rank with these ``CocclOptions`` (one per set of options)."""
+    key = tuple(sorted((k, repr(v)) for k, v in options.items()))
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(backend="coccl", pg_options=CocclOptions(**options))
+    return _GROUPS[key]
+
+
+def lossy_group(codec: str, algorithm: str) -> dist.ProcessGroup:
+    """Every collective compressed, whatever its size."""
+    return group(compressor=codec, algorithm=algorithm, min_compress_bytes=0, compress=EVERYTHING)
+
+
+def checker() -> dist.ProcessGroup:
+    """A plain Gloo group for comparing results across ranks (independent of coccl)."""
+    if "checker" not in _GROUPS:
+        _GROUPS["checker"] = dist.new_group(backend="gloo")
+    return _GROUPS["checker"]
+
+
+# -------------------------------------------------------------------- helpers
+def seed_of(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def rank_data(seed: int, rank: int, count: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Rank ``rank``'s data for case ``seed`` (the same on every rank that builds it)."""
+    rng = np.random.default_rng([seed, rank, count])
+    if dtype.is_floating_point:
+        values = torch.from_numpy(rng.standard_normal(count).astype(np.float32))
+    else:
+        values = torch.from_numpy(rng.integers(-9, 10, size=count))
+    return values.to(dtype).to(device)
+
+
+def everyone(seed: int, count: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
+    return [rank_data(seed, r, count, dtype, device) for r in range(dist.get_world_size())]
+
+
+def exact_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([p.double().cpu() for p in parts]).sum(0)
+
+
+def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double().cpu() - ref).norm() / max(float(ref.norm()), 1e-300))
+
+
+def same_on_every_rank(t: torch.Tensor) -> bool:
+    mine = bytes(t.detach().cpu().clone().untyped_storage())
+    every: list[bytes] = [b""] * dist.get_world_size()
+    dist.all_gather_object(every, mine, group=checker())
+    return len(set(every)) == 1
+
+
+def quantizations(collective: str, algorithm: str, n: int) -> float:
+    """Independent quantization errors of one codec roundtrip's size that a result
+    carries, relative to it, in units of e^2 (tests/mpi/test_compressed.py's model)."""
+    if collective == "allgather":
+        return 1.0
+    reduce = (n - 1) / n if algorithm == "two_shot" else (n - 1) / 2
+    return reduce + (1.0 if collective == "allreduce" else 0.0)
+
+
+def check_result(got, ref, codec, collective, algorithm, dtype, count) -> None:
+    """Exact codecs: the float64 reference to the output dtype's rounding. Lossy codecs:
+    the error model on large counts, a loose bound on tiny ones."""
+    n = dist.get_world_size()
+    c = coccl.get_compressor(codec)
+    out_rounding = 2.0**-8 if dtype == torch.bfloat16 else 1e-6
+    if c.lossless:
+        if collective == "allgather":
+            assert torch.equal(got.cpu(), ref.to(dtype))
+        else:
+            torch.testing.assert_close(got.double().cpu(), ref, rtol=out_rounding, atol=1e-6)
+        return
+    if count == 0:
+        return
+    err = rel_l2(got, ref)
+    if count < LARGE:
+        assert err < 0.3, err
+        return
+    model = c.rel_error_typical * math.sqrt(quantizations(collective, algorithm, n))
+    slack = 0.004 if dtype == torch.bfloat16 else 0.0
+    assert 0.5 * model - slack <= err <= 1.5 * model + slack, (err, model)
+
+
+ALGOS = [(c, a) for c in CODECS for a in (["auto", "two_shot"] if c == "identity" else [])] + [
+    (c, a) for c in CODECS[1:] for a in ("two_shot", "ring")
+]
+
+
+# ------------------------------------------------------ coccl's own collectives
+def test_default_group_is_coccl(world):
+    assert dist.get_backend() == "coccl"
+    assert isinstance(world, CocclProcessGroup)
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("codec,algorithm", ALGOS)
+def test_all_reduce(device, codec, algorithm, op, dtype, count):
+    n = dist.get_world_size()
+    parts = everyone(seed_of("ar", codec, algorithm, op, str(dtype), count), count, dtype, device)
+    t = parts[dist.get_rank()].clone()
+    reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG
+    dist.all_reduce(t, op=reduce_op, group=lossy_group(codec, algorithm))
+    ref = exact_sum(parts) / (n if op == "avg" else 1)
+    check_result(t, ref, codec, "allreduce", algorithm, dtype, count)
+    assert same_on_every_rank(t)
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("codec,algorithm", ALGOS)
+def test_reduce_scatter_tensor(device, codec, algorithm, op, dtype, count):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    seed = seed_of("rs", codec, algorithm, op, str(dtype), count)
+    parts = everyone(seed, n * count, dtype, device)
+    out = torch.empty(count, dtype=dtype, device=device)
+    x = parts[rank].clone()
+    reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG
+    dist.reduce_scatter_tensor(out, x, op=reduce_op, group=lossy_group(codec, algorithm))
+    ref = exact_sum(parts)[rank * count : (rank + 1) * count] / (n if op == "avg" else 1)
+    check_result(out, ref, codec, "reduce_scatter", algorithm, dtype, count)
+    assert torch.equal(x, parts[rank])  # the input is left as it was
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("codec,algorithm", ALGOS)
+def test_all_gather_into_tensor(device, codec, algorithm, dtype, count):
+    n = dist.get_world_size()
+    parts = everyone(seed_of("ag", codec, algorithm, str(dtype), count), count, dtype, device)
+    out = torch.empty(n * count, dtype=dtype, device=device)
+    dist.all_gather_into_tensor(out, parts[dist.get_rank()], group=lossy_group(codec, algorithm))
+    ref = torch.cat([p.cpu() for p in parts]).double()
+    check_result(out, ref, codec, "allgather", algorithm, dtype, count)
+    assert same_on_every_rank(out)
+
+
+# ----------------------------------------------------------- what compresses
+def test_small_messages_and_all_gather_stay_exact(device):
+    """A group with TACO and the default options: a loss scalar and an AllGather run
+    exact, a large AllReduce compresses."""
+    g = group(compressor="taco", algorithm="two_shot")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    before = g.stats()
+
+    loss = everyone(seed_of("loss"), 1, torch.float32, device)
+    t = loss[rank].clone()
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, group=g)
+    torch.testing.assert_close(t.double().cpu(), exact_sum(loss) / n, rtol=1e-6, atol=0)
+
+    shards = everyone(seed_of("gather"), 5000, torch.float32, device)
+    out = torch.empty(n * 5000, device=device)
+    dist.all_gather_into_tensor(out, shards[rank], group=g)
+    assert torch.equal(out.cpu(), torch.cat([s.cpu() for s in shards]))
+
+    count = coccl.torch.DEFAULT_MIN_COMPRESS_BYTES // 4
+    big = everyone(seed_of("big"), count, torch.float32, device)
+    t = big[rank].clone()
+    dist.all_reduce(t, group=g)
+    assert rel_l2(t, exact_sum(big)) > 1e-3  # quantized
+
+    after = g.stats()
+    assert after.get("allreduce:exact", 0) - before.get("allreduce:exact", 0) == 1
+    assert after.get("allgather:exact", 0) - before.get("allgather:exact", 0) == 1
+    assert after.get("allreduce:compressed", 0) - before.get("allreduce:compressed", 0) == 1
+
+
+def test_options_override_per_call(device):
+    g = lossy_group("taco", "two_shot")
+    rank = dist.get_rank()
+    parts = everyone(seed_of("override"), 4096, torch.float32, device)
+    ref = exact_sum(parts)
+    with coccl.torch.options(g, compressor="identity"):
+        t = parts[rank].clone()
+        dist.all_reduce(t, group=g)
+    torch.testing.assert_close(t.double().cpu(), ref, rtol=1e-6, atol=1e-6)
+    with coccl.torch.options(compressor="int8"):  # every coccl group
+        t = parts[rank].clone()
+        dist.all_reduce(t, group=g)
+    int8_err = rel_l2(t, ref)
+    t = parts[rank].clone()
+    dist.all_reduce(t, group=g)  # the group's own taco again
+    taco_err = rel_l2(t, ref)
+    assert 0 < int8_err < taco_err  # int8 is the finer of the two (README's table)
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError), coccl.torch.options(compressor="zstd"):
+        pass
+    with pytest.raises(TypeError), coccl.torch.options(no_such_option=1):
+        pass
+
+
+@pytest.mark.parametrize(
+    "op,combine",
+    [
+        (dist.ReduceOp.MAX, lambda s: s.max(0).values),
+        (dist.ReduceOp.MIN, lambda s: s.min(0).values),
+        (dist.ReduceOp.PRODUCT, lambda s: s.prod(0)),
+    ],
+    ids=["max", "min", "product"],
+)
+def test_other_ops_run_exact_on_a_lossy_group(device, op, combine):
+    """MAX (e.g. the logits max of a vocab-parallel cross entropy) is never quantized."""
+    parts = everyone(seed_of("ops", str(op)), 2000, torch.float32, device)
+    t = parts[dist.get_rank()].clone()
+    dist.all_reduce(t, op=op, group=lossy_group("taco", "two_shot"))
+    ref = combine(torch.stack([p.double().cpu() for p in parts]))
+    torch.testing.assert_close(t.double().cpu(), ref, rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+def test_integers_run_exact_on_a_lossy_group(device, dtype):
+    parts = everyone(seed_of("int", str(dtype)), 3000, dtype, device)
+    t = parts[dist.get_rank()].clone()
+    dist.all_reduce(t, group=lossy_group("taco", "two_shot"))
+    assert torch.equal(t.cpu(), torch.stack([p.cpu() for p in parts]).sum(0).to(dtype))
+
+
+def test_premul_sum(device):
+    factor = 0.25
+    op = dist._make_nccl_premul_sum(factor)
+    if getattr(op, "factor", None) is None:
+        pytest.skip("this torch does not expose PREMUL_SUM's factor (torch < 2.13)")
+    parts = everyone(seed_of("premul"), 100, torch.float32, device)
+    t = parts[dist.get_rank()].clone()
+    dist.all_reduce(t, op=op, group=group(algorithm="two_shot"))
+    torch.testing.assert_close(t.double().cpu(), factor * exact_sum(parts), rtol=1e-6, atol=1e-7)
+
+
+def test_async_op(device):
+    parts = everyone(seed_of("async"), 777, torch.float32, device)
+    t = parts[dist.get_rank()].clone()
+    work = dist.all_reduce(t, async_op=True, group=group(algorithm="two_shot"))
+    assert work.wait()
+    assert work.is_completed() or device.type == "cuda"
+    (result,) = work.get_future().wait()
+    assert result is t
+    torch.testing.assert_close(t.double().cpu(), exact_sum(parts), rtol=1e-6, atol=1e-6)
+
+
+def test_functional_collectives(device, world):
+    """The path DTensor takes: torch's functional collectives, resolved by group name."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    parts = everyone(seed_of("funcol"), 6 * n, torch.float32, device)
+    ref = exact_sum(parts)
+    got = funcol.all_reduce(parts[rank], "sum", world)
+    torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-6, atol=1e-6)
+    got = funcol.reduce_scatter_tensor(parts[rank], "sum", 0, world)
+    mine = ref[rank * 6 : (rank + 1) * 6]
+    torch.testing.assert_close(got.double().cpu(), mine, rtol=1e-6, atol=1e-6)
+    got = funcol.all_gather_tensor(parts[rank][:6], 0, world)
+    assert torch.equal(got.cpu(), torch.cat([p[:6].cpu() for p in parts]))
+
+
+# ---------------------------------------------------------------- forwarded
+def test_broadcast_and_barrier(device):
+    t = torch.arange(5.0, device=device) * (1 + dist.get_rank())
+    dist.broadcast(t, src=0)
+    assert torch.equal(t.cpu(), torch.arange(5.0))
+    dist.barrier()
+    assert dist.group.WORLD.stats()["forwarded:barrier"] >= 1
+
+
+def test_send_recv_ring(device):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        pytest.skip("a ring of sends needs two ranks")
+    out = torch.full((4,), float(rank), device=device)
+    got = torch.empty(4, device=device)
+    works = [dist.isend(out, (rank + 1) % n), dist.irecv(got, (rank - 1) % n)]
+    for w in works:
+        w.wait()
+    assert torch.equal(got.cpu(), torch.full((4,), float((rank - 1) % n)))
+
+
+def test_scatter_gather_all_gather_list(device):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    pieces = [torch.full((3,), float(k), device=device) for k in range(n)]
+    got = torch.empty(3, device=device)
+    dist.scatter(got, pieces if rank == 0 else None, src=0)
+    assert torch.equal(got.cpu(), torch.full((3,), float(rank)))
+    listed = [torch.empty(3, device=device) for _ in range(n)]
+    dist.all_gather(listed, got)
+    assert all(torch.equal(x.cpu(), torch.full((3,), float(k))) for k, x in enumerate(listed))
+    if device.type == "cpu":  # NCCL has no gather
+        gathered = [torch.empty(3) for _ in range(n)] if rank == 0 else None
+        dist.gather(got, gathered, dst=0)
+        if rank == 0:
+            assert all(torch.equal(x, torch.full((3,), float(k))) for k, x in enumerate(gathered))
+
+
+def test_objects_and_all_to_all(device):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    objs: list = [None] * n
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": r} for r in range(n)]
+    x = torch.arange(n, dtype=torch.float32, device=device) + 10 * rank
+    y = torch.empty(n, device=device)
+    dist.all_to_all_single(y, x)
+    assert torch.equal(y.cpu(), torch.tensor([10.0 * r + rank for r in range(n)]))
+
+
+def test_ops_coccl_lacks_are_forwarded(device):
+    """BAND (Gloo has it, NCCL not) goes to the inner group."""
+    if device.type == "cuda":
+        pytest.skip("NCCL has no bitwise reductions")
+    parts = everyone(seed_of("band"), 50, torch.int64, device)
+    t = parts[dist.get_rank()].clone()
+    before = dist.group.WORLD.stats().get("forwarded:allreduce", 0)
+    dist.all_reduce(t, op=dist.ReduceOp.BAND)
+    expected = parts[0].clone()
+    for p in parts[1:]:
+        expected &= p
+    assert torch.equal(t, expected)
+    assert dist.group.WORLD.stats()["forwarded:allreduce"] == before + 1
+
+
+def test_subgroup_of_one_rank(device):
+    solo = dist.new_group([0], backend="coccl")
+    if dist.get_rank() != 0:
+        assert solo == dist.GroupMember.NON_GROUP_MEMBER
+        return
+    t = torch.arange(7.0, device=device)
+    dist.all_reduce(t, group=solo)
+    assert torch.equal(t.cpu(), torch.arange(7.0))
+
+
+def test_init_device_mesh_with_backend_override(device):
+    """A mesh dimension of backend coccl with options, as DeviceMesh users declare it."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+
+    opts = CocclOptions(compressor="int8", algorithm="two_shot", min_compress_bytes=0)
+    mesh = init_device_mesh(
+        device.type, (dist.get_world_size(),), mesh_dim_names=("tp_override",),
+        backend_override={"tp_override": ("coccl", opts)},
+    )  # fmt: skip
+    g = mesh.get_group("tp_override")
+    assert isinstance(g, CocclProcessGroup) and g.options == opts
+    parts = everyone(seed_of("mesh"), 3000, torch.float32, device)
+    got = funcol.all_reduce(parts[dist.get_rank()], "sum", g)
+    check_result(got, exact_sum(parts), "int8", "allreduce", "two_shot", torch.float32, 3000)
+    assert g.stats() == {"allreduce:compressed": 1}
+
+
+def test_wrong_pg_options_type():
+    with pytest.raises(TypeError, match="CocclOptions"):
+        dist.new_group(backend="coccl", pg_options={"compressor": "taco"})
+
+
+# ----------------------------------------------------------------- DTensor TP
+def _tp_step(mesh, device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One forward/backward/SGD step of a column- then row-parallel MLP on ``mesh``;
+    returns the output and every parameter's local shard after the step."""
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)
+    ).to(device)
+    model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1)).to(device)
+    out = model(x)
+    out.pow(2).mean().backward()
+    opt.step()
+    return out.detach(), [p.to_local().detach().clone() for p in model.parameters()]
+
+
+def test_parallelize_module_matches_gloo(device):
+    """DTensor TP over a coccl mesh (identity, coccl's two-shot) against a plain group."""
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
+
+    plain = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo")
+    ours = group(algorithm="two_shot")
+    # DTensor caches sharding decisions by mesh, and meshes of the same ranks compare
+    # equal unless their dimension names differ: without distinct names the second run
+    # would reuse the first mesh, and its group.
+    mesh = DeviceMesh.from_group(plain, device.type, mesh_dim_names=("tp_plain",))
+    out_ref, params_ref = _tp_step(mesh, device)
+    before = ours.stats().get("allreduce:exact", 0)
+    mesh = DeviceMesh.from_group(ours, device.type, mesh_dim_names=("tp_coccl",))
+    out, params = _tp_step(mesh, device)
+    assert ours.stats().get("allreduce:exact", 0) > before  # the TP AllReduces ran on coccl
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    for p, q in zip(params, params_ref, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

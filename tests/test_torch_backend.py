@@ -1,0 +1,177 @@
+"""The torch.distributed backend "coccl" (coccl/torch.py): its options and op mapping on
+one process, and tests/scripts/torch_backend_cases.py on several ranks under both
+launchers it supports (torchrun, and mpiexec through ``coccl.torch.init_process_group``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpi_launch import ROOT, mpiexec
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import coccl.torch  # noqa: E402
+from coccl.torch import CocclOptions  # noqa: E402
+
+RANKS = ROOT / "tests" / "scripts" / "torch_ranks.py"
+CASES = "tests/scripts/torch_backend_cases.py"
+
+
+# ------------------------------------------------------------- one process
+def test_backend_is_registered():
+    assert dist.Backend.COCCL == "coccl"
+    assert "coccl" in dist.Backend.backend_list
+    coccl.torch.register_backend()  # a second registration is a no-op
+    assert dist.Backend.backend_capability["coccl"] == ["cpu", "cuda"]
+
+
+def test_default_options_are_exact_and_compress_reductions_only():
+    opts = CocclOptions()
+    assert opts.codec.lossless
+    assert opts.compress == ("allreduce", "reduce_scatter")
+    assert opts.min_compress_bytes == coccl.torch.DEFAULT_MIN_COMPRESS_BYTES == 64 << 10
+
+
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        ({"compressor": "zstd"}, ValueError),
+        ({"algorithm": "fastest"}, ValueError),
+        ({"compressor": "taco", "algorithm": "native"}, ValueError),
+        ({"chunk_bytes": 0}, ValueError),
+        ({"chunk_bytes": True}, ValueError),
+        ({"min_compress_bytes": 1.5}, ValueError),
+        ({"compress": ("allreduce", "broadcast")}, ValueError),
+        ({"device_backend": "mpi"}, ValueError),
+    ],
+)
+def test_bad_options_are_refused(kwargs, error):
+    with pytest.raises(error):
+        CocclOptions(**kwargs)
+
+
+def test_options_take_codec_configs():
+    opts = CocclOptions(compressor={"id": "taco", "group_size": 64}, compress=["allreduce"])
+    assert opts.codec.get_config()["group_size"] == 64
+    assert opts.compress == ("allreduce",)
+
+
+@pytest.mark.parametrize(
+    "op,expected",
+    [
+        ("SUM", ("sum", None)),
+        ("AVG", ("avg", None)),
+        ("MAX", ("max", None)),
+        ("MIN", ("min", None)),
+        ("PRODUCT", ("prod", None)),
+        ("BAND", None),  # forwarded to the inner group
+    ],
+)
+def test_reduce_op_mapping(op, expected):
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = getattr(dist.ReduceOp, op)
+    assert coccl.torch._reduce_op(opts) == expected
+
+
+def test_premul_sum_mapping():
+    op = dist._make_nccl_premul_sum(0.5)
+    expected = ("sum", 0.5) if getattr(op, "factor", None) is not None else None
+    assert coccl.torch._reduce_op(op) == expected
+
+
+def test_world_of_one(tmp_path: Path):
+    """A lone process (no launcher) becomes a coccl world of one; creating it leaves
+    torch's intra-op thread count alone (numba's OpenMP start would reset it)."""
+    script = tmp_path / "alone.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, coccl.torch\n"
+        "opts = coccl.torch.CocclOptions(compressor='taco')\n"
+        "torch.set_num_threads(1)\n"
+        "torch.ones(256, 256) @ torch.ones(256, 256)  # torch's OpenMP team has started\n"
+        "coccl.torch.init_process_group(pg_options=opts)\n"
+        "assert dist.group.WORLD.options is opts\n"
+        "assert torch.get_num_threads() == 1, 'creating the group changed torch threads'\n"
+        "t = torch.arange(5.0)\n"
+        "dist.all_reduce(t, op=dist.ReduceOp.AVG)\n"
+        "assert dist.get_world_size() == 1 and torch.equal(t, torch.arange(5.0))\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+# ---------------------------------------------------------------- launches
+def run_cases(cmd: list[str], logdir: Path) -> None:
+    logdir.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(
+            [*cmd, str(RANKS), str(logdir), CASES], cwd=ROOT, capture_output=True,
+            text=True, timeout=600,
+        )  # fmt: skip
+        code, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, out = -1, f"TIMEOUT (a hang is a failure)\n{exc.stdout or ''}{exc.stderr or ''}"
+    logs = [f"----- {p.name} -----\n{p.read_text()[-20000:]}" for p in sorted(logdir.glob("*"))]
+    assert code == 0, "\n".join([out[-5000:], *logs])
+
+
+def test_cases_under_torchrun(tmp_path: Path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    run_cases([*torchrun, "--nproc-per-node", "2"], tmp_path)
+
+
+@pytest.mark.mpi
+def test_cases_under_mpiexec(tmp_path: Path):
+    """Three ranks: counts that are not multiples of the group, two-shot unlike ring."""
+    run_cases([*mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py"], tmp_path)
+
+
+# ------------------------------------------------------------------ example
+EXAMPLE = ROOT / "examples" / "tp_dtensor.py"
+
+
+def run_example(cmd: list[str], groups: str, tmp_path: Path) -> dict:
+    out = tmp_path / "result.json"
+    args = ["--tiny", "--steps", "3", "--warmup", "1", "--threads", "1", "--groups", groups]
+    proc = subprocess.run(
+        [*cmd, str(EXAMPLE), *args, "--min-compress-bytes", "0", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    result = json.loads(out.read_text())
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == result  # the same JSON
+    runs = {r["spec"]: r for r in result["runs"]}
+    assert result["tp"] == 2 and list(runs) == groups.split(",")
+    for run in runs.values():
+        assert run["replicated_identical"] is True
+        assert len(run["losses"]) == 3 and run["tokens_per_s"] > 0
+    # coccl's exact path computes what the plain group does, to float rounding
+    assert runs["identity"]["losses"] == pytest.approx(runs["plain"]["losses"], rel=1e-5)
+    assert runs["identity"]["calls"]["allreduce:exact"] > 0
+    return runs
+
+
+def test_example_under_torchrun(tmp_path: Path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    runs = run_example([*torchrun, "--nproc-per-node", "2"], "plain,identity,taco", tmp_path)
+    taco = runs["taco"]
+    assert taco["calls"]["allreduce:compressed"] > 0 and "allreduce:exact" not in taco["calls"]
+    assert taco["losses"] != runs["plain"]["losses"]  # quantized, so not bitwise the same
+    assert taco["losses"] == pytest.approx(runs["plain"]["losses"], rel=0.02)
+
+
+@pytest.mark.mpi
+def test_example_under_mpiexec(tmp_path: Path):
+    run_example([*mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py"], "plain,identity", tmp_path)
