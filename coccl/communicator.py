@@ -44,7 +44,6 @@ from coccl.config import SCHEDULE_SETTINGS, Settings, configure_logging, setting
 from coccl.device import DeviceContext
 from coccl.errors import CocclError
 from coccl.graphs import CallGraph
-from coccl.mpi_transport import MpiTransport
 from coccl.plans import CallPlan, PlanCache, disagreement
 from coccl.polling import CpuExecutor, GpuExecutor, InlineExecutor, run_polling
 from coccl.pool import BufferPool, host_pool
@@ -933,6 +932,8 @@ def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:
         >>> comm.close()
     """
     from mpi4py import MPI  # noqa: PLC0415
+
+    from coccl.mpi_transport import MpiTransport  # noqa: PLC0415  (initialises MPI)
 
     if mpi_comm is None:
         mpi_comm = MPI.COMM_WORLD
