@@ -61,6 +61,15 @@ gather)
     eval "bench gather-$g-$link \"\$LINK_$link COCCL_NCCL_GATHER=$g\" -b 4M -e 256M -f 4 -n 10 \
       -w 3 -d bfloat16 --algorithm two_shot --compressor taco"
   done; done ;;
+dtensor)
+  step "TP step of examples/tp_dtensor.py: plain NCCL groups against coccl's, NVLink"
+  timeout 150 torchrun --standalone --nproc-per-node 2 examples/tp_dtensor.py --device cuda \
+    --dtype bfloat16 --steps ${DT_STEPS:-60} --warmup 10 --groups plain,identity@native,identity,taco \
+    --out "$RES/h200x2-tp-dtensor-bf16.json" 2>&1 | tee "$RES/dtensor.txt" | tail -12
+  step "the same with NCCL_P2P_DISABLE=1"
+  NCCL_P2P_DISABLE=1 timeout 150 torchrun --standalone --nproc-per-node 2 examples/tp_dtensor.py \
+    --device cuda --dtype bfloat16 --steps ${DT_STEPS:-60} --warmup 10 --groups plain,identity@native,taco \
+    --out "$RES/h200x2-tp-dtensor-bf16-shm.json" 2>&1 | tee "$RES/dtensor-shm.txt" | tail -12 ;;
 tpgpu)
   step "pytest: virtual TP ranks on the GPU"
   timeout ${TP_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_virtual_ranks.py \
