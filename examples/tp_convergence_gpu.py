@@ -177,12 +177,27 @@ class Job:
         return self.tp * (1.2 if ARMS[self.arm].algorithm == "ring" else 1.0)
 
 
-def experiment_jobs(arms: list[str], tps: list[int], seeds: list[int]) -> list[Job]:
+def experiment_jobs(
+    arms: list[str], tps: list[int], seeds: list[int], only: dict[int, list[str]] | None = None
+) -> list[Job]:
+    """Every (arm, TP, seed) run, longest first; ``only`` maps a TP size to the arms that
+    run at it (the others run at every TP of ``tps``)."""
     jobs = []
     for arm in arms:
         for tp in [1] if ARMS[arm].compressor is None else tps:
+            if only and tp in only and arm not in only[tp]:
+                continue
             jobs += [Job(arm, tp, seed) for seed in seeds]
     return sorted(jobs, key=lambda j: (-j.cost, j.name))
+
+
+def parse_only(text: str) -> dict[int, list[str]]:
+    """``--only 8=identity+taco`` -> ``{8: ["identity", "taco"]}`` (several: comma-separated)."""
+    only: dict[int, list[str]] = {}
+    for item in filter(None, text.split(",")):
+        tp, _, arms = item.partition("=")
+        only[int(tp)] = arms.split("+")
+    return only
 
 
 # ---------------------------------------------------------------------------- training
@@ -645,7 +660,7 @@ def run_main(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown arms {sorted(unknown)}; known: {', '.join(ARMS)}")
     tps = [int(t) for t in args.tps.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    jobs = experiment_jobs(arms, tps, seeds)
+    jobs = experiment_jobs(arms, tps, seeds, parse_only(args.only))
     devices = (
         ["cpu"]
         if setup.device == "cpu"
@@ -1047,6 +1062,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
     run.add_argument("--tps", default="4,8", help="TP sizes of the TP arms")
     run.add_argument("--seeds", default="0,1,2", help="seeds (weights and data order)")
+    run.add_argument(
+        "--only", default="", help="TP=arm+arm,...: at that TP size run only those arms"
+    )
     run.add_argument("--steps", type=int, default=FULL.steps, help="training steps")
     run.add_argument("--gpus", default="", help="GPU indices to use (empty: all visible)")
     run.add_argument(

@@ -90,6 +90,10 @@ check)
     --out "$RES/tp-convergence-gpu.json" 2>&1 | tee "$RES/check.txt" | tail -20 ;;
 pack)
   step pack
+  mkdir -p "$RES/ranklogs"  # the multi-rank tests' per-rank logs (their failures' details)
+  for f in /tmp/pytest-of-*/pytest-*/test_on_ranks*/rank-*.log; do
+    [ -e "$f" ] && cp "$f" "$RES/ranklogs/$(basename "$(dirname "$f")")-$(basename "$f")"
+  done
   tar czf "$OUT/results.tgz" -C "$RES" . && ls -la "$OUT"
   tar czf "$OUT/cupycache.tgz" -C "$CUPY_CACHE_DIR" . 2>/dev/null
   ls -la "$OUT" ;;
