@@ -56,6 +56,8 @@ links)
   [ -n "${NO_SOCKET:-}" ] && continue
   bench "socket-bfloat16" "$LINK_SOCKET" -b 16 -e 256M -f 4 -n 5 -w 2 -d bfloat16 \
     --algorithm native,ring,two_shot,auto --compressor identity,taco ;;
+sweep)  # one sweep: SWEEP_NAME, SWEEP_LINK (NVLINK, SHM, SOCKET), SWEEP_ARGS
+  eval "bench $SWEEP_NAME \"\$LINK_$SWEEP_LINK\" $SWEEP_ARGS" ;;
 gather)
   for g in p2p allgather; do for link in NVLINK SHM; do
     eval "bench gather-$g-$link \"\$LINK_$link COCCL_NCCL_GATHER=$g\" -b 4M -e 256M -f 4 -n 10 \
