@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from coccl.compressors import Compressor, get_compressor
 
 # (transport, link) -> input bytes from which coccl's uncompressed two-shot AllReduce beats
-# the transport's own (None: never measured faster).
+# the transport's own (None: never measured faster; over NCCL it never was, on any link).
 IDENTITY_TWO_SHOT_FROM: dict[tuple[str, str], int | None] = {
     ("mpi", "host"): 16 << 20,
     ("mpi", "staged"): 16 << 20,
@@ -32,11 +32,18 @@ IDENTITY_TWO_SHOT_FROM: dict[tuple[str, str], int | None] = {
 }
 
 # (transport, link) -> input bytes from which the compressed ring beat the compressed
-# two-shot AllReduce (None: two-shot was as fast or faster at every size measured).
-COMPRESSED_RING_FROM: dict[tuple[str, str], int | None] = {}
+# two-shot AllReduce on 2 ranks, where the ring also quantizes each element twice (None:
+# two-shot was as fast or faster). On more ranks the ring quantizes n times: auto keeps
+# two-shot there.
+COMPRESSED_RING_FROM: dict[tuple[str, str], int | None] = {
+    ("nccl", "nvlink"): 4 << 20,
+    ("nccl", "shm"): 4 << 20,
+    ("nccl", "socket"): None,
+}
 
 # NCCL links on which two-shot's AllGather phase runs as one ncclAllGather of payload
-# slots rather than grouped sends and receives (COCCL_NCCL_GATHER=auto).
+# slots rather than grouped sends and receives (COCCL_NCCL_GATHER=auto): where NCCL's
+# AllGather moved more bytes per second than its point-to-point sends (bench/NOTES.md).
 GATHER_BY_ALLGATHER: frozenset[str] = frozenset({"shm", "socket", "net"})
 
 _IDENTITY = get_compressor("identity")
@@ -66,10 +73,15 @@ def choose(
     where = (transport, link)
     if not codec.lossless:
         ring_from = COMPRESSED_RING_FROM.get(where)
-        if collective == "allreduce" and ring_from is not None and nbytes >= ring_from:
+        if (
+            collective == "allreduce"
+            and size == 2
+            and ring_from is not None
+            and nbytes >= ring_from
+        ):
             return Choice(
-                "ring", codec, f"{codec.codec_id} as asked; ring measured faster from "
-                f"{ring_from} bytes on {transport}/{link}",
+                "ring", codec, f"{codec.codec_id} as asked; on 2 ranks the ring measured "
+                f"faster from {ring_from} bytes on {transport}/{link}",
             )  # fmt: skip
         return Choice("two_shot", codec, f"{codec.codec_id} as asked, two-shot schedule")
     if size == 1:

@@ -1,0 +1,79 @@
+"""Collect the two-H200 NCCL measurements into bench/results/h200x2-nccl-links.json: the
+coccl-bench AllReduce sweeps on each link class (rows with a ``link`` field; ``speedup`` is
+NCCL's own AllReduce time over the row's, in the same run) and the per-call costs of
+bench/scripts/percall.py. A sweep that its time limit stopped before it wrote its JSON is
+read from the table it printed (``source``: "table"), which holds every finished size.
+
+    python bench/scripts/merge_links.py OUT.json RAW_DIR
+"""
+
+import json
+import sys
+from pathlib import Path
+
+out, raw = Path(sys.argv[1]), Path(sys.argv[2])
+LINKS = {"nvlink": "nvlink", "shm": "shm", "socket": "socket"}
+
+
+def table_rows(path: Path) -> tuple[str, list[dict]]:
+    """The command and the rows of a printed coccl-bench table (2 ranks: busbw = algbw)."""
+    command, rows = "", []
+    for line in path.read_text().splitlines():
+        if line.startswith("# command:"):
+            command = line.removeprefix("# command:").strip()
+        if line.startswith("#") or not line.strip() or not line.split()[0].isdigit():
+            continue
+        f = line.split()
+        if len(f) not in (13, 14):
+            continue
+        asked, _, ran = f[4].partition(">")
+        wide = len(f) == 14
+        rows.append({
+            "size": int(f[0]), "count": int(f[1]), "type": f[2], "redop": f[3],
+            "algorithm": asked, "ran_algorithm": ran or asked, "compressor": f[5],
+            "time_us": float(f[6]), "busbw": float(f[7]),
+            "time_us_inplace": float(f[8]),
+            "ratio": float(f[10 if wide else 9]), "rel_err": float(f[11 if wide else 10]),
+            "wrong": int(f[12 if wide else 11]), "speedup": float(f[13 if wide else 12]),
+            "source": "table",
+        })  # fmt: skip
+    return command, rows
+
+
+sweeps, rows = [], []
+for txt in sorted(raw.glob("links-*.txt")):
+    name = txt.stem.removeprefix("links-")
+    link, dtype = name.split("-")
+    js = txt.with_suffix(".json")
+    if js.exists():
+        record = json.loads(js.read_text())
+        command, found = record["command"], record["rows"]
+        for r in found:
+            r["source"] = "json"
+    else:
+        command, found = table_rows(txt)
+    for r in found:
+        r["link"] = LINKS[link]
+    sweeps.append({"link": link, "dtype": dtype, "command": command, "rows": len(found),
+                   "source": "json" if js.exists() else "table"})  # fmt: skip
+    rows += found
+per_call = []
+for js in sorted(raw.glob("percall-*.json")):
+    record = json.loads(js.read_text())
+    for r in record["rows"]:
+        per_call.append({**r, "link": record["link"], "dtype": record["dtype"]})
+    sweeps.append({"per_call": True, "link": record["link"], "command": record["command"]})
+result = {
+    "what": "AllReduce on 2 H200s (one rank per GPU, NCCL 2.28): coccl's schedules against "
+    "NCCL's own AllReduce per link class; per-call cost against torch.distributed and raw NCCL",
+    "gpu": "2x NVIDIA H200 (NV18)",
+    "date": "2026-11-30",
+    "commits": {"sweeps": "a2c35c1", "per_call": "2d2ef57"},
+    "environment": "NCCL_NVLS_ENABLE=0; shm: NCCL_P2P_DISABLE=1; socket: NCCL_P2P_DISABLE=1 "
+    "NCCL_SHM_DISABLE=1 (loopback sockets)",
+    "commands": sweeps,
+    "rows": rows,
+    "per_call": per_call,
+}
+out.write_text(json.dumps(result, indent=1) + "\n")
+print(f"{len(rows)} sweep rows, {len(per_call)} per-call rows -> {out}")
