@@ -21,6 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from coccl.arrays import FLOAT_DTYPES, array_module, is_device_array
+from coccl.bootstrap import wait_request
 from coccl.errors import CocclError
 from coccl.pool import Block, BufferPool, pinned_pool
 from coccl.reduction import finalize
@@ -264,17 +265,14 @@ class MpiTransport:
 
     def _complete(self, request: MPI.Request, what: str) -> None:
         """Wait for a nonblocking collective, at most ``timeout_s``."""
-        deadline = time.monotonic() + self.timeout_s
-        spins = 0
-        while not request.Test():
-            spins += 1
-            if spins % 64 == 0 and time.monotonic() > deadline:
-                raise CocclError(
-                    f"{what}: timed out after {self.timeout_s:g} s waiting for every rank "
-                    "(COCCL_TIMEOUT_S); do all ranks call the same collective?"
-                )
-            if spins > 256:
-                time.sleep(50e-6)
+        wait_request(
+            request,
+            time.monotonic() + self.timeout_s,
+            lambda: (
+                f"{what}: timed out after {self.timeout_s:g} s waiting for every rank "
+                "(COCCL_TIMEOUT_S); do all ranks call the same collective?"
+            ),
+        )
 
     # ------------------------------------------------------- native collectives
     def _for_mpi(self, x: Any) -> Any:

@@ -27,6 +27,16 @@ def per_call(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def new_plans(comm, args) -> float:
+    """Median per-call time of calls that each have a count of their own."""
+    counts = iter(range(1000, 1000 + args.calls * args.repeats))
+
+    def call(i: int) -> None:
+        comm.allreduce(np.ones(next(counts), np.float32), algorithm="native")
+
+    return statistics.median(per_call(call, args.calls // 4) for _ in range(args.repeats))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="cpu-check-cost.json", help="JSON written by rank 0")
@@ -45,13 +55,7 @@ def main() -> None:
             ]
             results[f"cached call, COCCL_CHECK_CALLS={check}"] = statistics.median(samples)
             if check == "0":  # every call a new count: a plan built, one agreement each
-                counts = iter(range(1000, 1000 + args.calls * args.repeats))
-                samples = [
-                    per_call(lambda i: comm.allreduce(np.ones(next(counts), np.float32),
-                                                      algorithm="native"), args.calls // 4)
-                    for _ in range(args.repeats)
-                ]  # fmt: skip
-                results["new call (plan built, agreement)"] = statistics.median(samples)
+                results["new call (plan built, agreement)"] = new_plans(comm, args)
     world = MPI.COMM_WORLD
     slowest = {k: world.allreduce(v, op=MPI.MAX) * 1e6 for k, v in results.items()}
     if world.Get_rank() == 0:
@@ -60,8 +64,9 @@ def main() -> None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()  # fmt: skip
         record = {
-            "what": "per-call cost of the ranks' agreement on a call (1 KiB host AllReduce, native)",
-            "command": f"mpiexec -n {world.Get_size()} python -m mpi4py bench/scripts/check_cost.py",
+            "what": "per-call cost of the ranks' agreement (1 KiB host AllReduce, native)",
+            "command": f"mpiexec -n {world.Get_size()} python -m mpi4py "
+            "bench/scripts/check_cost.py",
             "date": datetime.date.today().isoformat(),
             "commit": commit,
             "machine": f"{os.cpu_count()} cores, MPI: {MPI.Get_library_version().splitlines()[0]}",
