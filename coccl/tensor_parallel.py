@@ -78,9 +78,8 @@ class TPGroup:
 
     Attributes:
         comm: the coccl Communicator of the TP ranks.
-        algorithm: ``"ring"``, ``"two_shot"``, ``"native"`` or ``"auto"`` (note that
-            ``"auto"`` sends small messages uncompressed; name a schedule to compress
-            every AllReduce).
+        algorithm: ``"ring"``, ``"two_shot"``, ``"native"`` or ``"auto"`` (with a lossy
+            codec, auto compresses every AllReduce and picks the schedule).
         compressor: a codec name, config dict or Compressor (resolved once here).
         chunk_bytes: pipeline chunk size, or None for coccl's default.
     """
