@@ -22,7 +22,8 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,6 +62,18 @@ from coccl.transport import PollingTransport
 from coccl.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
+
+
+class Call(NamedTuple):
+    """A collective call's arguments, as the caller gave them (what a plan is built from)."""
+
+    collective: str
+    x: Any
+    op: Any
+    algorithm: Any
+    compressor: Any
+    chunk_bytes: Any
+
 
 BACKENDS = ("auto", "mpi", "nccl")
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
@@ -248,10 +261,9 @@ class Communicator:
         self._check_usable()
         if collective not in COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r}; coccl has {COLLECTIVES}")
-        plan = self._plans.get(self._key(collective, x, op, algorithm, compressor, chunk_bytes))
-        if plan is None:
-            plan = self._resolve(collective, x, op, algorithm, compressor, chunk_bytes)
-        return plan.describe()
+        call = Call(collective, x, op, algorithm, compressor, chunk_bytes)
+        plan = self._plans.get(self._key(call))
+        return (plan or self._resolve(call)).describe()
 
     def overlap_profile(
         self,
@@ -331,11 +343,11 @@ class Communicator:
             if self._nccl is not None:
                 self._nccl.abort()
 
-    def _key(
-        self, collective: str, x: Any, op: Any, algorithm: Any, compressor: Any, chunk: Any
-    ) -> Any:
+    @staticmethod
+    def _key(call: Call) -> Any:
         """A call's signature (None if an argument is unhashable: the checks will say)."""
-        _, dtype, count, device = signature(x)
+        _, dtype, count, device = signature(call.x)
+        compressor = call.compressor
         if isinstance(compressor, dict):
             try:
                 compressor = ("config", json.dumps(compressor, sort_keys=True))
@@ -343,7 +355,10 @@ class Communicator:
                 return None
         elif isinstance(compressor, Compressor):
             compressor = ("object", id(compressor))
-        key = (collective, dtype, count, device, op, algorithm, compressor, chunk)
+        key = (
+            call.collective, dtype, count, device, call.op, call.algorithm, compressor,
+            call.chunk_bytes,
+        )  # fmt: skip
         try:
             hash(key)
         except TypeError:
@@ -361,21 +376,20 @@ class Communicator:
         chunk_bytes: int | None,
     ) -> Any:
         self._check_usable()
-        return self._run(self._plan(collective, x, op, algorithm, compressor, chunk_bytes), x, out)
+        call = Call(collective, x, op, algorithm, compressor, chunk_bytes)
+        return self._run(self._plan(call), x, out)
 
-    def _plan(
-        self, collective: str, x: Any, op: Any, algorithm: Any, compressor: Any, chunk_bytes: Any
-    ) -> CallPlan:
+    def _plan(self, call: Call) -> CallPlan:
         """The call's plan: found by its signature, or built (collectively)."""
-        key = self._key(collective, x, op, algorithm, compressor, chunk_bytes)
+        key = self._key(call)
         plan = None if key is None else self._plans.get(key)
         if plan is not None and plan.compressor_arg is not None:
-            if plan.compressor_arg is not compressor:  # another object at a reused id
+            if plan.compressor_arg is not call.compressor:  # another object at a reused id
                 plan = None
         if plan is None:
-            plan = self._new_plan(key, collective, x, op, algorithm, compressor, chunk_bytes)
+            plan = self._new_plan(key, call)
         elif self._settings.check_calls:
-            self._agree(collective, plan.fingerprint(), None)
+            self._agree(call.collective, plan.fingerprint(), None)
         return plan
 
     def _agree(self, collective: str, entry: Any, error: BaseException | None) -> None:
@@ -400,28 +414,19 @@ class Communicator:
         if problem is not None:
             raise CocclError(problem)
 
-    def _new_plan(
-        self,
-        key: Any,
-        collective: str,
-        x: Any,
-        op: Any,
-        algorithm: Any,
-        compressor: Any,
-        chunk_bytes: Any,
-    ) -> CallPlan:
+    def _new_plan(self, key: Any, call: Call) -> CallPlan:
+        """Resolve a call and agree on it with every rank (a refusal on any rank is raised
+        on every rank); keep the plan under ``key`` unless it is None."""
         error: BaseException | None = None
         try:
-            plan: CallPlan | None = self._resolve(
-                collective, x, op, algorithm, compressor, chunk_bytes
-            )
+            plan: CallPlan | None = self._resolve(call)
             entry: Any = plan.fingerprint()  # type: ignore[union-attr]
         except (TypeError, ValueError) as exc:
             plan, error, entry = None, exc, ("error", f"{type(exc).__name__}: {exc}")
-        self._agree(collective, entry, error)
+        self._agree(call.collective, entry, error)
         assert plan is not None
-        if isinstance(compressor, Compressor):
-            plan.compressor_arg = compressor
+        if isinstance(call.compressor, Compressor):
+            plan.compressor_arg = call.compressor
         if key is not None:
             for victim in self._plans.add(key, plan):
                 _release_graph(victim)
@@ -444,17 +449,10 @@ class Communicator:
         return get_compressor(spec)
 
     # -------------------------------------------------------- resolve and size
-    def _resolve(
-        self,
-        collective: str,
-        x: Any,
-        op: Any,
-        algorithm: Any,
-        compressor: Any,
-        chunk_bytes: Any,
-    ) -> CallPlan:
+    def _resolve(self, call: Call) -> CallPlan:
         """Check a call's arguments and decide everything about it (raises TypeError or
         ValueError for bad arguments, identically on every rank that gets them)."""
+        collective, x, op, algorithm, compressor, chunk_bytes = call
         n = self.size
         op = check_op(op)
         requested = algorithms.check_algorithm(algorithm)
@@ -537,11 +535,11 @@ class Communicator:
             )
         plan.chunk_bytes = int(chunk)
         plan.chunk_elems = chunk_elems(int(chunk), dtype.itemsize, choice.codec.alignment)
-        staged = route == "staged"
-        plan.depth = pipeline_depth(
-            env.pipeline_depth, env.staging_limit_bytes, n, choice.codec, dtype,
-            plan.chunk_elems, choice.algorithm, collective, staged,
+        window = partial(
+            window_bytes, n, choice.codec, dtype, plan.chunk_elems, choice.algorithm,
+            collective, route == "staged",
         )  # fmt: skip
+        plan.depth = pipeline_depth(env.pipeline_depth, env.staging_limit_bytes, window)
         plan.gather = (
             route == "nccl"
             and collective == "allreduce"
@@ -553,11 +551,7 @@ class Communicator:
         if graphs:
             in_place = collective == "allreduce"
             buffers = (count + (0 if in_place else out_count)) * dtype.itemsize
-            window = window_bytes(
-                n, choice.codec, dtype, plan.chunk_elems, choice.algorithm, collective,
-                False, plan.depth,
-            )  # fmt: skip
-            plan.graph_bytes = buffers + window
+            plan.graph_bytes = buffers + window(plan.depth)
         elif route == "nccl":
             plan.graph_reason = "COCCL_GRAPHS=0"
         else:

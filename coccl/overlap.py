@@ -44,7 +44,9 @@ def profile(
     if not isinstance(iters, int) or isinstance(iters, bool) or iters < 1:
         raise ValueError(f"iters must be a positive integer, got {iters!r}")
     comm._check_usable()
-    plan = comm._plan(collective, x, op, algorithm, compressor, chunk_bytes)
+    from coccl.communicator import Call  # noqa: PLC0415
+
+    plan = comm._plan(Call(collective, x, op, algorithm, compressor, chunk_bytes))
     runs = {
         "pipelined": {},
         "codec_only": {"transport": NullTransport(comm.rank, comm.size)},

@@ -140,24 +140,26 @@ class GpuExecutor:
         pass
 
 
+def _pending_peers(handles: Iterable[Any]) -> str:
+    """The peers of the unfinished messages among ``handles`` ("" if none)."""
+    return ", ".join(str(h.peer) for h in handles if not h.test())
+
+
 def _describe_wait(label: str, active: Iterable[Round], timeout_s: float) -> str:
     for rnd in active:
-        pending = [h for h in rnd.recv_handles if not h.test()]
-        if pending:
-            peers = ", ".join(str(h.peer) for h in pending)
+        peers = _pending_peers(rnd.recv_handles)
+        if peers:
             return (
                 f"{rnd.label}: timed out after {timeout_s:g} s waiting to receive "
                 f"from rank {peers} (COCCL_TIMEOUT_S); do all ranks call the same "
                 "collective with the same count, dtype and options?"
             )
-        if rnd.send_handles is not None:
-            pending = [h for h in rnd.send_handles if not h.test()]
-            if pending:
-                peers = ", ".join(str(h.peer) for h in pending)
-                return (
-                    f"{rnd.label}: timed out after {timeout_s:g} s waiting for "
-                    f"rank {peers} to take a message (COCCL_TIMEOUT_S)"
-                )
+        peers = _pending_peers(rnd.send_handles or [])
+        if peers:
+            return (
+                f"{rnd.label}: timed out after {timeout_s:g} s waiting for "
+                f"rank {peers} to take a message (COCCL_TIMEOUT_S)"
+            )
     return f"{label}: timed out after {timeout_s:g} s waiting for local compute (COCCL_TIMEOUT_S)"
 
 

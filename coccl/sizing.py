@@ -11,6 +11,7 @@ the same chunks. bench/NOTES.md holds the measurements behind the constants.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -111,25 +112,13 @@ def nccl_chunk_bytes(
     return max(elems * itemsize, floor)
 
 
-def pipeline_depth(
-    requested: int,
-    limit: int,
-    n: int,
-    codec: Compressor,
-    dtype: Any,
-    chunk_elems: int,
-    algorithm: str,
-    collective: str,
-    staged: bool,
-) -> int:
+def pipeline_depth(requested: int, limit: int, window: Callable[[int], int]) -> int:
     """``requested`` (COCCL_PIPELINE_DEPTH), lowered if needed so the pools' blocks in use
-    stay within ``limit`` (``window_bytes`` bounds them): staging memory is set by chunk
-    size and depth, never by message size. A chunk whose one round needs more than the
-    limit runs at depth 1."""
+    stay within ``limit``: ``window(depth)`` bounds them (``window_bytes`` with the call's
+    other arguments bound), so staging memory is set by chunk size and depth, never by
+    message size. A chunk whose one round needs more than the limit runs at depth 1."""
     depth = requested
-    while depth > 1 and (
-        window_bytes(n, codec, dtype, chunk_elems, algorithm, collective, staged, depth) > limit
-    ):
+    while depth > 1 and window(depth) > limit:
         depth -= 1
     return depth
 

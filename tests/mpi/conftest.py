@@ -18,6 +18,19 @@ def comm():
     c.close()
 
 
+def gpu_per_rank():
+    """A mark that skips a test module unless every rank can have a GPU of its own (a
+    module whose tests all skip still reports them, so every rank runs the same tests)."""
+    try:
+        import cupy
+
+        ndev = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        ndev = 0
+    n = MPI.COMM_WORLD.Get_size()
+    return pytest.mark.skipif(ndev < n, reason=f"needs a GPU per rank ({ndev} for {n} ranks)")
+
+
 def case_seed(*parts) -> int:
     """A seed from a test case's parameters, the same on every rank (unlike ``hash``,
     which Python randomises per process)."""

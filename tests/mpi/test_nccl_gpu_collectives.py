@@ -16,6 +16,7 @@ from conftest import (
     STAGING_LIMIT,
     all_equal_across_ranks,
     case_seed,
+    gpu_per_rank,
     rank_data,
     stats_at_staging_limit,
 )
@@ -23,15 +24,7 @@ from conftest import (
 pytest.importorskip("cupy")
 import cupy as cp  # noqa: E402
 
-try:
-    _ndev = cp.cuda.runtime.getDeviceCount()
-except Exception:
-    _ndev = 0
-# skipped, not left out: a rank whose whole file is skipped would report no tests
-pytestmark = pytest.mark.skipif(
-    _ndev < MPI.COMM_WORLD.Get_size(),
-    reason=f"needs a GPU per rank ({_ndev} for {MPI.COMM_WORLD.Get_size()} ranks)",
-)
+pytestmark = gpu_per_rank()
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -12,19 +12,12 @@ from mpi4py import MPI
 
 import coccl
 
-from conftest import all_equal_across_ranks, case_seed, communicator, rank_data
+from conftest import all_equal_across_ranks, case_seed, communicator, gpu_per_rank, rank_data
 
 pytest.importorskip("cupy")
 import cupy as cp  # noqa: E402
 
-try:
-    _ndev = cp.cuda.runtime.getDeviceCount()
-except Exception:
-    _ndev = 0
-pytestmark = pytest.mark.skipif(
-    _ndev < MPI.COMM_WORLD.Get_size(),
-    reason=f"needs a GPU per rank ({_ndev} for {MPI.COMM_WORLD.Get_size()} ranks)",
-)
+pytestmark = gpu_per_rank()
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
