@@ -769,34 +769,12 @@ def test_sharded_collectives_end_to_end(collective: str, average: int, tmp_path:
     assert sorted({r["size"] for r in record["rows"]}) == [8, 64, 512, 4096]
 
 
-# A codec whose roundtrip is 25% too large: a scale bug. It declares int8's error bound,
-# so every compressed row of a sweep must come out wrong, and the sweep must fail.
-BROKEN_CODEC = """
-import sys
-
-import numpy as np
-
-import coccl
-from coccl.bench.cli import main
-from coccl.compressors import Int8Compressor
-
-
-@coccl.register_compressor
-class SkewedInt8(Int8Compressor):
-    codec_id = "skewed_int8"
-
-    def encode_into(self, x, payload, dtype):
-        super().encode_into(np.asarray(x * 1.25, dtype=x.dtype), payload, dtype)
-
-
-sys.exit(main(sys.argv[1:]))
-"""
+BROKEN_CODEC = Path(__file__).parent / "scripts" / "broken_codec_bench.py"
 
 
 @pytest.mark.mpi
 def test_broken_codec_is_out_of_bounds(tmp_path: Path) -> None:
-    script = tmp_path / "broken_codec_bench.py"
-    script.write_text(BROKEN_CODEC)
+    script = BROKEN_CODEC
     args = ["allreduce", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0", "--no-progress"]
     args += ["--compressor", "identity,int8,skewed_int8", "--json", "b.json"]
     proc = subprocess.run(

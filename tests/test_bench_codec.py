@@ -199,32 +199,11 @@ def test_codec_cpu_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         )
 
 
-# A codec whose roundtrip is 25% too large (a scale bug) declaring int8's error bound.
-BROKEN_CODEC = """
-import sys
-
-import numpy as np
-
-import coccl
-from coccl.bench.cli import main
-from coccl.compressors import Int8Compressor
-
-
-@coccl.register_compressor
-class SkewedInt8(Int8Compressor):
-    codec_id = "skewed_int8"
-
-    def encode_into(self, x, payload, dtype):
-        super().encode_into(np.asarray(x * 1.25, dtype=x.dtype), payload, dtype)
-
-
-sys.exit(main(sys.argv[1:]))
-"""
+BROKEN_CODEC = Path(__file__).parent / "scripts" / "broken_codec_bench.py"
 
 
 def test_codec_check_fails_a_broken_codec(tmp_path: Path) -> None:
-    script = tmp_path / "broken_codec_bench.py"
-    script.write_text(BROKEN_CODEC)
+    script = BROKEN_CODEC
     args = ["codec", "--counts", "1000", "-d", "float32", "-n", "1", "-w", "0"]
     args += ["--compressor", "int8,skewed_int8", "--json", str(tmp_path / "c.json")]
     proc = subprocess.run(
