@@ -91,11 +91,6 @@ LINKS = ("auto", "nvlink", "pcie", "shm", "socket", "net")
 GATHERS = ("auto", "p2p", "allgather")
 
 
-def variables() -> dict[str, str]:
-    """Return ``{name: help}`` for every variable coccl reads."""
-    return {name: help_ for name, (_, help_) in _VARS.items()}
-
-
 def _raw(name: str) -> str:
     """The variable's value; unset or empty means its default."""
     return os.environ.get(name, "").strip() or _VARS[name][0]

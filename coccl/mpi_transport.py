@@ -53,6 +53,16 @@ class Handle:
         self._req = req
         self._done = req is None
 
+    def cancel(self) -> None:
+        """Cancel an unfinished receive (MPI cannot reliably cancel sends)."""
+        if self.kind == "recv" and self._req is not None and not self._done:
+            try:
+                self._req.Cancel()
+                self._req.Free()
+            except MPI.Exception:  # already matched or freed: nothing to give up
+                pass
+            self._done = True
+
     def test(self) -> bool:
         if not self._done:
             status = MPI.Status()
@@ -240,13 +250,8 @@ class MpiTransport:
         """Cancel the receives among ``handles`` that have not completed (after a failure:
         the communicator is unusable from then on, but MPI keeps no buffers posted)."""
         for handle in handles:
-            request = getattr(handle, "_req", None)
-            if handle.kind == "recv" and request is not None and not handle._done:
-                try:
-                    request.Cancel()
-                    request.Free()
-                except MPI.Exception:
-                    pass
+            if isinstance(handle, Handle):
+                handle.cancel()
 
     @staticmethod
     def has_native(collective: str, dtype: Any, op: str) -> bool:

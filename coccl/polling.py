@@ -163,13 +163,13 @@ def _describe_wait(label: str, active: Iterable[Round], timeout_s: float) -> str
     return f"{label}: timed out after {timeout_s:g} s waiting for local compute (COCCL_TIMEOUT_S)"
 
 
-def may_send(rnd: Round, transport: Any) -> bool:
+def may_send(rnd: Round, transport: PollingTransport) -> bool:
     """Whether a round's sends may start: once its ``pre`` has run; or, over a transport
     whose sends are copied out on the compute stream (staged MPI), as soon as ``pre``'s
     kernels are enqueued (a GPU executor's handle: ``submit`` enqueued them): the copy
     then runs right after them, with no host round trip between."""
     handle = rnd.pre_handle
-    if isinstance(handle, EventHandle) and getattr(transport, "sends_follow_stream", False):
+    if isinstance(handle, EventHandle) and transport.sends_follow_stream:
         return True
     return handle.done()
 
