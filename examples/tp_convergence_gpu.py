@@ -754,6 +754,14 @@ def build_report(
                 "delta_pct_vs_uncompressed_unpaired_ci": unpaired["ci"],
                 "val_loss_by_seed": {str(s): v for s, v in sorted(mine.items())},
             }
+    # Each arm's entry also carries, at its top level, the fields of its smallest TP size
+    # that ran (``tp`` says which), so a reader keyed by arm alone finds n, mean, sd and
+    # the deltas; every TP size's are under ``tp<N>``.
+    for entries in summary.values():
+        ran = [(int(k[2:]), v) for k, v in entries.items() if v["n"]]
+        if ran:
+            tp, first_entry = min(ran, key=lambda item: item[0])
+            entries.update({"tp": tp, **first_entry})
     target = {}
     for tp in tps:
         taco = summary.get("taco", {}).get(f"tp{tp}")
@@ -802,7 +810,10 @@ def build_report(
         "cuda_graph_runs": sum(bool(r.get("cuda_graph")) for r in results),
         "runs": rows,
         "summary": summary,
-        "summary_layout": "summary[arm]['tp<N>'] (the plain model: 'tp1')",
+        "summary_layout": (
+            "summary[arm]['tp<N>'] per TP size (the plain model: 'tp1'); the top level of "
+            "summary[arm] repeats the smallest TP size's fields, 'tp' naming it"
+        ),
         "interval": (
             "delta_pct_* = mean over seeds of 100 (L_arm,s / L_ref,s - 1), paired by seed "
             "(arms of a seed share initial weights and data order); *_ci = Student t 95% "
