@@ -354,10 +354,14 @@ def external_stream(ptr: int) -> Any:
 
 
 def data_ptr(x: Any) -> int:
-    """The device address of a CuPy array or torch CUDA tensor (flat, contiguous)."""
-    if _module_of(x) == "torch":
+    """The device address of a contiguous CuPy array, torch CUDA tensor or other CUDA
+    array (numba's: through ``__cuda_array_interface__``)."""
+    module = _module_of(x)
+    if module == "torch":
         return int(x.data_ptr())
-    return int(x.data.ptr)
+    if module == "cupy":
+        return int(x.data.ptr)
+    return int(x.__cuda_array_interface__["data"][0])
 
 
 def is_contiguous(x: Any) -> bool:
