@@ -11,6 +11,7 @@ next call raises instead of hanging.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -68,6 +69,8 @@ class Watchdog:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="coccl-watchdog", daemon=True)
             self._thread.start()
+            # stopped before the interpreter tears down CuPy, also if nobody closes it
+            atexit.register(self.close)
 
     def _run(self) -> None:
         import cupy as cp  # noqa: PLC0415
@@ -113,6 +116,8 @@ class Watchdog:
         return None
 
     def close(self) -> None:
+        """Stop watching (idempotent)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * POLL_S + 1)
+            atexit.unregister(self.close)
