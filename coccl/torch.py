@@ -265,11 +265,7 @@ class CocclProcessGroup(dist.ProcessGroup):
 
         backend = {"auto": "auto", "nccl": "nccl", "none": "mpi"}[opts.device_backend]
         boot = StoreBootstrap(dist.PrefixStore("boot/", store), rank, size)
-        # Starting numba's OpenMP threads (the Communicator sets the codec threads) resets
-        # torch's intra-op thread count, which shares the OpenMP runtime: keep the user's.
-        threads = torch.get_num_threads()
-        self.comm = create(boot, make_host, backend, env)
-        torch.set_num_threads(threads)
+        self.comm = create(boot, make_host, backend, env)  # keeps torch's thread count
 
     # ------------------------------------------------------------ identity
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
