@@ -851,11 +851,16 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def per_tp(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """An arm's summary entries per TP size: ``[("tp4", {...}), ...]``."""
+    return [(k, v) for k, v in entry.items() if k.startswith("tp") and isinstance(v, dict)]
+
+
 def print_summary(report: dict[str, Any], log: Callable[[str], None]) -> None:
     head = f"{'val loss':>17}{'vs uncompressed %':>28}{'vs identity %':>26}"
     log(f"\n{'arm':<20}{'TP':>4}{'n':>3}{head}")
-    for arm, by_tp in report["summary"].items():
-        for tp, s in by_tp.items():
+    for arm, entry in report["summary"].items():
+        for tp, s in per_tp(entry):
             unc = _fmt_delta(s["delta_pct_vs_uncompressed"], s["delta_pct_vs_uncompressed_ci"])
             ident = _fmt_delta(s["delta_pct_vs_identity"], s["delta_pct_vs_identity_ci"])
             loss = f"{_fmt(s['mean'], '.4f')} +- {_fmt(s['sd'], '.4f')}"

@@ -118,6 +118,9 @@ def test_convergence_experiment_smoke(tmp_path: Path) -> None:
     assert taco["n"] == 2 and len(taco["delta_pct_vs_uncompressed_ci"]) == 2
     assert {"mean", "sd", "delta_pct_vs_uncompressed", "delta_pct_vs_identity"} <= set(taco)
     assert report["summary"]["uncompressed"]["tp1"]["delta_pct_vs_uncompressed"] == 0.0
+    # keyed by arm alone: the smallest TP size's fields at the top level
+    top = report["summary"]["taco"]
+    assert top["tp"] == 4 and top["mean"] == top["tp4"]["mean"] and top["n"] == 2
     assert set(report["target"]) == {"rule", "tp4", "tp8"}
     assert report["corpus"]["train_bytes"] > 10**6 and report["commit"]
 
