@@ -28,7 +28,7 @@ PRODUCT, and PREMUL_SUM where torch exposes its factor (2.13); other ops (BAND..
 dtypes coccl does not carry (bool, complex) forward to the inner group.
 
 Under torchrun no MPI is initialized: coccl's bootstrap runs over torch's store and host
-bytes over Gloo (mpi4py stays asleep unless the application wakes it).
+bytes over Gloo (building a group imports nothing that initializes MPI).
 
 Data: CPU tensors travel over a private Gloo group (``coccl.torch_transport``); CUDA
 tensors over coccl's NCCL transport when every rank has a GPU of its own and CuPy (the
@@ -50,7 +50,6 @@ import functools
 import logging
 import os
 import socket
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -69,7 +68,7 @@ from coccl.torch_transport import GlooTransport, StoreBootstrap, as_timedelta
 log = logging.getLogger(__name__)
 
 BACKEND = "coccl"
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+COLLECTIVES = algorithms.COLLECTIVES
 DEVICE_BACKENDS = ("auto", "nccl", "none")
 DEFAULT_MIN_COMPRESS_BYTES = 64 << 10
 # Set in every process that an MPI launcher (Open MPI, MPICH's Hydra, PMIx) starts.
@@ -260,7 +259,6 @@ class CocclProcessGroup(dist.ProcessGroup):
             wire = dist.ProcessGroupGloo(wire_store, rank, size, as_timedelta(env.timeout_s))
             return GlooTransport(wire, env.timeout_s, env.pipeline_depth)
 
-        _keep_mpi_asleep()
         from coccl.communicator import create  # noqa: PLC0415
 
         backend = {"auto": "auto", "nccl": "nccl", "none": "mpi"}[opts.device_backend]
@@ -506,19 +504,6 @@ class CocclProcessGroup(dist.ProcessGroup):
         self.comm.close()
         if self._nccl is not None:
             self._nccl.abort()
-
-
-def _keep_mpi_asleep() -> None:
-    """Outside an MPI launch (torchrun, a lone process), keep mpi4py from initializing
-    MPI when coccl's modules import it: the group needs no MPI, and an MPI library's
-    singleton start can fail or hang where no MPI launcher runs. Under mpiexec, or once
-    the application has imported mpi4py.MPI itself, nothing changes."""
-    if "mpi4py.MPI" in sys.modules or any(k in os.environ for k in _MPI_LAUNCHER_RANKS):
-        return
-    import mpi4py  # noqa: PLC0415
-
-    mpi4py.rc.initialize = False
-    mpi4py.rc.finalize = False
 
 
 def _or(opts: Any, default: Callable[[], Any]) -> Any:
