@@ -76,7 +76,6 @@ class Call(NamedTuple):
 
 
 BACKENDS = ("auto", "mpi", "nccl")
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 # Launchers' variables that give the job's rank count: a 1-rank MPI world under one of
 # them is a launch mistake (mpi4py built against another MPI, torchrun without mpiexec).
 _LAUNCHER_SIZES = (
@@ -259,8 +258,10 @@ class Communicator:
 
         Raises the errors the call itself would raise for bad arguments."""
         self._check_usable()
-        if collective not in COLLECTIVES:
-            raise ValueError(f"unknown collective {collective!r}; coccl has {COLLECTIVES}")
+        if collective not in algorithms.COLLECTIVES:
+            raise ValueError(
+                f"unknown collective {collective!r}; coccl has {algorithms.COLLECTIVES}"
+            )
         call = Call(collective, x, op, algorithm, compressor, chunk_bytes)
         plan = self._plans.get(self._key(call))
         return (plan or self._resolve(call)).describe()
@@ -577,17 +578,22 @@ class Communicator:
         if out is None:
             data, obj = src.new(_result_shape(plan.collective, src.shape, self.size))
             return Flat(data, obj, src.kind, tuple(getattr(obj, "shape", ())), src.new)
+        self._check_out(plan, out)
+        return as_flat(out, "out")
+
+    @staticmethod
+    def _check_out(plan: CallPlan, out: Any) -> None:
+        """The checks of a given ``out``, from its attributes, before any byte moves."""
         require_writeable(out, "out")
-        dst = as_flat(out, "out")
-        if dst.dtype != src.dtype:
-            raise TypeError(f"out has dtype {dtype_name(dst.dtype)}, x has {dtype_name(src.dtype)}")
-        if dst.size != plan.out_count:
-            raise ValueError(
-                f"out has {dst.size} elements; {plan.collective} needs {plan.out_count}"
-            )
-        if dst.xp is not src.xp or dst.device_id != src.device_id:
+        kind, dtype, count, device = signature(out)
+        if kind == "other" or not isinstance(dtype, np.dtype) or not is_contiguous(out):
+            as_flat(out, "out")  # raises the type, dtype or contiguity error
+        if dtype != plan.dtype:
+            raise TypeError(f"out has dtype {dtype_name(dtype)}, x has {dtype_name(plan.dtype)}")
+        if count != plan.out_count:
+            raise ValueError(f"out has {count} elements; {plan.collective} needs {plan.out_count}")
+        if device != plan.device:
             raise ValueError("out must be on the same device as x")
-        return dst
 
     def _run(self, plan: CallPlan, x: Any, out: Any) -> Any:
         """Run a call whose plan is settled: per-call checks first (before any byte
@@ -607,14 +613,17 @@ class Communicator:
             raise
         return dst.obj
 
-    def _run_host(self, plan: CallPlan, src: Flat, dst: Flat) -> None:
+    def _run_host(
+        self, plan: CallPlan, src: Flat, dst: Flat, transport: Any = None, codec: Any = None
+    ) -> None:
+        """Host data: the polling engine over MPI (``transport``, ``codec``: stand-ins of
+        ``coccl.overlap``'s codec-only and transport-only runs)."""
         if plan.algorithm == "native":
             algorithms.native.run(self._host, plan.collective, src.data, dst.data, plan.op)
             return
-        rounds = self._rounds(plan, self._host_pool, src.data, dst.data)
         run_polling(
-            rounds,
-            self._host,
+            self._rounds(plan, self._host_pool, src.data, dst.data, codec),
+            transport or self._host,
             self._executor(min(plan.chunk_elems, plan.count) * plan.dtype.itemsize),
             depth=plan.depth,
             timeout_s=self._settings.timeout_s,
@@ -652,16 +661,7 @@ class Communicator:
             as_flat(x, "x")  # raises the contiguity error
         if out is None:
             return new_like(x, _result_shape(plan.collective, tuple(x.shape), self.size))
-        require_writeable(out, "out")
-        _, dtype, count, device = signature(out)
-        if dtype != plan.dtype:
-            raise TypeError(f"out has dtype {dtype_name(dtype)}, x has {dtype_name(plan.dtype)}")
-        if count != plan.out_count:
-            raise ValueError(f"out has {count} elements; {plan.collective} needs {plan.out_count}")
-        if device != plan.device:
-            raise ValueError("out must be on the same device as x")
-        if not is_contiguous(out):
-            as_flat(out, "out")
+        self._check_out(plan, out)
         return out
 
     def _run_device(self, plan: CallPlan, src: Flat, dst: Flat, caller: Any) -> None:
@@ -677,16 +677,25 @@ class Communicator:
                 self._nccl.bytes_sent += plan.bytes_per_call
             else:
                 sent = self._nccl.bytes_sent
-                ctx.enter(caller)
-                rounds = self._rounds(plan, ctx.pool, src.data, dst.data)
-                run_streamed(rounds, self._nccl, ctx, depth=plan.depth)
-                ctx.leave(caller)
+                self._run_streamed(plan, src, dst, ctx, caller)
                 plan.bytes_per_call = self._nccl.bytes_sent - sent
             self._watchdog.track(caller, plan.label)  # type: ignore[union-attr]
 
+    def _run_streamed(
+        self, plan: CallPlan, src: Flat, dst: Flat, ctx: DeviceContext, caller: Any,
+        codec: Any = None,
+    ) -> None:  # fmt: skip
+        """Device data over NCCL, run from the host: the streamed engine on coccl's
+        streams, ordered after ``caller``'s work and before its next."""
+        ctx.enter(caller)
+        rounds = self._rounds(plan, ctx.pool, src.data, dst.data, codec)
+        run_streamed(rounds, self._nccl, ctx, depth=plan.depth)
+        ctx.leave(caller)
+
     def _run_staged(
-        self, plan: CallPlan, src: Flat, dst: Flat, ctx: DeviceContext, caller: Any
-    ) -> None:
+        self, plan: CallPlan, src: Flat, dst: Flat, ctx: DeviceContext, caller: Any,
+        transport: Any = None, codec: Any = None,
+    ) -> None:  # fmt: skip
         """Device data over MPI: the polling engine with kernels on coccl's compute stream
         (staging copies run on it too)."""
         ctx.enter(caller)
@@ -695,8 +704,8 @@ class Communicator:
                 algorithms.native.run(self._host, plan.collective, src.data, dst.data, plan.op)
             else:
                 run_polling(
-                    self._rounds(plan, ctx.pool, src.data, dst.data),
-                    self._host,
+                    self._rounds(plan, ctx.pool, src.data, dst.data, codec),
+                    transport or self._host,
                     GpuExecutor(ctx.compute),
                     depth=plan.depth,
                     timeout_s=self._settings.timeout_s,
@@ -733,47 +742,42 @@ class Communicator:
         log.debug("%s of %d elements: captured as a CUDA graph", plan.label, plan.count)
 
     def _run_with(self, plan: CallPlan, x: Any, *, transport: Any = None, codec: Any = None) -> Any:
-        """Run ``plan``'s schedule eagerly, optionally with a stand-in transport or codec
-        (``coccl.overlap``'s codec-only and transport-only runs); returns the result."""
+        """Run ``plan``'s schedule from the host (never a graph), optionally with a
+        stand-in transport or codec (``coccl.overlap``'s codec-only and transport-only
+        runs); returns the result."""
         src = as_flat(x, "x")
         dst = self._output(plan, src, None)
-        codec = plan.codec if codec is None else codec
         if plan.route == "host":
-            rounds = run_schedule(
-                plan, self.rank, self.size, self._host_pool, src.data, dst.data, codec
-            )
-            run_polling(
-                rounds,
-                transport or self._host,
-                self._executor(min(plan.chunk_elems, plan.count) * plan.dtype.itemsize),
-                depth=plan.depth,
-                timeout_s=self._settings.timeout_s,
-                label=plan.label,
-            )
+            self._run_host(plan, src, dst, transport, codec)
             return dst.obj
         ctx = self._device(plan.device)
         caller = caller_stream(x)
         with ctx.device:
-            ctx.enter(caller)
-            rounds = run_schedule(plan, self.rank, self.size, ctx.pool, src.data, dst.data, codec)
             if transport is None and plan.route == "nccl":
-                run_streamed(rounds, self._nccl, ctx, depth=plan.depth)
+                self._run_streamed(plan, src, dst, ctx, caller, codec)
             else:
-                with ctx.compute:
-                    run_polling(
-                        rounds,
-                        transport or self._host,
-                        GpuExecutor(ctx.compute),
-                        depth=plan.depth,
-                        timeout_s=self._settings.timeout_s,
-                        label=plan.label,
-                    )
-            ctx.leave(caller)
+                self._run_staged(plan, src, dst, ctx, caller, transport, codec)
         return dst.obj
 
-    def _rounds(self, plan: CallPlan, pool: BufferPool, x: Any, out: Any) -> Any:
-        """The schedule's rounds for flat ``x`` and ``out`` (``plan.codec`` on the wire)."""
-        return run_schedule(plan, self.rank, self.size, pool, x, out, plan.codec)
+    def _rounds(self, plan: CallPlan, pool: BufferPool, x: Any, out: Any, codec: Any = None) -> Any:
+        """The rounds of ``plan``'s schedule on flat ``x`` and ``out``, with ``plan.codec``
+        on the wire (or a stand-in with the same payload sizes, ``coccl.overlap``'s)."""
+        codec = plan.codec if codec is None else codec
+        aplan = algorithms.Plan(
+            rank=self.rank,
+            size=self.size,
+            codec=codec,
+            dtype=plan.dtype,
+            op=plan.op,
+            chunk_elems=plan.chunk_elems,
+            pool=pool,
+            label=plan.label,
+            depth=plan.depth,
+            gather=plan.gather,
+        )
+        if plan.op in ("sum", "avg"):
+            aplan.hop = codec.reduce_encode_kernel(x, plan.dtype)
+        return algorithms.schedule(plan.algorithm, plan.collective)(aplan, x, out)
 
     def _device(self, device_id: int | None) -> DeviceContext:
         assert device_id is not None  # only called for device data
@@ -788,28 +792,6 @@ class Communicator:
         if self._resources.cpu is None:
             self._resources.cpu = CpuExecutor(self._cpu_threads)
         return self._resources.cpu
-
-
-def run_schedule(
-    plan: CallPlan, rank: int, size: int, pool: BufferPool, x: Any, out: Any, codec: Compressor
-) -> Any:
-    """The rounds of ``plan``'s schedule on flat ``x`` and ``out`` with ``codec`` on the
-    wire (``coccl.overlap`` passes a stand-in codec with the same payload sizes)."""
-    aplan = algorithms.Plan(
-        rank=rank,
-        size=size,
-        codec=codec,
-        dtype=plan.dtype,
-        op=plan.op,
-        chunk_elems=plan.chunk_elems,
-        pool=pool,
-        label=plan.label,
-        depth=plan.depth,
-        gather=plan.gather,
-    )
-    if plan.op in ("sum", "avg"):
-        aplan.hop = codec.reduce_encode_kernel(x, plan.dtype)
-    return algorithms.schedule(plan.algorithm, plan.collective)(aplan, x, out)
 
 
 def _result_shape(collective: str, shape: tuple[int, ...], n: int) -> tuple[int, ...]:

@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from coccl.algorithms import COLLECTIVES
 from coccl.compressors import Compressor
-
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
 
 def profile(

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
-
 
 class Handle(Protocol):
     """One nonblocking message of a polling transport."""
