@@ -87,7 +87,9 @@ SCHEDULE_SETTINGS = (
     "graphs",
     "nccl_gather",
 )
-LINKS = ("auto", "nvlink", "pcie", "shm", "socket", "net")
+# The classes of link NCCL can use between ranks, fastest first (coccl.nccl_transport).
+LINK_CLASSES = ("nvlink", "pcie", "shm", "socket", "net")
+LINKS = ("auto", *LINK_CLASSES)
 GATHERS = ("auto", "p2p", "allgather")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from coccl.arrays import BFLOAT16, cupy_or_none, dtype_name
 from coccl.bootstrap import Bootstrap
+from coccl.config import LINK_CLASSES
 from coccl.errors import CocclError
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,9 @@ _NCCL_DTYPES = {
 }
 NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 NCCL_UINT8 = 1
-# Link classes, fastest first; a communicator's link is the slowest between any two ranks.
-LINKS = ("self", "nvlink", "pcie", "shm", "socket", "net")
+# Link classes, fastest first ("self": one rank); a communicator's link is the slowest
+# between any two ranks.
+LINKS = ("self", *LINK_CLASSES)
 
 
 def nccl_dtype(dtype: Any) -> int:
