@@ -948,8 +948,8 @@ def create(
     configure_logging(env.log_level)
     nccl = None
     try:
-        threads, pipelined = agree_settings(boot, env)
-        local_rank, _ = node_ranks(boot, env.timeout_s)
+        local_rank, local_size = node_ranks(boot, env.timeout_s)
+        threads, pipelined = agree_settings(boot, env, local_size)
         resolved, device_id, reason = nccl_transport.decide(
             boot, backend, local_rank, env.timeout_s
         )
@@ -973,12 +973,11 @@ def create(
     )
 
 
-def agree_settings(boot: Bootstrap, env: Settings) -> tuple[int, bool]:
+def agree_settings(boot: Bootstrap, env: Settings, local_size: int) -> tuple[int, bool]:
     """Check that every rank has the same schedule-shaping settings (CocclError naming
     the variable and each rank's value otherwise); return this rank's codec threads and
     whether host data is pipelined, decided alike on every rank: only if every rank has
     a spare core for its codec thread (COCCL_CPU_THREADS or cores per local rank >= 2)."""
-    _, local_size = node_ranks(boot, env.timeout_s)
     threads = local_cpu_threads(local_size, env.cpu_threads)
     mine = {name: getattr(env, name) for name in SCHEDULE_SETTINGS}
     entries = boot.allgather((mine, threads), env.timeout_s, "comparing COCCL_* settings")
