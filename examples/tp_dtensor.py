@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
 import sys
@@ -49,6 +48,7 @@ from tp_gpt import (  # noqa: E402  (the model and data of the Megatron-style ex
     load_text,
     lr_at,
     parse_compressor,
+    report,
     split,
     train_batches,
 )
@@ -268,12 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     identical = all(r["replicated_identical"] for r in runs)
     if rank == 0:
-        print(json.dumps(result), flush=True)
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
-        if not identical:
-            log("[tp_dtensor] ERROR: replicated parameters differ across TP ranks")
+        report(result, args.out, identical, "tp_dtensor")
     if started_here:
         dist.destroy_process_group()
     return 0 if identical else 3

@@ -314,6 +314,17 @@ def setup_tp(args: argparse.Namespace) -> tuple[Any, Any]:
     return group, MPI.COMM_WORLD
 
 
+def report(result: dict[str, Any], out: Path | None, identical: bool, prog: str) -> None:
+    """Rank 0's end of a run: the result as one JSON line (and into ``out``), and an
+    error line if the replicated parameters differ across TP ranks."""
+    print(json.dumps(result), flush=True)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    if not identical:
+        print(f"[{prog}] ERROR: replicated parameters differ across TP ranks", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     world = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
@@ -415,12 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         "replicated_identical": identical,
     }
     if rank == 0:
-        print(json.dumps(result), flush=True)
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
-        if not identical:
-            log("[tp_gpt] ERROR: replicated parameters differ across TP ranks")
+        report(result, args.out, identical, "tp_gpt")
     if mpi is not None:
         group.comm.close()
     return 0 if identical else 3
