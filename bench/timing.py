@@ -64,7 +64,7 @@ def time_calls(
     """Per-call seconds of ``LOOPS`` loops of ``iters`` back-to-back calls of ``fn``, as
     nccl-tests times: each loop starts after a barrier and ends once the device is done,
     and its time is divided by ``iters``, so a small message is not charged a barrier and
-    a synchronization per call (on two H200s these made a 20 us NCCL call read 130 us).
+    a synchronization per call (bench/NOTES.md measures what those cost).
     ``before()`` (untimed) runs before each loop, e.g. to restore the input that in-place
     calls overwrite (within a loop they reduce their own results, as in nccl-tests)."""
     samples = []

@@ -372,7 +372,7 @@ class _StuckFirst(_Recorder):
 
 def test_a_round_finished_behind_a_stuck_one_is_not_progress():
     """Rounds that finished behind an unfinished first round must not count as progress
-    on every poll, or the timeout never fires (it once spun forever)."""
+    on every poll, or the timeout never fires."""
     buf = np.zeros(8, np.uint8)
     rounds = [Round(label=f"round {i}", tag=i, recvs=[(1, buf)]) for i in range(3)]
     transport = _StuckFirst()

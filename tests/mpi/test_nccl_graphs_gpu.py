@@ -113,7 +113,7 @@ def test_cupy_side_stream(graphed, algorithm, codec, inplace):
 )  # fmt: skip
 def test_torch_side_stream(graphed, algorithm, codec, inplace):
     """A torch tensor produced on a torch side stream: coccl orders itself against
-    torch's current stream, not CuPy's (once stale in 4 of 5 trials)."""
+    torch's current stream, not CuPy's."""
     torch = pytest.importorskip("torch")
     side = torch.cuda.Stream()
     for _ in range(3):
