@@ -40,6 +40,23 @@ gputests)
   step "pytest: one GPU per rank over NCCL (1 and 2 ranks), ranks sharing a GPU over MPI (2 and 4)"
   timeout ${MPI_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
     -k "${MPI_K:-gpu and not 3]}" 2>&1 | tee "$RES/pytest_mpi_gpu.txt" | tail -30 ;;
+codecgpu)  # the GPU codec tests in two processes (kernel builds are CPU-bound)
+  step "pytest: GPU codecs, whole range and the rest side by side"
+  timeout ${UNIT_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider tests/test_codec_gpu.py \
+    -k whole_range --durations=5 > "$RES/pytest_codec_range.txt" 2>&1 &
+  timeout ${UNIT_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider tests/test_codec_gpu.py \
+    -k "not whole_range" --durations=5 > "$RES/pytest_codec_rest.txt" 2>&1 &
+  [ -n "${MPI_K:-}" ] && timeout ${MPI_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider \
+    tests/test_mpi.py -k "$MPI_K" 2>&1 | tee "$RES/pytest_mpi_gpu.txt" | tail -15
+  wait; tail -12 "$RES/pytest_codec_range.txt" "$RES/pytest_codec_rest.txt" ;;
+probe)  # where a large AllReduce's time goes, under each setting of PROBE_ENVS (';'-separated)
+  IFS=';' read -ra envs <<< "${PROBE_ENVS:-COCCL_LINK=auto}"
+  for e in "${envs[@]}"; do
+    step "p2p probe: $e"
+    env $e timeout ${PROBE_TIMEOUT:-120} mpiexec --oversubscribe -n 2 python3 \
+      bench/scripts/p2p_probe.py --out "$RES/probe-$(echo "$e" | tr -c 'A-Za-z0-9=\n' _).json" \
+      ${PROBE_ARGS:-} 2>&1 | tee -a "$RES/probe.txt" | tail -40
+  done ;;
 percall)
   for link in ${PERCALL_LINKS:-NVLINK SHM}; do
     step "per-call costs, $link"
