@@ -54,7 +54,11 @@ from coccl.sizing import (
     chunk_elems,
     default_chunk_bytes,
     local_cpu_threads,
+    needs_accumulator,
     pipeline_depth,
+    replay_max_bytes,
+    replays,
+    staging_limit,
     window_bytes,
 )
 from coccl.streamed import run_streamed
@@ -518,7 +522,9 @@ class Communicator:
         if choice.algorithm == "native":
             plan.graph_reason = "the transport's own collective: one launch already"
             return plan
-        graphs = route == "nccl" and env.graphs
+        limit = staging_limit(route, env.staging_limit_bytes)
+        fused_hop = device is not None and choice.codec.reduce_encode_kernel(src.data, dtype)
+        accumulates = needs_accumulator(choice.algorithm, collective, op, bool(fused_hop), n)
         chunk = chunk_bytes
         if chunk is None:
             chunk = default_chunk_bytes(
@@ -526,21 +532,22 @@ class Communicator:
                 settings_chunk=env.chunk_bytes,
                 chunk_set=env.chunk_bytes_set,
                 host_pipelined=self._host_pipelined,
-                limit=env.staging_limit_bytes,
+                limit=limit,
                 n=n,
                 codec=choice.codec,
                 dtype=dtype,
                 count=count,
                 algorithm=choice.algorithm,
                 collective=collective,
+                accumulates=accumulates,
             )
         plan.chunk_bytes = int(chunk)
         plan.chunk_elems = chunk_elems(int(chunk), dtype.itemsize, choice.codec.alignment)
         window = partial(
             window_bytes, n, choice.codec, dtype, plan.chunk_elems, choice.algorithm,
-            collective, route == "staged",
+            collective, route == "staged", accumulates=accumulates,
         )  # fmt: skip
-        plan.depth = pipeline_depth(env.pipeline_depth, env.staging_limit_bytes, window)
+        plan.depth = pipeline_depth(env.pipeline_depth, limit, window)
         plan.gather = (
             route == "nccl"
             and collective == "allreduce"
@@ -549,14 +556,19 @@ class Communicator:
             and n > 1
             and algorithms.auto.gather_by_allgather(link, env.nccl_gather)
         )
-        if graphs:
+        if route != "nccl":
+            plan.graph_reason = f"{route} data travels over MPI (the host drives each message)"
+        elif not env.graphs:
+            plan.graph_reason = "COCCL_GRAPHS=0"
+        elif not replays(link, nbytes):
+            plan.graph_reason = (
+                f"from {replay_max_bytes(link) >> 20} MiB on {link} the device outlasts the "
+                "host's rounds and a replay would add two copies (coccl/sizing.py)"
+            )
+        else:
             in_place = collective == "allreduce"
             buffers = (count + (0 if in_place else out_count)) * dtype.itemsize
             plan.graph_bytes = buffers + window(plan.depth)
-        elif route == "nccl":
-            plan.graph_reason = "COCCL_GRAPHS=0"
-        else:
-            plan.graph_reason = f"{route} data travels over MPI (the host drives each message)"
         return plan
 
     def _route(self, device: int | None) -> tuple[str, Any]:

@@ -24,8 +24,9 @@ _VARS: dict[str, tuple[str, str]] = {
     ),
     "COCCL_PIPELINE_DEPTH": ("4", "how many chunk rounds may be in flight at once (>= 1)"),
     "COCCL_STAGING_LIMIT_BYTES": (
-        "268435456",
-        "upper bound on the extra device + pinned host memory a collective's pipeline uses",
+        "",
+        "upper bound on the extra device + pinned host memory a collective's pipeline uses "
+        "(unset: 256 MiB; over NCCL, where it is device memory only, 1 GiB)",
     ),
     "COCCL_TIMEOUT_S": (
         "600",
@@ -130,7 +131,7 @@ class Settings:
     chunk_bytes: int
     chunk_bytes_set: bool  # COCCL_CHUNK_BYTES given explicitly
     pipeline_depth: int
-    staging_limit_bytes: int
+    staging_limit_bytes: int | None  # None: unset, coccl/sizing.py's default per route
     timeout_s: float  # may be inf
     mpi_cuda_aware: bool | None  # None: ask the MPI library
     cpu_threads: int | None
@@ -158,6 +159,7 @@ def settings() -> Settings:
     """Read and validate every ``COCCL_*`` variable now."""
     aware = _choice("COCCL_MPI_CUDA_AWARE", ("auto", "0", "1"))
     threads_raw = _raw("COCCL_CPU_THREADS")
+    limit_set = bool(_raw("COCCL_STAGING_LIMIT_BYTES"))
     log_level = _raw("COCCL_LOG").lower()
     if log_level and not isinstance(logging.getLevelName(log_level.upper()), int):
         raise ValueError(f"COCCL_LOG={log_level!r} is not a logging level (debug, info, ...)")
@@ -165,7 +167,7 @@ def settings() -> Settings:
         chunk_bytes=_int("COCCL_CHUNK_BYTES", 1),
         chunk_bytes_set=bool(os.environ.get("COCCL_CHUNK_BYTES", "").strip()),
         pipeline_depth=_int("COCCL_PIPELINE_DEPTH", 1),
-        staging_limit_bytes=_int("COCCL_STAGING_LIMIT_BYTES", 1 << 20),
+        staging_limit_bytes=_int("COCCL_STAGING_LIMIT_BYTES", 1 << 20) if limit_set else None,
         timeout_s=_timeout(),
         mpi_cuda_aware=None if aware == "auto" else aware == "1",
         cpu_threads=_int("COCCL_CPU_THREADS", 1) if threads_raw else None,

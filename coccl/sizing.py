@@ -27,9 +27,20 @@ INLINE_CHUNK_BYTES = 64 << 10
 # 8 MiB, or (compressed data) chunks of 4M elements once each rank's shard holds four.
 STAGED_CHUNK_BYTES = 8 << 20
 STAGED_LARGE_CHUNK_ELEMS = 4 << 20
-# Largest default chunk over NCCL, in elements (the accumulators are float32 whatever the
-# input, so the bound is counted in elements).
-NCCL_MAX_CHUNK_ELEMS = 16 << 20
+# The bound on a pipeline's extra memory when COCCL_STAGING_LIMIT_BYTES is unset: pinned
+# host memory and its device copies when data is staged over MPI; device memory only over
+# NCCL, where few, large messages are fastest (see nccl_chunk_bytes) and an H200 has 141 GB.
+STAGING_LIMIT_BYTES = 256 << 20
+NCCL_STAGING_LIMIT_BYTES = 1 << 30
+# Over NCCL a plan is replayed from a CUDA graph below these message sizes (bytes per rank,
+# by link class) and runs eagerly from them on. A replay saves the host's ~100-150 us per
+# round but copies the input in and the result out (~1 us per MiB on an H200); an eager
+# call costs about max(host, device) time, since the host never waits inside it, but
+# where the two are close every late launch on either rank stalls both. 2 H200s,
+# bfloat16 taco, 2 ranks: on NVLink a 64 MiB call took 303-557 us eagerly from one sweep
+# row to the next and 344 us replayed, 256 MiB 855-876 us eagerly; on shm 16 MiB took
+# 482-569 us eagerly, 64 MiB 1693-1759 us. bench/NOTES.md.
+REPLAY_MAX_BYTES = {"nvlink": 128 << 20, "shm": 64 << 20, "socket": 64 << 20, "net": 64 << 20}
 
 ROUTES = ("host", "staged", "device", "nccl")
 
@@ -58,6 +69,7 @@ def window_bytes(
     collective: str,
     staged: bool,
     depth: int,
+    accumulates: bool = True,
 ) -> int:
     """An upper bound on the pool bytes a pipeline window of ``depth`` rounds holds, on
     ``n`` ranks with chunks of ``chunk_elems`` elements. Per round: its payloads (their
@@ -66,9 +78,11 @@ def window_bytes(
     next step runs ``depth`` waves later; ``staged``, a ring AllGather payload waiting to
     be forwarded keeps its pinned copy too); and a ring's last ReduceScatter step, which
     holds a second accumulator, once per pass of the window over the steps.
+    ``accumulates`` False: the schedule holds no accumulator (a ring AllReduce summing
+    with the codec's fused hop, ``needs_accumulator``).
     bench/NOTES.md compares this bound with measured peaks."""
     payload = size_class(codec.encoded_nbytes(chunk_elems, dtype))
-    acc = size_class(chunk_elems * accumulate_dtype(dtype).itemsize)
+    acc = size_class(chunk_elems * accumulate_dtype(dtype).itemsize) if accumulates else 0
     if algorithm == "ring":
         messages = 2
         steps = 2 * (n - 1) if collective == "allreduce" else n - 1
@@ -84,31 +98,42 @@ def window_bytes(
     return depth * per_round + second_accs * acc
 
 
+def needs_accumulator(algorithm: str, collective: str, op: str, fused_hop: bool, n: int) -> bool:
+    """Whether a schedule holds float32 accumulators: all but a ring AllReduce on several
+    ranks that sums with the codec's fused hop (algorithms/ring.py: every hop, the last
+    one included, is that kernel; one rank reduces locally into an accumulator)."""
+    ring_hops = algorithm == "ring" and collective == "allreduce" and n > 1
+    return not (ring_hops and op == "sum" and fused_hop)
+
+
 def nccl_chunk_bytes(
     n: int,
     codec: Compressor,
     dtype: Any,
     algorithm: str,
     collective: str,
+    shard: int,
     limit: int,
     floor: int,
+    accumulates: bool = True,
 ) -> int:
-    """The default chunk of a collective over NCCL: NCCL_MAX_CHUNK_ELEMS elements, halved
-    until a window of two rounds fits ``limit`` (so one round stays in flight while the
-    next is enqueued), never below ``floor`` bytes (COCCL_CHUNK_BYTES).
+    """The default chunk of a collective over NCCL whose per-rank shard holds ``shard``
+    elements: the whole shard, halved until one round's window fits ``limit``, never
+    below ``floor`` bytes (COCCL_CHUNK_BYTES).
 
-    Few, large chunks are fastest whether the schedule runs from the host (every round
-    costs ~100-150 us of Python) or from a CUDA graph: NCCL's point-to-point messages
-    reach their bandwidth only at several MiB, and the codec kernels run ~15x faster
-    than NVLink moves bytes (150x faster than a PCIe-class link), so cutting a shard to
-    overlap the codec with the wire gains less than the smaller messages lose
-    (bench/NOTES.md)."""
+    Few, large messages are fastest over NCCL: its point-to-point reaches ~160 GB/s with
+    8 MiB messages and ~240-290 GB/s from 32 MiB on NVLink (2 H200s), while the codec
+    kernels run ~15x faster than NVLink moves bytes, so cutting a shard to overlap them
+    with the wire gains less than the smaller messages lose (bench/NOTES.md)."""
     itemsize = np.dtype(dtype).itemsize
-    elems = NCCL_MAX_CHUNK_ELEMS
+    elems = -(-max(1, shard) // codec.alignment) * codec.alignment
     while elems * itemsize > floor and (
-        window_bytes(n, codec, dtype, elems, algorithm, collective, False, 2) > limit
+        window_bytes(n, codec, dtype, elems, algorithm, collective, False, 1, accumulates) > limit
     ):
-        elems //= 2
+        half = -(-(elems // 2) // codec.alignment) * codec.alignment
+        if half >= elems:
+            break
+        elems = half
     return max(elems * itemsize, floor)
 
 
@@ -152,6 +177,7 @@ def default_chunk_bytes(
     count: int,
     algorithm: str,
     collective: str,
+    accumulates: bool = True,
 ) -> int:
     """The chunk of a call that gives none, by route (see ``ROUTES``):
 
@@ -162,7 +188,8 @@ def default_chunk_bytes(
     * ``staged``: ``staged_chunk_bytes``; ``device`` (CUDA-aware MPI): COCCL_CHUNK_BYTES;
     * ``nccl``: ``nccl_chunk_bytes``, whether or not the schedule is replayed.
 
-    ``count`` is the call's element count (AllGather: each rank's input).
+    ``count`` is the call's element count (AllGather: each rank's input); ``accumulates``:
+    see ``needs_accumulator``.
     """
     itemsize = np.dtype(dtype).itemsize
     shard = count if collective == "allgather" else -(-count // n)
@@ -173,5 +200,28 @@ def default_chunk_bytes(
     if route == "staged" and not chunk_set:
         return staged_chunk_bytes(shard, itemsize, not codec.lossless)
     if route == "nccl" and not chunk_set:
-        return nccl_chunk_bytes(n, codec, dtype, algorithm, collective, limit, settings_chunk)
+        return nccl_chunk_bytes(
+            n, codec, dtype, algorithm, collective, shard, limit, settings_chunk, accumulates
+        )
     return settings_chunk
+
+
+def staging_limit(route: str, setting: int | None) -> int:
+    """The pool memory bound of a call on ``route``: COCCL_STAGING_LIMIT_BYTES when set
+    (``setting``), else ``NCCL_STAGING_LIMIT_BYTES`` over NCCL, ``STAGING_LIMIT_BYTES``
+    elsewhere."""
+    if setting is not None:
+        return setting
+    return NCCL_STAGING_LIMIT_BYTES if route == "nccl" else STAGING_LIMIT_BYTES
+
+
+def replay_max_bytes(link: str) -> int:
+    """The message size (bytes per rank) from which a plan over NCCL on ``link`` runs
+    eagerly (``REPLAY_MAX_BYTES``; an unknown link class: the least of them)."""
+    return REPLAY_MAX_BYTES.get(link, min(REPLAY_MAX_BYTES.values()))
+
+
+def replays(link: str, nbytes: int) -> bool:
+    """Whether a plan over NCCL on ``link`` whose input holds ``nbytes`` is replayed from a
+    CUDA graph."""
+    return nbytes < replay_max_bytes(link)

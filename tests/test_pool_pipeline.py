@@ -17,7 +17,14 @@ from coccl.overlap import WireOnlyCodec
 from coccl.pipeline import Round
 from coccl.polling import DONE, EventHandle, advance, landed_buffers, may_send, run_polling
 from coccl.pool import BufferPool, host_pool, size_class
-from coccl.sizing import NCCL_MAX_CHUNK_ELEMS, nccl_chunk_bytes, staged_chunk_bytes, window_bytes
+from coccl.sizing import (
+    nccl_chunk_bytes,
+    needs_accumulator,
+    replays,
+    staged_chunk_bytes,
+    staging_limit,
+    window_bytes,
+)
 from coccl.streamed import run_streamed
 
 INF = float("inf")
@@ -89,36 +96,74 @@ def test_staged_chunk_grows_only_with_four_chunks_per_shard():
 @pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
 @pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
-def test_nccl_chunk_is_the_largest_whose_two_rounds_fit(n, algorithm, collective):
-    """Over NCCL the default chunk is the largest of NCCL_MAX_CHUNK_ELEMS, halved, whose
-    window of two rounds fits the staging limit, never below COCCL_CHUNK_BYTES."""
+@pytest.mark.parametrize("accumulates", [True, False])
+def test_nccl_chunk_is_the_largest_halving_of_the_shard_whose_round_fits(
+    n, algorithm, collective, accumulates
+):
+    """Over NCCL the default chunk is the whole shard, halved (to the codec's alignment)
+    until one round's window fits the staging limit, never below COCCL_CHUNK_BYTES."""
     mib = 1 << 20
     for name in ("identity", "taco", "int8"):
         codec = get_compressor(name)
+        align = codec.alignment
         for dtype in (np.dtype(np.float32), np.dtype(np.float16)):
             item = dtype.itemsize
 
-            def fits(nbytes, codec=codec, dtype=dtype, item=item):
-                elems = nbytes // item
-                return window_bytes(n, codec, dtype, elems, algorithm, collective, False, 2) <= (
-                    256 * mib
+            def fits(elems, codec=codec, dtype=dtype):
+                window = window_bytes(
+                    n, codec, dtype, elems, algorithm, collective, False, 1, accumulates
                 )
+                return window <= 256 * mib
 
-            got = nccl_chunk_bytes(n, codec, dtype, algorithm, collective, 256 * mib, 4 * mib)
-            assert 4 * mib <= got <= NCCL_MAX_CHUNK_ELEMS * item
-            if got > 4 * mib:
-                assert fits(got)
-            if got < NCCL_MAX_CHUNK_ELEMS * item:
-                assert not fits(2 * got)
-            # an explicit floor above the largest chunk wins
-            assert nccl_chunk_bytes(n, codec, dtype, algorithm, collective, 1, 512 * mib) == (
-                512 * mib
+            for shard in (1, 1000, 3 << 20, 100 << 20, 1 << 28):
+                got = nccl_chunk_bytes(
+                    n, codec, dtype, algorithm, collective, shard, 256 * mib, 4 * mib, accumulates
+                )
+                whole = -(-shard // align) * align
+                assert got >= 4 * mib and got % item == 0
+                elems = got // item
+                if got > 4 * mib:
+                    assert elems % align == 0 and fits(elems)
+                    assert elems == whole or not fits(-(-(2 * elems) // align) * align)
+                else:
+                    assert whole * item <= 4 * mib or not fits(-(-(elems * 2) // align) * align)
+            # an explicit floor above the shard wins
+            assert (
+                nccl_chunk_bytes(
+                    n, codec, dtype, algorithm, collective, 1 << 20, 1, 512 * mib, accumulates
+                )
+                == 512 * mib
             )
-    # two H200s, bfloat16 taco: 8M elements (16 MiB); 4 MiB chunks ran ~3x slower at 1 GiB
-    if n == 2 and collective == "allreduce":
-        taco, bf16 = get_compressor("taco"), np.dtype(ml_dtypes.bfloat16)
-        got = nccl_chunk_bytes(2, taco, bf16, algorithm, collective, 256 * mib, 4 * mib)
-        assert got == 16 * mib
+
+
+def test_nccl_chunk_on_two_h200s():
+    """Two ranks, bfloat16 taco (the sizes bench/NOTES.md measured): one chunk per shard
+    up to 256 MiB messages under the default 1 GiB limit over NCCL; the ring's fused hop
+    holds no accumulator, so its chunks are larger than two-shot's."""
+    mib = 1 << 20
+    taco, bf16 = get_compressor("taco"), np.dtype(ml_dtypes.bfloat16)
+    limit = staging_limit("nccl", None)
+    assert limit == 1 << 30 and staging_limit("staged", None) == 256 * mib
+    assert staging_limit("nccl", 5 * mib) == 5 * mib
+    for message in (16 * mib, 64 * mib, 256 * mib):
+        shard = message // 2 // 2  # elements
+        ring = nccl_chunk_bytes(2, taco, bf16, "ring", "allreduce", shard, limit, 4 * mib, False)
+        assert ring == message // 2
+    two = nccl_chunk_bytes(2, taco, bf16, "two_shot", "allreduce", 1 << 28, limit, 4 * mib)
+    ring = nccl_chunk_bytes(2, taco, bf16, "ring", "allreduce", 1 << 28, limit, 4 * mib, False)
+    assert 4 * mib < two < ring < 512 * mib
+
+
+def test_needs_accumulator_and_replay_sizes():
+    assert not needs_accumulator("ring", "allreduce", "sum", True, 2)
+    assert needs_accumulator("ring", "allreduce", "sum", True, 1)  # one rank: local sum
+    assert needs_accumulator("ring", "allreduce", "avg", True, 2)
+    assert needs_accumulator("ring", "allreduce", "sum", False, 2)
+    assert needs_accumulator("ring", "reduce_scatter", "sum", True, 2)
+    assert needs_accumulator("two_shot", "allreduce", "sum", True, 2)
+    assert replays("nvlink", (128 << 20) - 1) and not replays("nvlink", 128 << 20)
+    assert replays("shm", (64 << 20) - 1) and not replays("shm", 64 << 20)
+    assert replays("pcie", 1 << 20) and not replays("pcie", 64 << 20)  # unknown: the least
 
 
 def test_wire_only_codec_keeps_the_schedule_of_its_codec():

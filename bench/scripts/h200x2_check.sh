@@ -48,14 +48,14 @@ codecgpu)  # the GPU codec tests in two processes (kernel builds are CPU-bound)
     -k "not whole_range" --durations=5 > "$RES/pytest_codec_rest.txt" 2>&1 &
   [ -n "${MPI_K:-}" ] && timeout ${MPI_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider \
     tests/test_mpi.py -k "$MPI_K" 2>&1 | tee "$RES/pytest_mpi_gpu.txt" | tail -15
-  wait; tail -12 "$RES/pytest_codec_range.txt" "$RES/pytest_codec_rest.txt" ;;
+  wait; tail -n 12 "$RES/pytest_codec_range.txt" "$RES/pytest_codec_rest.txt" ;;
 probe)  # where a large AllReduce's time goes, under each setting of PROBE_ENVS (';'-separated)
   IFS=';' read -ra envs <<< "${PROBE_ENVS:-COCCL_LINK=auto}"
   for e in "${envs[@]}"; do
     step "p2p probe: $e"
     env $e timeout ${PROBE_TIMEOUT:-120} mpiexec --oversubscribe -n 2 python3 \
       bench/scripts/p2p_probe.py --out "$RES/probe-$(echo "$e" | tr -c 'A-Za-z0-9=\n' _).json" \
-      ${PROBE_ARGS:-} 2>&1 | tee -a "$RES/probe.txt" | tail -40
+      ${PROBE_ARGS:-} ${PROBE_TRACE:+--trace "$PROBE_TRACE"} 2>&1 | tee -a "$RES/probe.txt" | tail -40
   done ;;
 percall)
   for link in ${PERCALL_LINKS:-NVLINK SHM}; do

@@ -47,9 +47,31 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--schedules",
         default="ring:identity,ring:taco,two_shot:taco",
-        help="coccl algorithm:compressor pairs, each timed replayed and eager",
+        help="coccl algorithm:compressor[:chunk bytes] schedules, each timed replayed and "
+        "eager (no chunk: coccl's default)",
+    )
+    p.add_argument(
+        "--trace",
+        default="",
+        help="';'-separated methods whose kernels torch.profiler records (3 calls each, at "
+        "the first size) into the --out file's name with .trace-rank<r>.json",
     )
     return p.parse_args()
+
+
+def trace(calls: dict[str, Callable[[], None]], names: list[str], path: str) -> None:
+    """A Chrome trace of 3 calls of each method in ``names`` (every kernel and copy on
+    this rank's GPU, CUDA graphs' nodes included), each call in a named range."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for name in names:
+            for i in range(3):
+                cp.cuda.Device().synchronize()
+                with record_function(f"{name} #{i}"):
+                    calls[name]()
+                cp.cuda.Device().synchronize()
+    prof.export_chrome_trace(path)
 
 
 def graph_of(fn: Callable[[], None], stream: Any) -> Any:
@@ -114,18 +136,26 @@ def methods(
         "p2p exchange of size/2": one,
         "p2p two exchanges of size/2": two_phases,
         "p2p two exchanges, graph": lambda: graph.launch(stream),
-        "p2p exchange as 4 messages of size/8": exchange(half * np_dtype.itemsize // 4),
+        "p2p exchange of size/8": exchange(half * np_dtype.itemsize // 4),
+        "p2p exchange of 0.265 size (a taco shard)": exchange(int(0.53 * half) * np_dtype.itemsize),
         "device copy of size": copy,
     }
     for name, comm in comms.items():
         for pair in schedules:
-            algorithm, codec = pair.split(":")
+            algorithm, codec, *chunk = pair.split(":")
+            chunk_bytes = parse_size(chunk[0]) if chunk else None
 
-            def call(comm: Any = comm, algorithm: str = algorithm, codec: str = codec) -> None:
+            def call(
+                comm: Any = comm, algorithm: str = algorithm, codec: str = codec,
+                chunk_bytes: int | None = chunk_bytes,
+            ) -> None:  # fmt: skip
                 with stream:
-                    comm.allreduce(x, y, algorithm=algorithm, compressor=codec)
+                    comm.allreduce(
+                        x, y, algorithm=algorithm, compressor=codec, chunk_bytes=chunk_bytes
+                    )
 
-            calls[f"coccl {algorithm} {codec}, {name}"] = call
+            label = f"coccl {algorithm} {codec}" + (f" chunk {chunk[0]}" if chunk else "")
+            calls[f"{label}, {name}"] = call
     return calls
 
 
@@ -150,6 +180,9 @@ def main() -> None:
             for _ in range(3):
                 fn()
         cp.cuda.Device().synchronize()
+        if args.trace and not rows:
+            base = args.out.removesuffix(".json")
+            trace(calls, args.trace.split(";"), f"{base}.trace-rank{rank}.json")
         for _ in range(args.repeats):
             for name, fn in calls.items():
                 world.Barrier()

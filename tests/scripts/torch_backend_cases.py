@@ -323,7 +323,12 @@ def test_send_recv_ring(device):
         pytest.skip("a ring of sends needs two ranks")
     out = torch.full((4,), float(rank), device=device)
     got = torch.empty(4, device=device)
-    works = [dist.isend(out, (rank + 1) % n), dist.irecv(got, (rank - 1) % n)]
+    # Even ranks send first, odd ranks receive first: NCCL runs a rank's point-to-point
+    # operations in order, so a ring where every rank sends first would wait forever
+    # (for both ranks of a pair, the first send waits for a receive queued behind it).
+    send = lambda: dist.isend(out, (rank + 1) % n)  # noqa: E731
+    recv = lambda: dist.irecv(got, (rank - 1) % n)  # noqa: E731
+    works = [send(), recv()] if rank % 2 == 0 else [recv(), send()]
     for w in works:
         w.wait()
     assert torch.equal(got.cpu(), torch.full((4,), float((rank - 1) % n)))
