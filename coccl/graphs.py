@@ -15,6 +15,8 @@ captures and replays, later ones replay; if capture fails on any rank, every ran
 running that plan eagerly. The graph cannot follow the caller's buffers, whose addresses
 change from call to call and rank to rank, so it works on buffers of its own: a call
 copies its input in and the result out (two device-to-device copies, outside the graph).
+Large calls (coccl/sizing.py's REPLAY_MAX_BYTES) are not replayed: there the device
+outlasts the host's enqueueing and the copies would cost more than the replay saves.
 Everything the graph touches (those buffers, the schedule's pool, any temporary allocated
 during capture) is owned here until the plan is evicted.
 """

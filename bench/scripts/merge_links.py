@@ -4,6 +4,11 @@ NCCL's own AllReduce time over the row's, in the same run) and the per-call cost
 bench/scripts/percall.py. A sweep that its time limit stopped before it wrote its JSON is
 read from the table it printed (``source``: "table"), which holds every finished size.
 
+Raw sweeps are named ``links-LINK-DTYPE[-TAG].txt`` (and ``.json``); where several measured
+the same row (link, dtype, size, algorithm, compressor), the latest in ``ORDER`` is kept,
+and ``sweep`` names it. A row whose replay-or-eager path (its ``ran.graph``) differs from
+what coccl/sizing.py now chooses is marked ``path_now``.
+
     python bench/scripts/merge_links.py OUT.json RAW_DIR
 """
 
@@ -11,8 +16,11 @@ import json
 import sys
 from pathlib import Path
 
+from coccl.sizing import replays
+
 out, raw = Path(sys.argv[1]), Path(sys.argv[2])
 LINKS = {"nvlink": "nvlink", "shm": "shm", "socket": "socket"}
+ORDER = ["", "s9", "s9order", "s9replay"]  # sweep tags, oldest first
 
 
 def table_rows(path: Path) -> tuple[str, list[dict]]:
@@ -40,10 +48,14 @@ def table_rows(path: Path) -> tuple[str, list[dict]]:
     return command, rows
 
 
-sweeps, rows = [], []
-for txt in sorted(raw.glob("links-*.txt")):
+def sweep_order(txt: Path) -> int:
+    return ORDER.index((txt.stem.split("-") + [""])[3])
+
+
+sweeps, latest = [], {}
+for txt in sorted(raw.glob("links-*.txt"), key=sweep_order):
     name = txt.stem.removeprefix("links-")
-    link, dtype = name.split("-")
+    link, dtype, *_ = name.split("-")
     js = txt.with_suffix(".json")
     if js.exists():
         record = json.loads(js.read_text())
@@ -54,9 +66,14 @@ for txt in sorted(raw.glob("links-*.txt")):
         command, found = table_rows(txt)
     for r in found:
         r["link"] = LINKS[link]
-    sweeps.append({"link": link, "dtype": dtype, "command": command, "rows": len(found),
-                   "source": "json" if js.exists() else "table"})  # fmt: skip
-    rows += found
+        r["sweep"] = name
+        ran = r.get("ran")
+        if ran and ran["algorithm"] != "native" and ran["graph"] != replays(link, r["size"]):
+            r["path_now"] = "replayed" if replays(link, r["size"]) else "eager"
+        latest[(link, r["type"], r["size"], r["algorithm"], r["compressor"])] = r
+    sweeps.append({"sweep": name, "link": link, "dtype": dtype, "command": command,
+                   "rows": len(found), "source": "json" if js.exists() else "table"})  # fmt: skip
+rows = sorted(latest.values(), key=lambda r: (r["link"], r["type"], r["size"]))
 per_call = []
 for js in sorted(raw.glob("percall-*.json")):
     record = json.loads(js.read_text())
@@ -68,7 +85,13 @@ result = {
     "NCCL's own AllReduce per link class; per-call cost against torch.distributed and raw NCCL",
     "gpu": "2x NVIDIA H200 (NV18)",
     "date": "2026-11-30",
-    "commits": {"sweeps": "a2c35c1", "per_call": "2d2ef57"},
+    "commits": {
+        "sweeps": "untagged sweeps: a2c35c1; s9, s9order: 8abc8bd with REPLAY_MAX_BYTES then "
+        "64 MiB on NVLink and 16 MiB elsewhere; s9replay: 8abc8bd",
+        "per_call": "2d2ef57",
+        "note": "the device machine's copy reported an older commit in each raw file; these "
+        "are the trees that ran",
+    },
     "environment": "NCCL_NVLS_ENABLE=0; shm: NCCL_P2P_DISABLE=1; socket: NCCL_P2P_DISABLE=1 "
     "NCCL_SHM_DISABLE=1 (loopback sockets)",
     "commands": sweeps,

@@ -167,10 +167,14 @@ def main() -> None:
     cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
     uid = world.bcast(nccl.get_unique_id() if rank == 0 else None)
     raw = nccl.NcclCommunicator(nranks, uid, rank)
+    environment = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "COCCL_"))}
     comms = {}
     for name, graphs in (("replayed", "1"), ("eager", "0")):
         os.environ["COCCL_GRAPHS"] = graphs
         comms[name] = coccl.init(world, backend="nccl")
+    os.environ.pop("COCCL_GRAPHS")
+    if "COCCL_GRAPHS" in environment:
+        os.environ["COCCL_GRAPHS"] = environment["COCCL_GRAPHS"]
     schedules = [s for s in args.schedules.split(",") if s]
     rows: list[dict[str, Any]] = []
     for size in (parse_size(s) for s in args.sizes.split(",")):
@@ -208,9 +212,7 @@ def main() -> None:
             "commit": commit,
             "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
             "link": comms["replayed"].link,
-            "environment": {
-                k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "COCCL_"))
-            },
+            "environment": environment,
             "rows": rows,
         }
         with open(args.out, "w") as f:
