@@ -523,8 +523,12 @@ class Communicator:
             plan.graph_reason = "the transport's own collective: one launch already"
             return plan
         limit = staging_limit(route, env.staging_limit_bytes)
-        fused_hop = device is not None and choice.codec.reduce_encode_kernel(src.data, dtype)
-        accumulates = needs_accumulator(choice.algorithm, collective, op, bool(fused_hop), n)
+        # Over NCCL the window bound leaves out the accumulator a fused-hop ring never holds;
+        # the MPI routes keep the full bound, which set the depths their figures ran with.
+        fused_hop = (
+            route == "nccl" and choice.codec.reduce_encode_kernel(src.data, dtype) is not None
+        )
+        accumulates = needs_accumulator(choice.algorithm, collective, op, fused_hop, n)
         chunk = chunk_bytes
         if chunk is None:
             chunk = default_chunk_bytes(

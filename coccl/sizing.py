@@ -33,13 +33,11 @@ STAGED_LARGE_CHUNK_ELEMS = 4 << 20
 STAGING_LIMIT_BYTES = 256 << 20
 NCCL_STAGING_LIMIT_BYTES = 1 << 30
 # Over NCCL a plan is replayed from a CUDA graph below these message sizes (bytes per rank,
-# by link class) and runs eagerly from them on. A replay saves the host's ~100-150 us per
-# round but copies the input in and the result out (~1 us per MiB on an H200); an eager
-# call costs about max(host, device) time, since the host never waits inside it, but
-# where the two are close every late launch on either rank stalls both. 2 H200s,
-# bfloat16 taco, 2 ranks: on NVLink a 64 MiB call took 303-557 us eagerly from one sweep
-# row to the next and 344 us replayed, 256 MiB 855-876 us eagerly; on shm 16 MiB took
-# 482-569 us eagerly, 64 MiB 1693-1759 us. bench/NOTES.md.
+# by link class) and runs eagerly from them on. A replay saves the host's enqueueing of
+# every round but copies the input in and the result out; an eager call costs about
+# max(host, device) time, since the host never waits inside it, and where the two are
+# close every late launch on either rank stalls both. So replays stop where the device
+# clearly outlasts the host (bench/NOTES.md has the measurements).
 REPLAY_MAX_BYTES = {"nvlink": 128 << 20, "shm": 64 << 20, "socket": 64 << 20, "net": 64 << 20}
 
 ROUTES = ("host", "staged", "device", "nccl")
