@@ -258,7 +258,10 @@ class Communicator:
         """What a call with these arguments runs, and why, without moving a byte (a
         local query: no rank is asked). Keys: ``algorithm``, ``compressor`` (config),
         ``reason``, ``transport``, ``route``, ``link``, ``chunk_bytes``, ``depth``,
-        ``allgather_phase``, ``graph`` (replayed from a CUDA graph), ``graph_reason``.
+        ``allgather_phase``, ``graph`` (replayed from a CUDA graph), ``graph_reason``,
+        ``graph_buffers`` (``"caller's"``: replays run on the call's buffers; ``"copies"``:
+        the input is copied in and the result out; ``""``: no graph yet),
+        ``graph_copy_reason``.
 
         Raises the errors the call itself would raise for bad arguments."""
         self._check_usable()
@@ -564,15 +567,13 @@ class Communicator:
             plan.graph_reason = f"{route} data travels over MPI (the host drives each message)"
         elif not env.graphs:
             plan.graph_reason = "COCCL_GRAPHS=0"
-        elif not replays(link, nbytes):
+        elif not replays(link, nbytes, follows=plan.graph_follows):
             plan.graph_reason = (
                 f"from {replay_max_bytes(link) >> 20} MiB on {link} the device outlasts the "
                 "host's rounds and a replay would add two copies (coccl/sizing.py)"
             )
         else:
-            in_place = collective == "allreduce"
-            buffers = (count + (0 if in_place else out_count)) * dtype.itemsize
-            plan.graph_bytes = buffers + window(plan.depth)
+            plan.graph_bytes = _graph_buffer_bytes(plan) + window(plan.depth)
         return plan
 
     def _route(self, device: int | None) -> tuple[str, Any]:
@@ -733,8 +734,9 @@ class Communicator:
         """Record ``plan``'s schedule as a CUDA graph; every rank then replays it, or, if
         the capture failed anywhere, none does (NCCL needs the same on every rank)."""
         graph = CallGraph(
-            ctx, plan.dtype, plan.count, plan.out_count, plan.collective == "allreduce"
-        )
+            ctx, plan.dtype, plan.count, plan.out_count, plan.collective == "allreduce",
+            follow=plan.graph_follows,
+        )  # fmt: skip
         sent = self._nccl.bytes_sent
         why = ""
         try:
@@ -744,18 +746,39 @@ class Communicator:
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
         self._nccl.bytes_sent = sent  # capturing moved nothing
-        outcomes = self._boot.allgather(why, self._settings.timeout_s, "agreeing on a capture")
-        failed = [(r, w) for r, w in enumerate(outcomes) if w]
+        outcomes = self._boot.allgather(
+            (why, graph.follows, graph.copy_reason),
+            self._settings.timeout_s,
+            "agreeing on a capture",
+        )
+        failed = [(r, w) for r, (w, _, _) in enumerate(outcomes) if w]
+        copying = [(r, c) for r, (_, follows, c) in enumerate(outcomes) if not follows]
+        nbytes = plan.count * plan.dtype.itemsize
+        reason = ""
         if failed:
+            reason = "CUDA graph capture failed on rank {}: {}".format(*failed[0])
+        elif copying and not replays(plan.link, nbytes, follows=False):
+            reason = (
+                "its graph would copy the buffers on rank {} ({}), which costs more than a "
+                "replay saves at this size (coccl/sizing.py)".format(*copying[0])
+            )
+        if reason:
             graph.release()
-            rank, why = failed[0]
             self._plans.graph_bytes -= plan.graph_bytes
             plan.graph_bytes = 0
-            plan.graph_reason = f"CUDA graph capture failed on rank {rank}: {why}"
+            plan.graph_reason = reason
             log.debug("%s: %s; it runs from the host", plan.label, plan.graph_reason)
             return
+        if not copying:  # no rank holds buffers of its own (the same on every rank)
+            freed = _graph_buffer_bytes(plan)
+            self._plans.graph_bytes -= freed
+            plan.graph_bytes -= freed
         plan.graph = graph
-        log.debug("%s of %d elements: captured as a CUDA graph", plan.label, plan.count)
+        log.debug(
+            "%s of %d elements: captured as a CUDA graph, replayed on %s",
+            plan.label, plan.count,
+            "the caller's buffers" if graph.follows else f"copies ({graph.copy_reason})",
+        )  # fmt: skip
 
     def _run_with(self, plan: CallPlan, x: Any, *, transport: Any = None, codec: Any = None) -> Any:
         """Run ``plan``'s schedule from the host (never a graph), optionally with a
@@ -818,6 +841,13 @@ def _result_shape(collective: str, shape: tuple[int, ...], n: int) -> tuple[int,
             return (shape[0] // n, *shape[1:])
         return (int(np.prod(shape)) // n,)
     return (n * shape[0], *shape[1:]) if shape else (n,)
+
+
+def _graph_buffer_bytes(plan: CallPlan) -> int:
+    """Device memory of the buffers a plan's graph is captured on (its own input and
+    output; one buffer for an AllReduce whose graph copies)."""
+    one = plan.collective == "allreduce" and not plan.graph_follows
+    return (plan.count + (0 if one else plan.out_count)) * plan.dtype.itemsize
 
 
 def _release_graph(plan: CallPlan) -> None:

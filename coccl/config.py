@@ -49,8 +49,9 @@ _VARS: dict[str, tuple[str, str]] = {
     "COCCL_GRAPHS": (
         "1",
         "over NCCL: '1' records a collective's whole schedule as a CUDA graph after its "
-        "first call and replays it (below coccl/sizing.py's REPLAY_MAX_BYTES: 128 MiB on "
-        "NVLink, 64 MiB on other links); '0' always runs it from the host",
+        "first call and replays it (with a lossy codec on the caller's buffers, at every "
+        "size; otherwise through copies, below coccl/sizing.py's REPLAY_MAX_BYTES: 128 MiB "
+        "on NVLink, 64 MiB on other links); '0' always runs it from the host",
     ),
     "COCCL_PLAN_CACHE_BYTES": (
         "4294967296",

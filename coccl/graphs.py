@@ -12,13 +12,19 @@ from the same capture, at the same call. So the decision is made per plan, ident
 every rank (coccl/plans.py): a plan's first call runs eagerly (it also makes NCCL connect
 the peers, which it must do before capturing point-to-point operations), the second
 captures and replays, later ones replay; if capture fails on any rank, every rank keeps
-running that plan eagerly. The graph cannot follow the caller's buffers, whose addresses
-change from call to call and rank to rank, so it works on buffers of its own: a call
-copies its input in and the result out (two device-to-device copies, outside the graph).
-Large calls (coccl/sizing.py's REPLAY_MAX_BYTES) are not replayed: there the device
-outlasts the host's enqueueing and the copies would cost more than the replay saves.
-Everything the graph touches (those buffers, the schedule's pool, any temporary allocated
-during capture) is owned here until the plan is evicted.
+running that plan eagerly.
+
+The graph is captured on buffers of its own, since the caller's addresses change from call
+to call and rank to rank. With a lossy codec its NCCL operations only move payloads the
+graph owns, and only its codec kernels read the input and write the output: before a
+replay on other buffers, those kernels are pointed at the caller's (coccl/graph_rebase.py),
+and the call runs on them directly. Otherwise (the identity codec, whose messages are the
+caller's data, or a graph whose nodes cannot be rebased) a call copies its input in and
+the result out, two device-to-device copies outside the graph; such plans are not replayed
+from coccl/sizing.py's REPLAY_MAX_BYTES up, where the device outlasts the host's
+enqueueing and the copies would cost more than the replay saves. Everything the graph
+touches (the schedule's pool, any temporary allocated during capture, and the buffers of
+its own while it copies) is owned here until the plan is evicted.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from coccl.device import DeviceContext
+from coccl.graph_rebase import NotRebasable, Rebase, Span, WatchedTransport
 from coccl.pipeline import Round
 from coccl.pool import BufferPool, device_pool
 from coccl.streamed import run_streamed
@@ -47,21 +54,37 @@ class CallGraph:
         dtype: element type of the input and output.
         count: input elements; ``out_count``: output elements.
         in_place: the schedule may run with the output in the input's buffer (AllReduce):
-            one buffer instead of two.
+            one buffer instead of two (unless ``follow``).
+        follow: after capture, point the graph at each call's buffers (a lossy codec's
+            schedule) instead of copying; ``copy_reason`` says why it copies if it must.
     """
 
     def __init__(
-        self, ctx: DeviceContext, dtype: Any, count: int, out_count: int, in_place: bool
+        self,
+        ctx: DeviceContext,
+        dtype: Any,
+        count: int,
+        out_count: int,
+        in_place: bool,
+        follow: bool = False,
     ) -> None:
         self.ctx = ctx
         self.dtype = dtype
         self.count, self.out_count = count, out_count
-        self.in_place = in_place
+        self.in_place = in_place and not follow  # rebasing tells input from output apart
+        self.follow = follow
         self.graph: Any = None
+        self.rebase: Rebase | None = None
+        self.copy_reason = "" if follow else "the schedule's messages are the caller's data"
         self._keep: list[Any] = []  # memory allocated during capture, owned by the graph
         self.pool: BufferPool | None = None
         self._in: Any = None
         self._out: Any = None
+
+    @property
+    def follows(self) -> bool:
+        """Whether replays run on the caller's buffers (no copies)."""
+        return self.rebase is not None
 
     @property
     def in_nbytes(self) -> int:
@@ -90,6 +113,10 @@ class CallGraph:
             self.pool = device_pool(ctx.device)
             x = self._in[: self.in_nbytes].view(self.dtype)
             out = self._out[: self.out_nbytes].view(self.dtype)
+            spans = [Span(0, self._in.data.ptr, self.in_nbytes)]
+            if not self.in_place:
+                spans.append(Span(1, self._out.data.ptr, self.out_nbytes))
+            watched = WatchedTransport(transport, spans)
             origin = ctx.capture
             error: BaseException | None = None
             # Every allocation while capturing (the pool's buffers, a codec's temporaries)
@@ -99,7 +126,7 @@ class CallGraph:
                 origin.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
                 try:
                     ctx.enter(origin)
-                    run_streamed(build(self.pool, x, out), transport, ctx, depth=depth)
+                    run_streamed(build(self.pool, x, out), watched, ctx, depth=depth)
                     ctx.leave(origin)
                 except BaseException as exc:
                     error = exc
@@ -113,15 +140,36 @@ class CallGraph:
                 raise error
             self.graph = graph
             graph.upload(ctx.compute)
+            if self.follow:
+                self._follow(spans, watched.touched)
+
+    def _follow(self, spans: list[Span], touched: str) -> None:
+        """Find the nodes that hold the captured buffers' addresses; then the graph's own
+        buffers are no longer needed (every replay points it at the caller's first)."""
+        if touched:
+            self.copy_reason = touched
+            return
+        try:
+            self.rebase = Rebase(self.graph.graph, self.graph.graphExec, spans)
+        except NotRebasable as exc:
+            self.copy_reason = str(exc)
+            return
+        self._in = self._out = None
 
     def replay(self, caller: Any, src_ptr: int, dst_ptr: int) -> None:
-        """One call: copy the input in, launch the graph, copy the result out, all on the
-        compute stream, ordered after ``caller``'s work and before its next."""
+        """One call on the compute stream, ordered after ``caller``'s work and before its
+        next: the graph pointed at the caller's buffers and launched, or the input copied
+        in, the graph launched and the result copied out."""
         import cupy as cp  # noqa: PLC0415
 
         ctx, runtime = self.ctx, cp.cuda.runtime
-        kind = runtime.memcpyDeviceToDevice
         ctx.enter(caller, all_streams=False)
+        if self.rebase is not None:
+            self.rebase.point_at((src_ptr, dst_ptr))
+            self.graph.launch(ctx.compute)
+            ctx.leave(caller, all_streams=False)
+            return
+        kind = runtime.memcpyDeviceToDevice
         compute = ctx.compute.ptr
         if self.in_nbytes:
             runtime.memcpyAsync(self._in.data.ptr, src_ptr, self.in_nbytes, kind, compute)
@@ -135,6 +183,7 @@ class CallGraph:
         if self.graph is not None or self._keep:
             self.ctx.compute.synchronize()
         self.graph = None
+        self.rebase = None
         self._keep.clear()
         self.pool = None
         self._in = self._out = None

@@ -80,6 +80,12 @@ class CallPlan:
     compressor_arg: Any = field(default=None, repr=False)
 
     @property
+    def graph_follows(self) -> bool:
+        """Whether the plan's graph is to run on each call's buffers rather than copy them
+        (coccl/graphs.py): a lossy codec's messages are payloads the graph owns."""
+        return not self.codec.lossless
+
+    @property
     def label(self) -> str:
         return f"{self.collective} ({self.algorithm}, {self.codec.codec_id})"
 
@@ -103,6 +109,7 @@ class CallPlan:
 
     def describe(self) -> dict[str, Any]:
         """What the call runs and why (``Communicator.describe``)."""
+        g = self.graph
         return {
             "collective": self.collective,
             "algorithm": self.algorithm,
@@ -116,6 +123,8 @@ class CallPlan:
             "allgather_phase": "allgather" if self.gather else "p2p",
             "graph": self.graph is not None,
             "graph_reason": self.graph_reason,
+            "graph_buffers": "" if g is None else "caller's" if g.follows else "copies",
+            "graph_copy_reason": "" if g is None or g.follows else g.copy_reason,
         }
 
 

@@ -32,12 +32,13 @@ STAGED_LARGE_CHUNK_ELEMS = 4 << 20
 # NCCL, where few, large messages are fastest (see nccl_chunk_bytes) and an H200 has 141 GB.
 STAGING_LIMIT_BYTES = 256 << 20
 NCCL_STAGING_LIMIT_BYTES = 1 << 30
-# Over NCCL a plan is replayed from a CUDA graph below these message sizes (bytes per rank,
-# by link class) and runs eagerly from them on. A replay saves the host's enqueueing of
-# every round but copies the input in and the result out; an eager call costs about
-# max(host, device) time, since the host never waits inside it, and where the two are
-# close every late launch on either rank stalls both. So replays stop where the device
-# clearly outlasts the host (bench/NOTES.md has the measurements).
+# Over NCCL a plan whose graph copies the caller's buffers (coccl/graphs.py) is replayed
+# below these message sizes (bytes per rank, by link class) and runs eagerly from them on.
+# Such a replay saves the host's enqueueing of every round but copies the input in and the
+# result out; an eager call costs about max(host, device) time, since the host never waits
+# inside it, and where the two are close every late launch on either rank stalls both. So
+# those replays stop where the device clearly outlasts the host (bench/NOTES.md has the
+# measurements).
 REPLAY_MAX_BYTES = {"nvlink": 128 << 20, "shm": 64 << 20, "socket": 64 << 20, "net": 64 << 20}
 
 ROUTES = ("host", "staged", "device", "nccl")
@@ -219,7 +220,8 @@ def replay_max_bytes(link: str) -> int:
     return REPLAY_MAX_BYTES.get(link, min(REPLAY_MAX_BYTES.values()))
 
 
-def replays(link: str, nbytes: int) -> bool:
+def replays(link: str, nbytes: int, follows: bool = False) -> bool:
     """Whether a plan over NCCL on ``link`` whose input holds ``nbytes`` is replayed from a
-    CUDA graph."""
-    return nbytes < replay_max_bytes(link)
+    CUDA graph: at every size if the graph follows the caller's buffers (``follows``: a
+    lossy codec's, coccl/graphs.py), below ``replay_max_bytes`` if it copies them."""
+    return follows or nbytes < replay_max_bytes(link)

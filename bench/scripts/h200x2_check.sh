@@ -75,10 +75,10 @@ links)
     --algorithm native,ring,two_shot,auto --compressor identity,taco ;;
 sweep)  # one sweep: SWEEP_NAME, SWEEP_LINK (NVLINK, SHM, SOCKET), SWEEP_ARGS
   eval "bench $SWEEP_NAME \"\$LINK_$SWEEP_LINK\" $SWEEP_ARGS" ;;
-gather)
-  for g in p2p allgather; do for link in NVLINK SHM; do
-    eval "bench gather-$g-$link \"\$LINK_$link COCCL_NCCL_GATHER=$g\" -b 4M -e 256M -f 4 -n 10 \
-      -w 3 -d bfloat16 --algorithm two_shot --compressor taco"
+gather)  # two-shot's AllGather phase: point-to-point against ncclAllGather, per link
+  for link in ${GATHER_LINKS:-NVLINK SHM}; do for g in p2p allgather; do
+    eval "bench gather-${link,,}-$g \"\$LINK_$link COCCL_NCCL_GATHER=$g\" \
+      ${GATHER_ARGS:--b 256K -e 64M -f 4} -n 10 -w 3 -d bfloat16 --algorithm two_shot --compressor taco"
   done; done ;;
 dtensor)
   step "TP step of examples/tp_dtensor.py: plain NCCL groups against coccl's, NVLink"

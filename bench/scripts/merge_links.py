@@ -20,7 +20,7 @@ from coccl.sizing import replays
 
 out, raw = Path(sys.argv[1]), Path(sys.argv[2])
 LINKS = {"nvlink": "nvlink", "shm": "shm", "socket": "socket"}
-ORDER = ["", "s9", "s9order", "s9replay"]  # sweep tags, oldest first
+ORDER = ["", "s9", "s9order", "s9replay", "s10", "s10b", "s10c"]  # sweep tags, oldest first
 
 
 def table_rows(path: Path) -> tuple[str, list[dict]]:
@@ -68,8 +68,10 @@ for txt in sorted(raw.glob("links-*.txt"), key=sweep_order):
         r["link"] = LINKS[link]
         r["sweep"] = name
         ran = r.get("ran")
-        if ran and ran["algorithm"] != "native" and ran["graph"] != replays(link, r["size"]):
-            r["path_now"] = "replayed" if replays(link, r["size"]) else "eager"
+        if ran and ran["algorithm"] != "native":
+            now = replays(link, r["size"], follows=ran["compressor"]["id"] != "identity")
+            if ran["graph"] != now:
+                r["path_now"] = "replayed" if now else "eager"
         latest[(link, r["type"], r["size"], r["algorithm"], r["compressor"])] = r
     sweeps.append({"sweep": name, "link": link, "dtype": dtype, "command": command,
                    "rows": len(found), "source": "json" if js.exists() else "table"})  # fmt: skip
@@ -87,7 +89,9 @@ result = {
     "date": "2026-11-30",
     "commits": {
         "sweeps": "untagged sweeps: a2c35c1; s9, s9order: 8abc8bd with REPLAY_MAX_BYTES then "
-        "64 MiB on NVLink and 16 MiB elsewhere; s9replay: 8abc8bd",
+        "64 MiB on NVLink and 16 MiB elsewhere; s9replay: 8abc8bd; s10: graphs that follow "
+        "the caller's buffers (the commit that adds coccl/graph_rebase.py and its successors "
+        "of the same session)",
         "per_call": "2d2ef57",
         "note": "the device machine's copy reported an older commit in each raw file; these "
         "are the trees that ran",

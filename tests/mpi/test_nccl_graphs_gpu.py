@@ -60,6 +60,26 @@ def test_replay_equals_eager_bitwise(graphed, eager, collective, algorithm, code
             assert all_equal_across_ranks(got)
     described = graphed.describe(collective, cp.asarray(x), **kw)
     assert described["graph"], described["graph_reason"]
+    buffers = "copies" if codec == "identity" else "caller's"  # a lossy codec: no copies
+    assert described["graph_buffers"] == buffers, described["graph_copy_reason"]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+def test_replays_follow_buffers_that_come_back(graphed, eager, algorithm):
+    """Replays on two buffer pairs in turn, and in place, with fresh data each call
+    (ranks take the pairs in different orders): bitwise the eager communicator's."""
+    count, kw = 70001, dict(algorithm=algorithm, compressor="taco", chunk_bytes=1 << 16)
+    pairs = [(cp.empty(count, cp.float32), cp.empty(count, cp.float32)) for _ in range(2)]
+    for call in range(7):
+        x, out = pairs[(call + graphed.rank) % 2]
+        inplace = call % 3 == 2
+        data = rank_data(case_seed("follow", algorithm, call), graphed.rank, count, np.float32)
+        x.set(data)
+        want = cp.asnumpy(eager.allreduce(cp.asarray(data), **kw))
+        got = graphed.allreduce(x, x if inplace else out, **kw)
+        assert got is (x if inplace else out)
+        np.testing.assert_array_equal(cp.asnumpy(got).view(np.uint8), want.view(np.uint8))
+    assert graphed.describe("allreduce", x, **kw)["graph_buffers"] == "caller's"
 
 
 def test_gather_phase_by_allgather_equals_p2p(eager):

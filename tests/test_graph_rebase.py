@@ -1,0 +1,86 @@
+"""What rebasing a replayed graph onto the caller's buffers reads from a kernel's
+parameters, and what the capture checks of the NCCL operations; the driver calls
+themselves run in the GPU tests (tests/mpi/test_nccl_graphs_gpu.py)."""
+
+import struct
+from types import SimpleNamespace
+
+from coccl.graph_rebase import Span, WatchedTransport, overlaps, pointer_sites, role_of
+from coccl.sizing import replays
+
+IN = Span(0, 0x7F00_0000_0000, 4096)
+OUT = Span(1, 0x7F00_0000_1000, 1024)  # right after the input: the bounds are half-open
+SPANS = [IN, OUT]
+
+
+def test_role_of_is_half_open_and_empty_spans_hold_nothing():
+    assert role_of(IN.base, SPANS) == 0
+    assert role_of(IN.base + 4095, SPANS) == 0
+    assert role_of(IN.base + 4096, SPANS) == 1  # the output's first byte
+    assert role_of(OUT.base + 1024, SPANS) is None
+    assert role_of(IN.base - 1, SPANS) is None
+    assert role_of(5, [Span(0, 5, 0)]) is None
+
+
+def test_overlaps():
+    assert overlaps(IN.base - 8, 9, SPANS)
+    assert not overlaps(IN.base - 8, 8, SPANS)
+    assert overlaps(OUT.base + 1023, 100, SPANS)
+    assert not overlaps(OUT.base + 1024, 100, SPANS)
+
+
+def test_pointer_sites_finds_pointers_and_array_structs_only():
+    pointer = struct.pack("<Q", IN.base + 256)  # a raw pointer into the input
+    carray = struct.pack("<QqqqQ", OUT.base + 8, 100, 100, 4, 0)  # ptr, size, shape, stride
+    count = struct.pack("<q", 1 << 40)
+    scale = struct.pack("<f", 0.5)  # 4 bytes: never a pointer
+    elsewhere = struct.pack("<Q", 0x7E00_0000_0000)
+    double = struct.pack("<d", 1e300)
+    sites = pointer_sites([pointer, carray, count, scale, elsewhere, double], SPANS)
+    assert sites == [(0, 0, 0, IN.base + 256), (1, 0, 1, OUT.base + 8)]
+
+
+def test_pointer_sites_reads_aligned_words_of_a_parameter():
+    # a struct holding two pointers, the second one at byte 16
+    blob = struct.pack("<QQQ", IN.base, 7, OUT.base + 1)
+    assert pointer_sites([blob], SPANS) == [(0, 0, 0, IN.base), (0, 16, 1, OUT.base + 1)]
+    # a word straddling an 8-byte boundary is not read as a pointer
+    shifted = b"\0\0\0\0" + struct.pack("<Q", IN.base) + b"\0\0\0\0"
+    assert pointer_sites([shifted], SPANS) == []
+
+
+class _Inner:
+    bytes_sent = 123
+
+    def __init__(self):
+        self.calls = []
+
+    def group_exchange(self, sends, recvs, stream, wire_dtype=None):
+        self.calls.append(("group", len(sends), len(recvs), stream))
+
+    def allgather_bytes(self, send, recv, stream):
+        self.calls.append(("allgather", stream))
+
+
+def _array(ptr, nbytes):
+    return SimpleNamespace(data=SimpleNamespace(ptr=ptr), nbytes=nbytes)
+
+
+def test_watched_transport_records_nccl_operations_on_the_callers_buffers():
+    inner = _Inner()
+    watched = WatchedTransport(inner, SPANS)
+    payload = _array(0x6000_0000, 512)
+    watched.group_exchange([(1, payload)], [(1, _array(0x6000_1000, 512))], "s")
+    watched.allgather_bytes(payload, _array(0x6000_2000, 1024), "s")
+    assert watched.touched == ""
+    assert watched.bytes_sent == 123  # everything else is the inner transport's
+    watched.group_exchange([], [(1, _array(OUT.base + 512, 1024))], "s")
+    assert "NCCL sends and receives" in watched.touched
+    watched.allgather_bytes(_array(IN.base, 8), payload, "s")
+    assert "NCCL sends and receives" in watched.touched  # the first reason stays
+    assert [c[0] for c in inner.calls] == ["group", "allgather", "group", "allgather"]
+
+
+def test_graphs_that_follow_the_buffers_replay_at_every_size():
+    assert replays("nvlink", 1 << 30, follows=True) and replays("shm", 1 << 34, follows=True)
+    assert not replays("nvlink", 128 << 20, follows=False)
