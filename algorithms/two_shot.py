@@ -6,7 +6,9 @@ two quantizations per element whatever the rank count (one for ReduceScatter or
 AllGather alone), at the price of ``size - 1`` messages per rank per step.
 
 Each chunk is one round per phase; the phases interleave (reduce chunk c+1 while chunk c
-is gathered), so compute and transfers overlap.
+is gathered), so compute and transfers overlap. On two ranks a sum's one reduction of an
+AllReduce is the codec's fused hop where it has one (own + decode(received), encoded for
+the AllGather in one kernel, as the ring's hops; bitwise the accumulator's result).
 
 With ``plan.gather`` (a compressed AllReduce over a transport with an AllGather, NCCL),
 the AllGather phase is one AllGather of equal payload slots instead of point-to-point
@@ -91,15 +93,19 @@ def _reduce_round(
             rnd.holds.append(block)
             rnd.recvs.append((j, block.data))
             payloads[j] = block.data
-        acc_block, acc = plan.accumulator(b - a)
-        rnd.holds.append(acc_block)
         dst = dst_of(a, b)
         if want_payload and plan.gather:
             result = _slots(plan, shards, c, rnd)
         else:
             result = result_payload(plan, dst, want_payload, rnd)
         in_rank_order = [payloads[j] for j in range(n) if j != r]
-        rnd.post = partial(reduce_chunk, plan, acc, x[a:b], in_rank_order, dst, result)
+        if n == 2 and plan.hop is not None and plan.op == "sum" and result and result.block:
+            hop = partial(plan.hop, x[a:b], in_rank_order[0], result.data)
+            rnd.post = run_all(hop, partial(plan.decode, result.data, dst))
+        else:
+            acc_block, acc = plan.accumulator(b - a)
+            rnd.holds.append(acc_block)
+            rnd.post = partial(reduce_chunk, plan, acc, x[a:b], in_rank_order, dst, result)
     return rnd, result
 
 

@@ -98,11 +98,14 @@ def window_bytes(
 
 
 def needs_accumulator(algorithm: str, collective: str, op: str, fused_hop: bool, n: int) -> bool:
-    """Whether a schedule holds float32 accumulators: all but a ring AllReduce on several
-    ranks that sums with the codec's fused hop (algorithms/ring.py: every hop, the last
-    one included, is that kernel; one rank reduces locally into an accumulator)."""
-    ring_hops = algorithm == "ring" and collective == "allreduce" and n > 1
-    return not (ring_hops and op == "sum" and fused_hop)
+    """Whether a schedule holds float32 accumulators: all but an AllReduce that sums with
+    the codec's fused hop, the ring's on several ranks (algorithms/ring.py: every hop, the
+    last one included, is that kernel; one rank reduces locally into an accumulator) and
+    two-shot's on two (algorithms/two_shot.py: its one reduction is that hop)."""
+    hops = collective == "allreduce" and (
+        (algorithm == "ring" and n > 1) or (algorithm == "two_shot" and n == 2)
+    )
+    return not (hops and op == "sum" and fused_hop)
 
 
 def nccl_chunk_bytes(

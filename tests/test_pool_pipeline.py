@@ -138,8 +138,8 @@ def test_nccl_chunk_is_the_largest_halving_of_the_shard_whose_round_fits(
 
 def test_nccl_chunk_on_two_h200s():
     """Two ranks, bfloat16 taco (the sizes bench/NOTES.md measured): one chunk per shard
-    up to 256 MiB messages under the default 1 GiB limit over NCCL; the ring's fused hop
-    holds no accumulator, so its chunks are larger than two-shot's."""
+    up to 256 MiB messages under the default 1 GiB limit over NCCL; a schedule summing
+    with the fused hop holds no accumulator, so its chunks are larger than one that does."""
     mib = 1 << 20
     taco, bf16 = get_compressor("taco"), np.dtype(ml_dtypes.bfloat16)
     limit = staging_limit("nccl", None)
@@ -160,7 +160,9 @@ def test_needs_accumulator_and_replay_sizes():
     assert needs_accumulator("ring", "allreduce", "avg", True, 2)
     assert needs_accumulator("ring", "allreduce", "sum", False, 2)
     assert needs_accumulator("ring", "reduce_scatter", "sum", True, 2)
-    assert needs_accumulator("two_shot", "allreduce", "sum", True, 2)
+    assert not needs_accumulator("two_shot", "allreduce", "sum", True, 2)  # its one hop
+    assert needs_accumulator("two_shot", "allreduce", "sum", True, 3)
+    assert needs_accumulator("two_shot", "reduce_scatter", "sum", True, 2)
     assert replays("nvlink", (128 << 20) - 1) and not replays("nvlink", 128 << 20)
     assert replays("shm", (64 << 20) - 1) and not replays("shm", 64 << 20)
     assert replays("pcie", 1 << 20) and not replays("pcie", 64 << 20)  # unknown: the least

@@ -20,7 +20,7 @@ from coccl.sizing import replays
 
 out, raw = Path(sys.argv[1]), Path(sys.argv[2])
 LINKS = {"nvlink": "nvlink", "shm": "shm", "socket": "socket"}
-ORDER = ["", "s9", "s9order", "s9replay", "s10", "s10b", "s10c"]  # sweep tags, oldest first
+ORDER = ["", "s9", "s9order", "s9replay", "s10", "s10b", "s10d"]  # sweep tags, oldest first
 
 
 def table_rows(path: Path) -> tuple[str, list[dict]]:
