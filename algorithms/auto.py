@@ -34,10 +34,12 @@ IDENTITY_TWO_SHOT_FROM: dict[tuple[str, str], int | None] = {
 # (transport, link) -> input bytes from which the compressed ring beat the compressed
 # two-shot AllReduce on 2 ranks, where the ring also quantizes each element twice (None:
 # two-shot was as fast or faster). On more ranks the ring quantizes n times: auto keeps
-# two-shot there.
+# two-shot there. On 2 ranks both sum with the same fused hop and exchange the same
+# payloads; they differ in the AllGather phase, which two-shot runs as ncclAllGather on
+# the links of GATHER_BY_ALLGATHER (faster there than the ring's point-to-point).
 COMPRESSED_RING_FROM: dict[tuple[str, str], int | None] = {
     ("nccl", "nvlink"): 4 << 20,
-    ("nccl", "shm"): 4 << 20,
+    ("nccl", "shm"): None,
     ("nccl", "socket"): None,
 }
 

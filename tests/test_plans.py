@@ -201,8 +201,8 @@ def test_many_unclosed_communicators_do_not_exhaust_mpi():
 
 def test_auto_table_over_nccl():
     """Over NCCL: identity runs NCCL's own AllReduce at every size (coccl's uncompressed
-    schedules never beat it); a lossy codec runs the ring on 2 ranks from 4 MiB (measured
-    faster there, and still two quantizations), else two-shot."""
+    schedules never beat it); a lossy codec runs the ring on 2 ranks from 4 MiB over
+    NVLink (measured faster there, and still two quantizations), else two-shot."""
     from coccl.algorithms import choose
 
     taco, identity = coccl.get_compressor("taco"), coccl.get_compressor("identity")
@@ -213,4 +213,5 @@ def test_auto_table_over_nccl():
     assert choose("allreduce", 1 << 20, taco, "nccl", "nvlink", 2).algorithm == "two_shot"
     assert choose("allreduce", 64 << 20, taco, "nccl", "nvlink", 4).algorithm == "two_shot"
     assert choose("allreduce", 64 << 20, taco, "nccl", "socket", 2).algorithm == "two_shot"
+    assert choose("allreduce", 64 << 20, taco, "nccl", "shm", 2).algorithm == "two_shot"
     assert choose("reduce_scatter", 64 << 20, taco, "nccl", "shm", 2).algorithm == "two_shot"
