@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import socket
@@ -46,11 +47,19 @@ def parse() -> argparse.Namespace:
 
 
 def methods(comm: Any, raw: Any, t: Any, c: Any, nccl_type: int) -> dict[str, Any]:
-    """The calls compared, each an AllReduce of ``t`` (or ``c``) in place."""
+    """The calls compared, each an AllReduce of ``t`` (or ``c``) in place; one of them
+    takes ``t`` and a copy of it in turn (a replayed graph pointed at other buffers on
+    every call)."""
     from cupy.cuda import nccl
 
     stream = torch.cuda.current_stream().cuda_stream
     count = t.numel()
+    buffers = itertools.cycle((t, t.clone()))
+
+    def in_turn() -> None:
+        b = next(buffers)
+        comm.allreduce(b, b, algorithm="two_shot", compressor="taco")
+
     calls = {
         "raw ncclAllReduce (CuPy)": lambda: raw.allReduce(
             t.data_ptr(), t.data_ptr(), count, nccl_type, nccl.NCCL_SUM, stream
@@ -64,6 +73,7 @@ def methods(comm: Any, raw: Any, t: Any, c: Any, nccl_type: int) -> dict[str, An
         "coccl ring taco (torch)": lambda: comm.allreduce(
             t, t, algorithm="ring", compressor="taco"
         ),
+        "coccl two_shot taco, 2 buffers in turn": in_turn,
     }
     if c is not None:
         calls["coccl native (CuPy)"] = lambda: comm.allreduce(c, c, algorithm="native")
