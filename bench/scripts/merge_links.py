@@ -7,7 +7,10 @@ read from the table it printed (``source``: "table"), which holds every finished
 Raw sweeps are named ``links-LINK-DTYPE[-TAG].txt`` (and ``.json``); where several measured
 the same row (link, dtype, size, algorithm, compressor), the latest in ``ORDER`` is kept,
 and ``sweep`` names it. A row whose replay-or-eager path (its ``ran.graph``) differs from
-what coccl/sizing.py now chooses is marked ``path_now``.
+what coccl/sizing.py now chooses is marked ``path_now``; an ``auto`` row that ran another
+schedule than auto now picks, ``auto_now``. The A/B sweeps of two-shot's AllGather phase
+(``gather-[hop-]LINK-{p2p,allgather}.json``: COCCL_NCCL_GATHER set each way) go to
+``gather_ab``.
 
     python bench/scripts/merge_links.py OUT.json RAW_DIR
 """
@@ -16,11 +19,13 @@ import json
 import sys
 from pathlib import Path
 
+from coccl import get_compressor
+from coccl.algorithms import choose
 from coccl.sizing import replays
 
 out, raw = Path(sys.argv[1]), Path(sys.argv[2])
 LINKS = {"nvlink": "nvlink", "shm": "shm", "socket": "socket"}
-ORDER = ["", "s9", "s9order", "s9replay", "s10", "s10b", "s10d"]  # sweep tags, oldest first
+ORDER = ["", "s9", "s9order", "s9replay", "s10", "s10b", "s10d", "s10e"]  # sweep tags, oldest first
 
 
 def table_rows(path: Path) -> tuple[str, list[dict]]:
@@ -72,6 +77,11 @@ for txt in sorted(raw.glob("links-*.txt"), key=sweep_order):
             now = replays(link, r["size"], follows=ran["compressor"]["id"] != "identity")
             if ran["graph"] != now:
                 r["path_now"] = "replayed" if now else "eager"
+        if ran and r["algorithm"] == "auto":
+            codec = get_compressor(ran["compressor"])
+            picked = choose("allreduce", r["size"], codec, "nccl", link, 2).algorithm
+            if picked != ran["algorithm"]:
+                r["auto_now"] = picked
         latest[(link, r["type"], r["size"], r["algorithm"], r["compressor"])] = r
     sweeps.append({"sweep": name, "link": link, "dtype": dtype, "command": command,
                    "rows": len(found), "source": "json" if js.exists() else "table"})  # fmt: skip
@@ -82,6 +92,17 @@ for js in sorted(raw.glob("percall-*.json")):
     for r in record["rows"]:
         per_call.append({**r, "link": record["link"], "dtype": record["dtype"]})
     sweeps.append({"per_call": True, "link": record["link"], "command": record["command"]})
+gather_ab = []
+for js in sorted(raw.glob("gather-*.json")):
+    record = json.loads(js.read_text())
+    *_, link, gather = js.stem.split("-")
+    gather_ab.append({
+        "sweep": js.stem, "link": link, "allgather_phase": gather,
+        "reduction": "fused hop" if "-hop-" in js.stem else "float32 accumulator",
+        "command": record["command"],
+        "rows": [{k: r[k] for k in ("size", "type", "time_us", "time_us_inplace", "speedup")}
+                 for r in record["rows"]],
+    })  # fmt: skip
 result = {
     "what": "AllReduce on 2 H200s (one rank per GPU, NCCL 2.28): coccl's schedules against "
     "NCCL's own AllReduce per link class; per-call cost against torch.distributed and raw NCCL",
@@ -89,10 +110,10 @@ result = {
     "date": "2026-11-30",
     "commits": {
         "sweeps": "untagged sweeps: a2c35c1; s9, s9order: 8abc8bd with REPLAY_MAX_BYTES then "
-        "64 MiB on NVLink and 16 MiB elsewhere; s9replay: 8abc8bd; s10: graphs that follow "
-        "the caller's buffers (the commit that adds coccl/graph_rebase.py and its successors "
-        "of the same session)",
-        "per_call": "2d2ef57",
+        "64 MiB on NVLink and 16 MiB elsewhere; s9replay: 8abc8bd; s10: 3860d33 before its "
+        "rebasing's host cost was trimmed; s10b: 3860d33; s10d: e8bcaac; s10e: 69741f3",
+        "gather_ab": "gather-LINK-*: 3860d33; gather-hop-shm-*: e8bcaac",
+        "per_call": "ea1082f (the library of 69741f3)",
         "note": "the device machine's copy reported an older commit in each raw file; these "
         "are the trees that ran",
     },
@@ -101,6 +122,7 @@ result = {
     "commands": sweeps,
     "rows": rows,
     "per_call": per_call,
+    "gather_ab": gather_ab,
 }
 out.write_text(json.dumps(result, indent=1) + "\n")
 print(f"{len(rows)} sweep rows, {len(per_call)} per-call rows -> {out}")
