@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from coccl.device import DeviceContext
+from coccl.errors import CocclError
 from coccl.graph_rebase import NotRebasable, Rebase, Span, WatchedTransport
 from coccl.pipeline import Round
 from coccl.pool import BufferPool, device_pool
@@ -165,7 +166,10 @@ class CallGraph:
         ctx, runtime = self.ctx, cp.cuda.runtime
         ctx.enter(caller, all_streams=False)
         if self.rebase is not None:
-            self.rebase.point_at((src_ptr, dst_ptr))
+            try:
+                self.rebase.point_at((src_ptr, dst_ptr))
+            except NotRebasable as exc:  # the driver refused an update it took before
+                raise CocclError(f"pointing a CUDA graph at the call's buffers: {exc}") from exc
             self.graph.launch(ctx.compute)
             ctx.leave(caller, all_streams=False)
             return
