@@ -130,12 +130,19 @@ _driver: Any = None
 def _cuda() -> Any:
     global _driver
     if _driver is None:
-        _driver = ctypes.CDLL("libcuda.so.1")
+        try:
+            _driver = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise NotRebasable(f"no CUDA driver library: {exc}") from exc
     return _driver
 
 
 def _call(name: str, *args: Any) -> None:
-    _check(name, getattr(_cuda(), name)(*args))
+    try:
+        fn = getattr(_cuda(), name)
+    except AttributeError as exc:
+        raise NotRebasable(f"this CUDA driver has no {name}") from exc
+    _check(name, fn(*args))
 
 
 def _check(name: str, rc: int) -> None:

@@ -5,7 +5,17 @@ themselves run in the GPU tests (tests/mpi/test_nccl_graphs_gpu.py)."""
 import struct
 from types import SimpleNamespace
 
-from coccl.graph_rebase import Span, WatchedTransport, overlaps, pointer_sites, role_of
+import pytest
+
+from coccl.graph_rebase import (
+    NotRebasable,
+    Rebase,
+    Span,
+    WatchedTransport,
+    overlaps,
+    pointer_sites,
+    role_of,
+)
 from coccl.sizing import replays
 
 IN = Span(0, 0x7F00_0000_0000, 4096)
@@ -84,3 +94,10 @@ def test_watched_transport_records_nccl_operations_on_the_callers_buffers():
 def test_graphs_that_follow_the_buffers_replay_at_every_size():
     assert replays("nvlink", 1 << 30, follows=True) and replays("shm", 1 << 34, follows=True)
     assert not replays("nvlink", 128 << 20, follows=False)
+
+
+def test_a_graph_that_cannot_be_read_is_not_rebasable():
+    """No driver (this machine) or no graph (a GPU machine): NotRebasable, which makes the
+    graph copy instead, never another error."""
+    with pytest.raises(NotRebasable):
+        Rebase(0, 0, SPANS)
