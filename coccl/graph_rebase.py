@@ -137,12 +137,15 @@ def _cuda() -> Any:
     return _driver
 
 
-def _call(name: str, *args: Any) -> None:
+def _function(name: str) -> Any:
     try:
-        fn = getattr(_cuda(), name)
+        return getattr(_cuda(), name)
     except AttributeError as exc:
         raise NotRebasable(f"this CUDA driver has no {name}") from exc
-    _check(name, fn(*args))
+
+
+def _call(name: str, *args: Any) -> None:
+    _check(name, _function(name)(*args))
 
 
 def _check(name: str, rc: int) -> None:
@@ -154,7 +157,7 @@ def _check(name: str, rc: int) -> None:
 
 def _setter(name: str) -> Any:
     """A driver function that sets an executable graph node's parameters, typed once."""
-    fn = getattr(_cuda(), name)
+    fn = _function(name)
     fn.argtypes = [ctypes.c_void_p] * (3 if "Kernel" in name else 4)
     fn.restype = ctypes.c_int
     return fn
@@ -167,7 +170,7 @@ def _function_name(params: _KernelParams) -> str:
             _call("cuFuncGetName", ctypes.byref(name), ctypes.c_void_p(params.func))
         elif params.kern:
             _call("cuKernelGetName", ctypes.byref(name), ctypes.c_void_p(params.kern))
-    except (NotRebasable, AttributeError):
+    except NotRebasable:
         return ""
     return (name.value or b"").decode(errors="replace")
 
