@@ -573,7 +573,7 @@ class Communicator:
                 "host's rounds and a replay would add two copies (coccl/sizing.py)"
             )
         else:
-            plan.graph_bytes = _graph_buffer_bytes(plan) + window(plan.depth)
+            plan.graph_bytes = plan.graph_buffer_bytes + window(plan.depth)
         return plan
 
     def _route(self, device: int | None) -> tuple[str, Any]:
@@ -734,7 +734,7 @@ class Communicator:
         """Record ``plan``'s schedule as a CUDA graph; every rank then replays it, or, if
         the capture failed anywhere, none does (NCCL needs the same on every rank)."""
         graph = CallGraph(
-            ctx, plan.dtype, plan.count, plan.out_count, plan.collective == "allreduce",
+            ctx, plan.dtype, plan.count, plan.out_count, plan.graph_in_place,
             follow=plan.graph_follows,
         )  # fmt: skip
         sent = self._nccl.bytes_sent
@@ -770,7 +770,7 @@ class Communicator:
             log.debug("%s: %s; it runs from the host", plan.label, plan.graph_reason)
             return
         if not copying:  # no rank holds buffers of its own (the same on every rank)
-            freed = _graph_buffer_bytes(plan)
+            freed = plan.graph_buffer_bytes
             self._plans.graph_bytes -= freed
             plan.graph_bytes -= freed
         plan.graph = graph
@@ -841,13 +841,6 @@ def _result_shape(collective: str, shape: tuple[int, ...], n: int) -> tuple[int,
             return (shape[0] // n, *shape[1:])
         return (int(np.prod(shape)) // n,)
     return (n * shape[0], *shape[1:]) if shape else (n,)
-
-
-def _graph_buffer_bytes(plan: CallPlan) -> int:
-    """Device memory of the buffers a plan's graph is captured on (its own input and
-    output; one buffer for an AllReduce whose graph copies)."""
-    one = plan.collective == "allreduce" and not plan.graph_follows
-    return (plan.count + (0 if one else plan.out_count)) * plan.dtype.itemsize
 
 
 def _release_graph(plan: CallPlan) -> None:

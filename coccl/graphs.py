@@ -55,7 +55,8 @@ class CallGraph:
         dtype: element type of the input and output.
         count: input elements; ``out_count``: output elements.
         in_place: the schedule may run with the output in the input's buffer (AllReduce):
-            one buffer instead of two (unless ``follow``).
+            one buffer instead of two (never with ``follow``: rebasing tells the input's
+            addresses from the output's).
         follow: after capture, point the graph at each call's buffers (a lossy codec's
             schedule) instead of copying; ``copy_reason`` says why it copies if it must.
     """
@@ -72,7 +73,9 @@ class CallGraph:
         self.ctx = ctx
         self.dtype = dtype
         self.count, self.out_count = count, out_count
-        self.in_place = in_place and not follow  # rebasing tells input from output apart
+        if in_place and follow:
+            raise ValueError("a graph that follows the caller's buffers needs two of its own")
+        self.in_place = in_place
         self.follow = follow
         self.graph: Any = None
         self.rebase: Rebase | None = None

@@ -86,6 +86,19 @@ class CallPlan:
         return not self.codec.lossless
 
     @property
+    def graph_in_place(self) -> bool:
+        """Whether the graph is captured with the output in the input's buffer: an
+        AllReduce whose graph copies (one that follows must tell input from output)."""
+        return self.collective == "allreduce" and not self.graph_follows
+
+    @property
+    def graph_buffer_bytes(self) -> int:
+        """Device memory of the buffers the graph is captured on (its own input and
+        output, or the one buffer of ``graph_in_place``)."""
+        out = 0 if self.graph_in_place else self.out_count
+        return (self.count + out) * self.dtype.itemsize
+
+    @property
     def label(self) -> str:
         return f"{self.collective} ({self.algorithm}, {self.codec.codec_id})"
 

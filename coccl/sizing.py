@@ -77,8 +77,8 @@ def window_bytes(
     next step runs ``depth`` waves later; ``staged``, a ring AllGather payload waiting to
     be forwarded keeps its pinned copy too); and a ring's last ReduceScatter step, which
     holds a second accumulator, once per pass of the window over the steps.
-    ``accumulates`` False: the schedule holds no accumulator (a ring AllReduce summing
-    with the codec's fused hop, ``needs_accumulator``).
+    ``accumulates`` False: the schedule holds no accumulator (an AllReduce summing with
+    the codec's fused hop, ``needs_accumulator``).
     bench/NOTES.md compares this bound with measured peaks."""
     payload = size_class(codec.encoded_nbytes(chunk_elems, dtype))
     acc = size_class(chunk_elems * accumulate_dtype(dtype).itemsize) if accumulates else 0

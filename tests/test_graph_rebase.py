@@ -16,7 +16,6 @@ from coccl.graph_rebase import (
     pointer_sites,
     role_of,
 )
-from coccl.sizing import replays
 
 IN = Span(0, 0x7F00_0000_0000, 4096)
 OUT = Span(1, 0x7F00_0000_1000, 1024)  # right after the input: the bounds are half-open
@@ -89,11 +88,6 @@ def test_watched_transport_records_nccl_operations_on_the_callers_buffers():
     watched.allgather_bytes(_array(IN.base, 8), payload, "s")
     assert "NCCL sends and receives" in watched.touched  # the first reason stays
     assert [c[0] for c in inner.calls] == ["group", "allgather", "group", "allgather"]
-
-
-def test_graphs_that_follow_the_buffers_replay_at_every_size():
-    assert replays("nvlink", 1 << 30, follows=True) and replays("shm", 1 << 34, follows=True)
-    assert not replays("nvlink", 128 << 20, follows=False)
 
 
 def test_a_graph_that_cannot_be_read_is_not_rebasable():

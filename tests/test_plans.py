@@ -215,3 +215,15 @@ def test_auto_table_over_nccl():
     assert choose("allreduce", 64 << 20, taco, "nccl", "socket", 2).algorithm == "two_shot"
     assert choose("allreduce", 64 << 20, taco, "nccl", "shm", 2).algorithm == "two_shot"
     assert choose("reduce_scatter", 64 << 20, taco, "nccl", "shm", 2).algorithm == "two_shot"
+
+
+def test_graph_buffers_of_a_plan():
+    """A lossy codec's graph follows the caller's buffers, so it is captured on an input
+    and an output of its own; an AllReduce's graph that copies needs one buffer."""
+    taco = _plan(0, count=1000)
+    assert taco.graph_follows and not taco.graph_in_place
+    assert taco.graph_buffer_bytes == 2 * 1000 * 4
+    identity = _plan(0, count=1000)
+    identity.codec = coccl.get_compressor("identity")
+    assert not identity.graph_follows and identity.graph_in_place
+    assert identity.graph_buffer_bytes == 1000 * 4

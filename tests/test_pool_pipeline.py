@@ -166,6 +166,9 @@ def test_needs_accumulator_and_replay_sizes():
     assert replays("nvlink", (128 << 20) - 1) and not replays("nvlink", 128 << 20)
     assert replays("shm", (64 << 20) - 1) and not replays("shm", 64 << 20)
     assert replays("pcie", 1 << 20) and not replays("pcie", 64 << 20)  # unknown: the least
+    # a graph that follows the caller's buffers copies nothing: replayed at every size
+    assert replays("nvlink", 1 << 30, follows=True) and replays("shm", 1 << 34, follows=True)
+    assert not replays("nvlink", 128 << 20, follows=False)
 
 
 def test_wire_only_codec_keeps_the_schedule_of_its_codec():
