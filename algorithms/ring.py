@@ -41,13 +41,6 @@ def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any) -> N
     plan.encode(acc, out)
 
 
-def _hop_decode(plan: Plan, own: Any, received: Any, result: Any, dst: Any) -> None:
-    """The last hop of an AllReduce's sum: result = encode(own + decode(received)), then
-    dst = decode(result), bitwise what ``reduce_chunk`` computes for a sum."""
-    plan.hop(own, received, result)
-    plan.decode(result, dst)
-
-
 class _ReduceScatterSteps:
     """The ring ReduceScatter's ``size - 1`` steps, as round builders per chunk. After a
     chunk's last step, ``results[c]`` holds the owner's encoded reduced chunk when
@@ -104,8 +97,9 @@ class _ReduceScatterSteps:
                     self.results[c] = result
                 if plan.hop is not None and plan.op == "sum" and result and result.block:
                     # AllReduce: the reduced chunk is encoded for the AllGather and the
-                    # owner decodes it; with no avg division between, that is a hop
-                    rnd.post = partial(_hop_decode, plan, x[a:b], block.data, result.data, dst)
+                    # owner decodes it; with no avg division between, that is one hop
+                    # that also writes the decoded chunk
+                    rnd.post = partial(plan.hop, x[a:b], block.data, result.data, dst)
                 else:
                     acc_block, acc = plan.accumulator(b - a)
                     rnd.holds.append(acc_block)

@@ -100,8 +100,8 @@ def _reduce_round(
             result = result_payload(plan, dst, want_payload, rnd)
         in_rank_order = [payloads[j] for j in range(n) if j != r]
         if n == 2 and plan.hop is not None and plan.op == "sum" and result and result.block:
-            hop = partial(plan.hop, x[a:b], in_rank_order[0], result.data)
-            rnd.post = run_all(hop, partial(plan.decode, result.data, dst))
+            # the fused hop also decodes the result into dst: bitwise reduce_chunk's sum
+            rnd.post = partial(plan.hop, x[a:b], in_rank_order[0], result.data, dst)
         else:
             acc_block, acc = plan.accumulator(b - a)
             rnd.holds.append(acc_block)

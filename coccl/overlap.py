@@ -155,7 +155,7 @@ class WireOnlyCodec(Compressor):
         return _no_hop
 
 
-def _no_hop(own: Any, payload: Any, out: Any) -> None:
+def _no_hop(own: Any, payload: Any, out: Any, decoded: Any = None) -> None:
     pass
 
 

@@ -136,12 +136,15 @@ class Compressor(abc.ABC):
     def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:
         """A fused kernel for one hop of a ring ReduceScatter, or None.
 
-        The callable, ``hop(own, payload, out)``, writes ``out = encode(own +
-        decode(payload))`` for ``dtype`` data ``own`` and payloads of ``own.size``
-        elements, bitwise what ``decode_into(payload, acc, dtype, True)`` on a float32
-        copy ``acc`` of ``own`` followed by ``encode_into(acc, out, dtype)`` gives. None
+        The callable, ``hop(own, payload, out, decoded=None)``, writes ``out =
+        encode(own + decode(payload))`` for ``dtype`` data ``own`` and payloads of
+        ``own.size`` elements, bitwise what ``decode_into(payload, acc, dtype, True)`` on a
+        float32 copy ``acc`` of ``own`` followed by ``encode_into(acc, out, dtype)`` gives;
+        given ``decoded`` (an array like ``own``: ``own`` itself or disjoint from it), it
+        also writes ``decoded = decode(out)``, bitwise ``decode_into(out, decoded, dtype,
+        False)`` (the last hop of an AllReduce, whose owner keeps what it sends). None
         (the default) where the codec has no such kernel for arrays like ``like``: the
-        schedules then run those three steps.
+        schedules then run those steps one by one.
         """
         return None
 

@@ -9,6 +9,9 @@
 //           size), 7 taco encode (EPL elements per lane, the default), 8 taco ring hop
 //           (encode(own + decode(payload)) in one pass; five arguments, see the kernel),
 //           9 int8 ring hop (the same for int8)
+//   DEC     ring hops (8, 9): 1 adds a fourth pointer argument, dec, after dst, and the
+//           kernel also writes dec = decode(dst) (`count` elements of type XT), bitwise
+//           what the decode kernel makes of dst
 //   GS      group size G (taco: 32..512; int8 fast kernels: 32..1024; all powers of two)
 //   XT      element type of x (encode) or out (decode): 0 float32, 1 float16, 2 bfloat16
 //   FMT     taco: 0 e4m3, 1 e5m2
@@ -67,6 +70,9 @@
 #endif
 #ifndef ACC
 #define ACC 0
+#endif
+#ifndef DEC
+#define DEC 0
 #endif
 #ifndef CINV_BITS
 #define CINV_BITS 0x3db504f3u
@@ -280,6 +286,42 @@ DEV u32 out_bits1(float f) {  // one output element of type XT, as raw bits
 #endif
 }
 
+// A lane's 32 output values v as raw words of type XT (little-endian pairs for 16 bits).
+DEV void pack_out32(const float* v, u32* ow) {
+#if XT == 0
+#pragma unroll
+  for (int r = 0; r < 32; ++r) ow[r] = as_u(v[r]);
+#else
+#pragma unroll
+  for (int i = 0; i < 16; ++i) ow[i] = pack_out2(v[2 * i], v[2 * i + 1]);
+#endif
+}
+
+// A lane's 32 output values v of type XT at elements [base, base + 32) of ob, those below
+// count: 16-byte vectors when ob is aligned and the 32 all exist, else one by one. The
+// decode kernels' unstaged store and the ring hops' decoded output (DEC) share it.
+DEV void store_out32(char* ob, i64 base, i64 count, bool vout, const float* v) {
+  if (vout && base + 32 <= count) {
+    u32 ow[NW];
+    pack_out32(v, ow);
+    uint4* o = (uint4*)(ob + base * EB);
+#pragma unroll
+    for (int j = 0; j < CPL; ++j)
+      o[j] = make_uint4(ow[4 * j], ow[4 * j + 1], ow[4 * j + 2], ow[4 * j + 3]);
+  } else {
+#pragma unroll
+    for (int r = 0; r < 32; ++r) {
+      if (base + r < count) {
+#if XT == 0
+        ((float*)ob)[base + r] = v[r];
+#else
+        ((unsigned short*)ob)[base + r] = (unsigned short)out_bits1(v[r]);
+#endif
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------- input elements -> float32
 // w: the lane's 32 elements as raw words (little-endian: element 2k in the low half).
 DEV float elem_f32(const u32* w, int r) {
@@ -415,12 +457,10 @@ DEV int swz(int c) { return c ^ ((c >> 3) & 7); }  // 16-byte chunk -> smem slot
 
 DEV uint4 ldg4(const uint4* p) { return __ldg(p); }
 
-// Coalesced read of a warp's tile (CH chunks per lane) into the lanes' own words.
+// A warp's tile read coalesced (t: chunk j * 32 + lane of it, CH chunks per lane) handed
+// to the lanes that own it: lane l gets chunks [l * CH, l * CH + CH) as words w.
 template <int CH>
-DEV void staged_load(const uint4* g, uint4* sb, int lane, u32* w) {
-  uint4 t[CH];
-#pragma unroll
-  for (int j = 0; j < CH; ++j) t[j] = ldg4(g + j * 32 + lane);
+DEV void staged_transpose(const uint4* t, uint4* sb, int lane, u32* w) {
 #pragma unroll
   for (int j = 0; j < CH; ++j) sb[swz(j * 32 + lane)] = t[j];
   __syncwarp();
@@ -433,6 +473,15 @@ DEV void staged_load(const uint4* g, uint4* sb, int lane, u32* w) {
     w[4 * j + 3] = q.w;
   }
   __syncwarp();
+}
+
+// Coalesced read of a warp's tile (CH chunks per lane) into the lanes' own words.
+template <int CH>
+DEV void staged_load(const uint4* g, uint4* sb, int lane, u32* w) {
+  uint4 t[CH];
+#pragma unroll
+  for (int j = 0; j < CH; ++j) t[j] = ldg4(g + j * 32 + lane);
+  staged_transpose<CH>(t, sb, lane, w);
 }
 
 // The lanes' own words -> coalesced write of the warp's tile.
@@ -1091,13 +1140,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
       __syncwarp();
 #else
       u32 ow[NW];
-#if XT == 0
-#pragma unroll
-      for (int r = 0; r < 32; ++r) ow[r] = as_u(v[r]);
-#else
-#pragma unroll
-      for (int i = 0; i < 16; ++i) ow[i] = pack_out2(v[2 * i], v[2 * i + 1]);
-#endif
+      pack_out32(v, ow);
       staged_store<CPL>((uint4*)(ob + t0 * EB), sb, lane, ow);
 #endif
     } else if (base < count) {
@@ -1119,31 +1162,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
           if (base + r < count) o[r] = f_add(o[r], v[r]);
       }
 #else
-      if (vout && base + 32 <= count) {
-        u32 ow[NW];
-#if XT == 0
-#pragma unroll
-        for (int r = 0; r < 32; ++r) ow[r] = as_u(v[r]);
-#else
-#pragma unroll
-        for (int i = 0; i < 16; ++i) ow[i] = pack_out2(v[2 * i], v[2 * i + 1]);
-#endif
-        uint4* o = (uint4*)(ob + base * EB);
-#pragma unroll
-        for (int j = 0; j < CPL; ++j)
-          o[j] = make_uint4(ow[4 * j], ow[4 * j + 1], ow[4 * j + 2], ow[4 * j + 3]);
-      } else {
-#pragma unroll
-        for (int r = 0; r < 32; ++r) {
-          if (base + r < count) {
-#if XT == 0
-            ((float*)ob)[base + r] = v[r];
-#else
-            ((unsigned short*)ob)[base + r] = (unsigned short)out_bits1(v[r]);
-#endif
-          }
-        }
-      }
+      store_out32(ob, base, count, vout, v);
 #endif
     }
   }
@@ -1225,13 +1244,23 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // Bitwise what the three-kernel path gives (acc = own; decode-accumulate pin into acc;
 // encode acc): the decode is kernel 2's arithmetic, the addition is its accumulate
 // (acc + decoded, one rounding), positions past `count` are zero as an encode of acc reads
-// them, and the encode is taco_encode_lane, which every encode kernel shares. Layout of the
-// fast kernels (32 elements per lane, tiles of 1024); accesses are per lane, unstaged: the
-// kernel saves the host two launches and the GPU an accumulator's round trip.
+// them, and the encode is taco_encode_lane, which every encode kernel shares. With DEC
+// the same pass writes dec = decode(pout) (kernel 2's arithmetic on the codes and scales
+// in hand), so the last hop of an AllReduce needs no decode kernel after it. Layout of the
+// fast kernels (32 elements per lane, tiles of 1024). With STAGE a whole tile whose
+// buffers are 16-byte aligned is read and written through shared memory in coalesced
+// 16-byte accesses (all of its loads issued before any is used); other tiles per lane.
 #if OP == 8
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __restrict__ dst,
+coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ dst,
+#if DEC
+            void* dec,
+#endif
             i64 count, i64 K) {
+#if STAGE
+  __shared__ uint4 smem[WARPS * 32 * CPL];
+  uint4* sb = smem + (threadIdx.x >> 5) * 32 * CPL;
+#endif
   const char* xb = (const char*)own;
   const unsigned char* pin = (const unsigned char*)src;
   unsigned char* pout = (unsigned char*)dst;
@@ -1240,6 +1269,12 @@ coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __
   const bool vin = (((u64)xb) & 15) == 0;
   const bool vpi = (((u64)pin) & 15) == 0;
   const bool vpo = (((u64)pout) & 15) == 0;
+#if DEC
+  char* ob = (char*)dec;
+  const bool vout = (((u64)ob) & 15) == 0;
+#else
+  const bool vout = true;
+#endif
   const bool a4i = (((u64)pin) & 3) == 0;
   const bool a4o = (((u64)pout) & 3) == 0;
   const i64 ncodes = K << LOG2_GS;  // a multiple of 32: a lane's codes are all in or all out
@@ -1248,34 +1283,69 @@ coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __
   // computes on zeros and stores nothing.
   for (i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); tile < ntiles;
        tile += (i64)gridDim.x * WARPS) {
-    const i64 base = (tile << 10) + lane * 32;
+    const i64 t0 = tile << 10;
+    const i64 base = t0 + lane * 32;
     const i64 g = base >> LOG2_GS;
     const bool live = base < ncodes;
+    const bool staged = STAGE && vin && vpi && vpo && vout && t0 + 1024 <= count;
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
-    u32 cw[8];
+    u32 cw[8], w[NW];
     if (live) {
       if (DUAL) s = as_f(ld32(pin + ncodes + 4 * g, a4i));
       if (ASH) alpha = as_f(ld32(pin + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4i));
-      load_bytes32(pin + base, cw, vpi);
-    } else {
+    }
+#if STAGE
+    if (staged) {
+      uint4 tc[2], tx[CPL];
+      const uint4* gc = (const uint4*)(pin + t0);
+      const uint4* gx = (const uint4*)(xb + t0 * EB);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) cw[i] = 0;
+      for (int j = 0; j < 2; ++j) tc[j] = ldg4(gc + j * 32 + lane);
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) tx[j] = ldg4(gx + j * 32 + lane);
+      staged_transpose<2>(tc, sb, lane, cw);
+      staged_transpose<CPL>(tx, sb, lane, w);
+    } else
+#endif
+    {
+      if (live) {
+        load_bytes32(pin + base, cw, vpi);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) cw[i] = 0;
+      }
+      lane_load(xb, base, count, vin, w);  // zero past count
     }
     float v[32];
     taco_dequant_lane(cw, s, alpha, lig, v);
-    u32 w[NW];
-    lane_load(xb, base, count, vin, w);  // zero past count
 #pragma unroll
     for (int r = 0; r < 32; ++r) v[r] = base + r < count ? f_add(elem_f32(w, r), v[r]) : 0.0f;
     u32 codes[8], sbits, abits;
     taco_encode_lane<32, LPG>(v, lig, codes, sbits, abits);
-    if (live) {
+#if STAGE
+    if (staged)
+      staged_store<2>((uint4*)(pout + t0), sb, lane, codes);
+    else
+#endif
+    if (live)
       store_bytes32(pout + base, codes, vpo, 32);
-      if (lig == 0) {
-        if (DUAL) st32(pout + ncodes + 4 * g, sbits, a4o);
-        if (ASH) st32(pout + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4o);
-      }
+    if (live && lig == 0) {
+      if (DUAL) st32(pout + ncodes + 4 * g, sbits, a4o);
+      if (ASH) st32(pout + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4o);
     }
+#if DEC
+    taco_dequant_lane(codes, DUAL ? as_f(sbits) : as_f(BITS_ONE),
+                      ASH ? as_f(abits) : as_f(BITS_ONE), lig, v);
+#if STAGE
+    if (staged) {
+      u32 ow[NW];
+      pack_out32(v, ow);
+      staged_store<CPL>((uint4*)(ob + t0 * EB), sb, lane, ow);
+    } else
+#endif
+    if (live)
+      store_out32(ob, base, count, vout, v);
+#endif
   }
 }
 #endif
@@ -1289,7 +1359,10 @@ coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __
 // leaves a partial group's absmax as an encode of the `count` elements finds it.
 #if OP == 9
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __restrict__ dst,
+coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ dst,
+#if DEC
+            void* dec,
+#endif
             i64 count, i64 K) {
   const char* xb = (const char*)own;
   const unsigned char* pin = (const unsigned char*)src;
@@ -1337,6 +1410,12 @@ coccl_codec(const void* __restrict__ own, const void* __restrict__ src, void* __
       const i64 left = count - base;
       store_bytes32(pout + base, codes, vpo, left >= 32 ? 32 : (int)left);
       if (lig == 0) st32(pout + count + 4 * g, sbits, a4o);
+#if DEC
+      // dec = decode(pout): kernel 4's arithmetic on the codes and scale in hand
+#pragma unroll
+      for (int r = 0; r < 32; ++r) v[r] = f_mul(int8_float(int8_code(codes, r)), as_f(sbits));
+      store_out32((char*)dec, base, count, (((u64)dec) & 15) == 0, v);
+#endif
     }
   }
 }

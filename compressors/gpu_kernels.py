@@ -63,7 +63,7 @@ _OP_INT8_HOP = 9  # the same for int8
 # without spills, 512 gives decode-accumulate its ~120 registers.
 _TUNING: dict[str, Any] = {
     "threads": 256,
-    "stage": {"encode": 0, "decode": 1, "accumulate": 1, "hop": 0},
+    "stage": {"encode": 0, "decode": 1, "accumulate": 1, "hop": 1},
     "prefetch": {"encode": 1, "decode": 0, "accumulate": 0, "hop": 0},
     "resident": {"encode": 768, "decode": 1024, "accumulate": 512, "hop": 512},
     "blocks_per_sm": 16,
@@ -147,6 +147,7 @@ def taco_reduce_encode(
     own: Any,
     payload: Any,
     out: Any,
+    decoded: Any = None,
     *,
     group_size: int,
     fp8_format: str,
@@ -159,7 +160,9 @@ def taco_reduce_encode(
     ``own`` holds float32/float16/bfloat16 data; ``payload`` and ``out`` are taco payloads
     of ``own.size`` elements (distinct buffers). Bitwise what decoding ``payload`` with
     ``accumulate`` into a float32 copy of ``own`` and encoding that copy give, without the
-    copy and with one launch instead of three.
+    copy and with one launch instead of three. With ``decoded`` (an array like ``own``,
+    ``own`` itself or disjoint from it) the same pass also writes ``decoded =
+    taco_decode(out)``, bitwise what the decode kernel gives, without reading ``out`` back.
     """
     cp = _cupy()
     count, K, defs = _taco_variant(
@@ -167,9 +170,10 @@ def taco_reduce_encode(
     )
     defs["EXT"] = _extended_range(dual_scale, coccl_clamps)
     _check_disjoint(payload, out)
+    arrays = _hop_arrays(cp, defs, own, payload, out, decoded)
     if count == 0:
         return
-    _launch(cp, defs, "hop", (own, payload, out), count, K, warps=-(-K * defs["GS"] // _TILE))
+    _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * defs["GS"] // _TILE))
 
 
 def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
@@ -212,10 +216,13 @@ def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) ->
     _launch(cp, defs, kind, (payload, out), count, K, warps=warps)
 
 
-def int8_reduce_encode(own: Any, payload: Any, out: Any, *, group_size: int) -> None:
+def int8_reduce_encode(
+    own: Any, payload: Any, out: Any, decoded: Any = None, *, group_size: int
+) -> None:
     """One int8 ring hop in one kernel: ``out = int8_encode(float32(own) +
-    int8_decode(payload))``, bitwise the three-step path (see ``taco_reduce_encode``).
-    ``group_size`` must be a power of two from 32 to 1024 (the fast kernels' groups)."""
+    int8_decode(payload))``, bitwise the three-step path, and with ``decoded`` also
+    ``decoded = int8_decode(out)`` (see ``taco_reduce_encode``). ``group_size`` must be a
+    power of two from 32 to 1024 (the fast kernels' groups)."""
     cp = _cupy()
     G = _int8_group(group_size)
     if G not in _INT8_FAST_GROUPS:
@@ -227,10 +234,35 @@ def int8_reduce_encode(own: Any, payload: Any, out: Any, *, group_size: int) -> 
     for p in (payload, out):
         _check_payload(cp, p, layout.nbytes, own)
     _check_disjoint(payload, out)
+    defs = {"OP": _OP_INT8_HOP, "GS": G, "XT": xt}
+    arrays = _hop_arrays(cp, defs, own, payload, out, decoded)
     if count == 0:
         return
-    defs = {"OP": _OP_INT8_HOP, "GS": G, "XT": xt}
-    _launch(cp, defs, "hop", (own, payload, out), count, K, warps=-(-count // _TILE))
+    _launch(cp, defs, "hop", arrays, count, K, warps=-(-count // _TILE))
+
+
+def _hop_arrays(
+    cp: Any, defs: dict[str, Any], own: Any, payload: Any, out: Any, decoded: Any
+) -> tuple:
+    """A ring hop's kernel arguments; with ``decoded`` (checked: like ``own``, and ``own``
+    itself or disjoint from it and from both payloads) the DEC variant that writes it."""
+    if decoded is None:
+        return (own, payload, out)
+    _element_type(cp, decoded, "decoded")
+    if decoded.dtype != own.dtype or decoded.size != own.size:
+        raise ValueError(
+            f"decoded must be like own ({own.size} {own.dtype.name}), got "
+            f"{decoded.size} {decoded.dtype.name}"
+        )
+    if decoded.data.device_id != own.data.device_id:
+        raise ValueError("decoded and own must be on the same device")
+    for other, name in ((payload, "payload"), (out, "out")):
+        if _overlap(decoded, other):
+            raise ValueError(f"decoded and {name} must not overlap")
+    if decoded.data.ptr != own.data.ptr and _overlap(decoded, own):
+        raise ValueError("decoded must be own itself or not overlap it")
+    defs["DEC"] = 1
+    return (own, payload, out, decoded)
 
 
 def ring_hop(like: Any, dtype: Any, hop: Any, **options: Any) -> Any:
@@ -351,10 +383,14 @@ def _check_payload(cp: Any, payload: Any, nbytes: int, like: Any) -> None:
 
 
 def _check_disjoint(payload: Any, out: Any) -> None:
-    nbytes = int(out.size)
-    p0, o0 = payload.data.ptr, out.data.ptr
-    if p0 < o0 + nbytes and o0 < p0 + nbytes and nbytes:
+    if _overlap(payload, out):
         raise ValueError("payload and out must not overlap")
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether two contiguous device arrays share a byte."""
+    a0, b0 = a.data.ptr, b.data.ptr
+    return bool(a.nbytes and b.nbytes and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes)
 
 
 @functools.cache

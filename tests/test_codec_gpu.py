@@ -361,16 +361,31 @@ def cpu_taco_hop(own, p, G, fmt, ash, dual, clamps=False):
     return cpu_taco_encode(acc, G, fmt, ash, dual, clamps)
 
 
-def gpu_taco_hop(own, p, G, fmt, ash, dual, fill=0xA5, x_off=0, p_off=0, o_off=0, clamps=False):
+def _hop_buffers(own, p, fill, x_off, p_off, o_off, dec):
+    """Device copies of a hop's own and received payload, a poisoned out, and where the
+    decoded output goes: None, "apart" (a poisoned buffer of its own, offset like own) or
+    "inplace" (own itself)."""
     od = dev_empty(own.size, own.dtype, 0, x_off)
     od[...] = to_dev(own)
     pd = dev_empty(p.size, np.uint8, 0, p_off)
     pd[...] = to_dev(p)
     out = dev_empty(p.size, np.uint8, fill, o_off)
+    decoded = {None: None, "inplace": od}.get(dec)
+    if dec == "apart":
+        decoded = dev_empty(own.size, own.dtype, 0xFF - fill, x_off)
+    return od, pd, out, decoded
+
+
+def gpu_taco_hop(
+    own, p, G, fmt, ash, dual, fill=0xA5, x_off=0, p_off=0, o_off=0, clamps=False, dec=None
+):
+    """The fused hop's payload, and with ``dec`` (see _hop_buffers) its decoded output."""
+    od, pd, out, decoded = _hop_buffers(own, p, fill, x_off, p_off, o_off, dec)
     gk.taco_reduce_encode(
-        od, pd, out, group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, coccl_clamps=clamps
-    )
-    return to_host(out)
+        od, pd, out, decoded,
+        group_size=G, fp8_format=fmt, ash=ash, dual_scale=dual, coccl_clamps=clamps,
+    )  # fmt: skip
+    return to_host(out) if dec is None else (to_host(out), to_host(decoded))
 
 
 def _hop_cases():
@@ -404,6 +419,25 @@ def test_taco_reduce_encode_is_the_three_step_hop(G, fmt, ash, dual, dtype):
         for fill, offs in ((0xA5, (0, 0, 0)), (0x00, (0, 0, 0)), (0xA5, (item, 1, 3))):
             got = gpu_taco_hop(own, received, G, fmt, ash, dual, fill, *offs)
             assert_bytes_equal(got, want, f"hop n={n} fill={fill:#x} offsets {offs}")
+
+
+@needs_cpu
+@pytest.mark.parametrize("G,fmt,ash,dual,dtype", _hop_cases())
+def test_taco_hop_with_decoded_is_hop_then_decode(G, fmt, ash, dual, dtype):
+    """With ``decoded`` the fused hop writes the same payload and, in the same pass, the
+    decode of that payload, bit for bit the CPU decode: into a buffer of its own (aligned
+    and not) or into own itself (an in-place AllReduce), at every count."""
+    rng = np.random.default_rng(G + 13 * len(fmt) + 5 * ash + 7 * dual)
+    item = np.dtype(dtype).itemsize
+    for n in COUNTS:
+        own = make_data(n, dtype, rng, G)
+        received = cpu_taco_encode(make_data(n, dtype, rng, G)[::-1].copy(), G, fmt, ash, dual)
+        want = cpu_taco_hop(own, received, G, fmt, ash, dual)
+        want_d = cpu_taco_decode(want, n, dtype, G, fmt, ash, dual)
+        for dec, offs in (("apart", (0, 0, 0)), ("apart", (item, 1, 3)), ("inplace", (0, 0, 0))):
+            got, got_d = gpu_taco_hop(own, received, G, fmt, ash, dual, 0xA5, *offs, dec=dec)
+            assert_bytes_equal(got, want, f"hop n={n} {dec} offsets {offs}")
+            assert_values_equal(got_d, want_d, f"hop decoded n={n} {dec} offsets {offs}")
 
 
 # ------------------------------------------------------------ whole float32 range
@@ -489,6 +523,26 @@ def test_taco_reduce_encode_argument_errors():
     with pytest.raises(TypeError):
         gk.taco_reduce_encode(own.astype(cupy.float64), p, p.copy(), **kw)
     gk.taco_reduce_encode(own[:0], p[:0], p[:0].copy(), **kw)  # count 0: nothing to do
+    _check_decoded_errors(lambda *a: gk.taco_reduce_encode(*a, **kw), own, p)
+
+
+def _check_decoded_errors(hop, own, p):
+    """A hop's decoded argument is checked before any work: like own, on its device, own
+    itself or disjoint from own and from both payloads."""
+    out = p.copy()
+    with pytest.raises(ValueError, match="like own"):
+        hop(own, p, out, cupy.zeros(own.size + 1, own.dtype))
+    with pytest.raises(ValueError, match="like own"):
+        hop(own, p, out, cupy.zeros(own.size, cupy.float16))
+    with pytest.raises(TypeError):
+        hop(own, p, out, np.zeros(own.size, own.dtype))
+    shared = cupy.zeros(own.nbytes, cupy.uint8)  # the received payload and decoded in one
+    with pytest.raises(ValueError, match="overlap"):
+        hop(own, shared[: p.size], out, shared.view(own.dtype))
+    wide = cupy.zeros(own.size + 1, own.dtype)
+    with pytest.raises(ValueError, match="own itself"):
+        hop(wide[:-1], p, out, wide[1:])
+    hop(own[:0], p[:0], out[:0], own[:0])  # count 0: nothing to do
 
 
 # -------------------------------------------------------------------------- int8
@@ -540,14 +594,11 @@ def cpu_int8_hop(own, p, G):
     return cpu_int8_encode(acc, G)
 
 
-def gpu_int8_hop(own, p, G, fill=0xA5, x_off=0, p_off=0, o_off=0):
-    od = dev_empty(own.size, own.dtype, 0, x_off)
-    od[...] = to_dev(own)
-    pd = dev_empty(p.size, np.uint8, 0, p_off)
-    pd[...] = to_dev(p)
-    out = dev_empty(p.size, np.uint8, fill, o_off)
-    gk.int8_reduce_encode(od, pd, out, group_size=G)
-    return to_host(out)
+def gpu_int8_hop(own, p, G, fill=0xA5, x_off=0, p_off=0, o_off=0, dec=None):
+    """The fused int8 hop's payload, and with ``dec`` (see _hop_buffers) its decoded output."""
+    od, pd, out, decoded = _hop_buffers(own, p, fill, x_off, p_off, o_off, dec)
+    gk.int8_reduce_encode(od, pd, out, decoded, group_size=G)
+    return to_host(out) if dec is None else (to_host(out), to_host(decoded))
 
 
 @needs_cpu
@@ -569,6 +620,11 @@ def test_int8_reduce_encode_is_the_three_step_hop(G, dtype):
         for fill, offs in ((0xA5, (0, 0, 0)), (0x00, (0, 0, 0)), (0xA5, (item, 1, 3))):
             got = gpu_int8_hop(own, received, G, fill, *offs)
             assert_bytes_equal(got, want, f"hop n={n} fill={fill:#x} offsets {offs}")
+        want_d = cpu_int8_decode(want, n, dtype, G)
+        for dec, offs in (("apart", (0, 0, 0)), ("apart", (item, 1, 3)), ("inplace", (0, 0, 0))):
+            got, got_d = gpu_int8_hop(own, received, G, 0xA5, *offs, dec=dec)
+            assert_bytes_equal(got, want, f"hop n={n} {dec} offsets {offs}")
+            assert_values_equal(got_d, want_d, f"hop decoded n={n} {dec} offsets {offs}")
 
 
 def test_int8_reduce_encode_argument_errors():
@@ -583,6 +639,7 @@ def test_int8_reduce_encode_argument_errors():
     with pytest.raises(TypeError):
         gk.int8_reduce_encode(own.astype(cupy.float64), p, p.copy(), group_size=128)
     gk.int8_reduce_encode(own[:0], p[:0], p[:0].copy(), group_size=128)  # count 0
+    _check_decoded_errors(lambda *a: gk.int8_reduce_encode(*a, group_size=128), own, p)
 
 
 # ---------------------------------------------------------------- interface checks

@@ -200,10 +200,12 @@ class _TacoWithHop(TacoCompressor):
     same three steps in test_codec_gpu.py)."""
 
     def reduce_encode_kernel(self, like, dtype):
-        def hop(own, payload, out):
+        def hop(own, payload, out, decoded=None):
             acc = own.astype(np.float32)
             self.decode_into(payload, acc, dtype, True)
             self.encode_into(acc, out, dtype)
+            if decoded is not None:
+                self.decode_into(out, decoded, dtype, False)
             hop.calls += 1
 
         hop.calls = 0

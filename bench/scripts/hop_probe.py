@@ -1,0 +1,154 @@
+"""The taco ring hop's kernels, timed on one GPU: the hop with per-lane and with staged
+(shared-memory, coalesced) accesses, with and without its decoded output (DEC), against
+the encode and decode kernels and a device copy of the same bytes, for one shard of a
+2-rank AllReduce, under each grid cap of ``--grids`` (the ``blocks_per_sm`` tuning: a
+kernel's grid is at most that many blocks per SM). Each operation is captured
+``--calls`` times into a CUDA graph, so the times are the GPU's (no host launch cost
+between calls); ``--repeats`` replays, median.
+
+    python3 bench/scripts/hop_probe.py --out hop.json --sizes 16M,64M --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+from coccl.bench.cli import parse_size
+from coccl.compressors import gpu_kernels as gk
+from coccl.compressors.layout import taco_nbytes
+
+TACO = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--out", default="hop.json", help="JSON file written")
+    p.add_argument("--sizes", default="16M,64M", help="elements per shard")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--calls", type=int, default=20, help="calls per graph")
+    p.add_argument("--repeats", type=int, default=7, help="graph replays timed")
+    p.add_argument("--grids", default="16", help="blocks_per_sm values, comma-separated")
+    return p.parse_args()
+
+
+def timed_us(fn: Callable[[], None], calls: int, repeats: int) -> float:
+    """Median GPU time of one call of ``fn``: ``calls`` of them captured in one graph."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()  # compile and warm up outside the capture
+    stream.synchronize()
+    stream.begin_capture()
+    try:
+        with stream:
+            for _ in range(calls):
+                fn()
+    finally:
+        graph = stream.end_capture()
+    graph.upload(stream)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    samples = []
+    for _ in range(repeats):
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def operations(n: int, dtype: np.dtype) -> tuple[dict[str, Callable[[], None]], dict[str, int]]:
+    """The timed operations on a shard of ``n`` elements, and the bytes each moves."""
+    rng = np.random.default_rng(0)
+    host = rng.standard_normal(n, dtype=np.float32).astype(dtype)
+    own = cp.asarray(host.view(np.uint16 if dtype.itemsize == 2 else np.float32)).view(dtype)
+    dec = cp.empty_like(own)
+    nb = taco_nbytes(n, TACO["group_size"], TACO["ash"], TACO["dual_scale"])
+    received, out = cp.empty(nb, cp.uint8), cp.empty(nb, cp.uint8)
+    gk.taco_encode(own, received, **TACO)
+    x = own.nbytes
+
+    def hop(stage: int, decoded: bool) -> Callable[[], None]:
+        def run() -> None:
+            with gk.tuning(stage={"hop": stage}):
+                gk.taco_reduce_encode(own, received, out, dec if decoded else None, **TACO)
+
+        return run
+
+    def hop_then_decode() -> None:
+        gk.taco_reduce_encode(own, received, out, **TACO)
+        gk.taco_decode(out, dec, accumulate=False, **TACO)
+
+    def copy() -> None:
+        cp.cuda.runtime.memcpyAsync(
+            dec.data.ptr, own.data.ptr, x, cp.cuda.runtime.memcpyDeviceToDevice,
+            cp.cuda.get_current_stream().ptr,
+        )  # fmt: skip
+
+    ops = {
+        "device copy of the shard": copy,
+        "encode": lambda: gk.taco_encode(own, out, **TACO),
+        "decode": lambda: gk.taco_decode(received, dec, accumulate=False, **TACO),
+        "hop, per-lane accesses": hop(0, False),
+        "hop, staged": hop(1, False),
+        "hop + decoded, per-lane accesses": hop(0, True),
+        "hop + decoded, staged": hop(1, True),
+        "hop then decode (two kernels)": hop_then_decode,
+    }
+    moved = {
+        "device copy of the shard": 2 * x,
+        "encode": x + nb,
+        "decode": nb + x,
+        "hop, per-lane accesses": x + 2 * nb,
+        "hop, staged": x + 2 * nb,
+        "hop + decoded, per-lane accesses": 2 * x + 2 * nb,
+        "hop + decoded, staged": 2 * x + 2 * nb,
+        "hop then decode (two kernels)": 2 * x + 3 * nb,
+    }
+    return ops, moved
+
+
+def main() -> None:
+    args = parse()
+    dtype = np.dtype(ml_dtypes.bfloat16) if args.dtype == "bfloat16" else np.dtype(args.dtype)
+    rows: list[dict[str, Any]] = []
+    for n in (parse_size(s) for s in args.sizes.split(",")):
+        ops, moved = operations(n, dtype)
+        for grid in (int(g) for g in args.grids.split(",")):
+            for name, fn in ops.items():
+                with gk.tuning(blocks_per_sm=grid):
+                    us = timed_us(fn, args.calls, args.repeats)
+                gbps = moved[name] / us / 1e3
+                rows.append({"elements": n, "dtype": args.dtype, "blocks_per_sm": grid,
+                             "operation": name, "us": us, "bytes_moved": moved[name],
+                             "gb_per_s": gbps})  # fmt: skip
+                print(f"{n:>11} {grid:>2} {name:<34} {us:8.1f} us {gbps:6.0f} GB/s", flush=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    flags = " ".join(f"--{k} {v}" for k, v in vars(args).items())
+    record = {
+        "command": f"python3 bench/scripts/hop_probe.py {flags}",
+        "date": datetime.date.today().isoformat(),
+        "commit": commit,
+        "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "codec": TACO,
+        "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
