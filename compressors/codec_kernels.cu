@@ -8,8 +8,9 @@
 //           4 int8 decode, 5 int8 encode (any group size), 6 int8 decode (any group
 //           size), 7 taco encode (EPL elements per lane, the default), 8 taco ring hop
 //           (encode(own + decode(payload)) in one pass; five arguments, see the kernel),
-//           9 int8 ring hop (the same for int8)
-//   DEC     ring hops (8, 9): 1 adds a fourth pointer argument, dec, after dst, and the
+//           9 int8 ring hop (the same for int8), 10 taco ring hop (kernel 8 with EPL
+//           elements per lane, kernel 7's layout)
+//   DEC     ring hops (8, 9, 10): 1 adds a fourth pointer argument, dec, after dst, and the
 //           kernel also writes dec = decode(dst) (`count` elements of type XT), bitwise
 //           what the decode kernel makes of dst
 //   GS      group size G (taco: 32..512; int8 fast kernels: 32..1024; all powers of two)
@@ -26,7 +27,7 @@
 //           (so that a test can compare the two on one GPU)
 //   RAW_CHECK  taco encode with ash: 1 looks for NaN/Inf in every group's elements;
 //           0 (default) only in groups whose energy is not finite (the same result)
-//   EPL     taco encode kernel 7: elements per lane (32..128, at most G)
+//   EPL     taco encode kernel 7 and hop kernel 10: elements per lane (32..128, at most G)
 //   EXT     taco encode with DUAL: 1 (default) lets a group whose s would leave COCCL's
 //           clamps take the extended range (FORMAT.md taco step 4b); 0 keeps COCCL's
 //           clamps for every group (the codec's coccl_clamps option). Decoding needs no
@@ -604,16 +605,17 @@ DEV void wht_group(float* v, int lig) {
 }
 
 // =============================================================== taco decode
-#if OP == 2 || OP == 8
-// One lane's 32 codes cw of a group (spread over LPG lanes, lig: the lane's index in it)
+#if OP == 2 || OP == 8 || OP == 10
+// One lane's N codes cw of a group (spread over L lanes, lig: the lane's index in it)
 // decoded in place of v: FP8 values, the inverse Hadamard when ASH, times the group's
 // s * c / max(alpha, 1e-12) (FORMAT.md), s and alpha 1 where the payload has none. Shared
-// by the decode kernel (2) and the ring hop (8), so the two decode bitwise alike.
+// by the decode kernel (2) and the ring hops (8, 10), so they decode bitwise alike.
+template <int N = 32, int L = LPG>
 DEV void taco_dequant_lane(const u32* cw, float s, float alpha, int lig, float* v) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) unpack4_fp8(cw[i], v + 4 * i);
+  for (int i = 0; i < N / 4; ++i) unpack4_fp8(cw[i], v + 4 * i);
 #if ASH
-  wht_group(v, lig);
+  wht_group<N, L>(v, lig);
   const float c = as_f(CINV_BITS);
 #else
   const float c = as_f(BITS_ONE);
@@ -624,17 +626,17 @@ DEV void taco_dequant_lane(const u32* cw, float s, float alpha, int lig, float* 
   if (extended_alpha(as_u(alpha))) {  // FORMAT.md: an extended group (rare)
     const float sc = f_mul(s, c), ia = f_div(as_f(BITS_ONE), alpha);
 #pragma unroll
-    for (int r = 0; r < 32; ++r) v[r] = sat_inf(f_mul(f_mul(v[r], sc), ia));
+    for (int r = 0; r < N; ++r) v[r] = sat_inf(f_mul(f_mul(v[r], sc), ia));
     return;
   }
 #endif
 #pragma unroll
-  for (int r = 0; r < 32; ++r) v[r] = f_mul(v[r], kp);
+  for (int r = 0; r < N; ++r) v[r] = f_mul(v[r], kp);
 }
 #endif
 
 // =============================================================== taco encode
-#if OP == 1 || OP == 7 || OP == 8
+#if OP == 1 || OP == 7 || OP == 8 || OP == 10
 // The largest |v| of a group's float32 values, as bits (exact: for non-negative floats
 // the integer order is the value order; a NaN is above +Inf).
 template <int N, int L>
@@ -896,7 +898,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // global memory saturated the memory pipeline at half the copy bandwidth). Two buffers per
 // warp: the next tile is copied in (cp.async, sm_80+) while this one is computed, since
 // with ~12 warps per SM a warp cannot wait for its own loads.
-#if OP == 7
+#if OP == 7 || OP == 10
 #ifndef EPL
 #define EPL 128
 #endif
@@ -927,20 +929,54 @@ DEV void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory");
 #define ASYNC7 0
 #endif
 
-// Start copying tile `tile` (all 32 lanes' chunks, in order) into buffer sb.
-DEV void tile_fetch7(const char* xb, i64 tile, uint4* sb, int lane) {
-  const uint4* g = (const uint4*)(xb + tile * 32 * EPL * EB);
+// Start copying a warp's tile at `tile_bytes` (32 lanes' CH chunks each, in order) into
+// buffer sb, chunk c of lane l at slot7<CH>(l, c).
+template <int CH>
+DEV void tile_fetch7(const char* tile_bytes, uint4* sb, int lane) {
+  const uint4* g = (const uint4*)tile_bytes;
 #pragma unroll
-  for (int j = 0; j < CH7; ++j) {
+  for (int j = 0; j < CH; ++j) {
     const int u = j * 32 + lane;
 #if ASYNC7
-    cp_async16(sb + slot7<CH7>(u / CH7, u % CH7), g + u);
+    cp_async16(sb + slot7<CH>(u / CH, u % CH), g + u);
 #else
-    sb[slot7<CH7>(u / CH7, u % CH7)] = ldg4(g + u);
+    sb[slot7<CH>(u / CH, u % CH)] = ldg4(g + u);
 #endif
   }
 }
 
+// The lanes' words (CH chunks each, lane l's chunk c at slot7<CH>(l, c) of sb) written as
+// a warp's tile at `tile_bytes` with coalesced 16-byte stores.
+template <int CH>
+DEV void tile_store7(char* tile_bytes, uint4* sb, int lane, const u32* w) {
+#pragma unroll
+  for (int c = 0; c < CH; ++c)
+    sb[slot7<CH>(lane, c)] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+  __syncwarp();
+  uint4* g = (uint4*)tile_bytes;
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    const int u = j * 32 + lane;
+    g[u] = sb[slot7<CH>(u / CH, u % CH)];
+  }
+  __syncwarp();
+}
+
+// A lane's EPL codes at cp: 16-byte stores when aligned, else byte by byte.
+DEV void lane_store_codes7(unsigned char* cp, const u32* codes, bool v16) {
+  if (v16) {
+#pragma unroll
+    for (int j = 0; j < CC7; ++j)
+      ((uint4*)cp)[j] =
+          make_uint4(codes[4 * j], codes[4 * j + 1], codes[4 * j + 2], codes[4 * j + 3]);
+  } else {
+#pragma unroll
+    for (int r = 0; r < EPL; ++r) cp[r] = (unsigned char)(codes[r >> 2] >> (8 * (r & 3)));
+  }
+}
+#endif
+
+#if OP == 7
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K) {
   __shared__ uint4 smem[2 * WARPS * 32 * CH7];
@@ -959,7 +995,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   auto fetched = [&](i64 t) { return vin && t < ntiles && (t + 1) * 32 * EPL <= count; };
   i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   int cur = 0;
-  if (fetched(tile)) tile_fetch7(xb, tile, wbuf, lane);
+  if (fetched(tile)) tile_fetch7<CH7>(xb + tile * 32 * EPL * EB, wbuf, lane);
 #if ASYNC7
   cp_async_commit();
 #endif
@@ -969,7 +1005,8 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     const i64 t0 = tile * 32 * EPL;
     const i64 base = t0 + lane * EPL;
     uint4* const sb = wbuf + cur * 32 * CH7;
-    if (fetched(tile + stride)) tile_fetch7(xb, tile + stride, wbuf + (cur ^ 1) * 32 * CH7, lane);
+    if (fetched(tile + stride))
+      tile_fetch7<CH7>(xb + (tile + stride) * 32 * EPL * EB, wbuf + (cur ^ 1) * 32 * CH7, lane);
 #if ASYNC7
     cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
     cp_async_wait1();   // all but the newest group: this tile is in
@@ -996,35 +1033,146 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     u32 codes[EPL / 4], sbits, abits;
     taco_encode_lane<EPL, L7>(v, lig, codes, sbits, abits);
     if (t0 + 32 * EPL <= ncodes && vpay) {  // warp-uniform: the whole tile, coalesced
-#pragma unroll
-      for (int j = 0; j < CC7; ++j)
-        sb[slot7<CC7>(lane, j)] =
-            make_uint4(codes[4 * j], codes[4 * j + 1], codes[4 * j + 2], codes[4 * j + 3]);
-      __syncwarp();
-      uint4* g = (uint4*)(pay + t0);
-#pragma unroll
-      for (int j = 0; j < CC7; ++j) {
-        const int u = j * 32 + lane;
-        g[u] = sb[slot7<CC7>(u / CC7, u % CC7)];
-      }
-      __syncwarp();
+      tile_store7<CC7>((char*)(pay + t0), sb, lane, codes);
     } else if (base < ncodes) {
-      unsigned char* cp = pay + base;
-      if (vpay) {
-#pragma unroll
-        for (int j = 0; j < CC7; ++j)
-          ((uint4*)cp)[j] =
-              make_uint4(codes[4 * j], codes[4 * j + 1], codes[4 * j + 2], codes[4 * j + 3]);
-      } else {
-#pragma unroll
-        for (int r = 0; r < EPL; ++r) cp[r] = (unsigned char)(codes[r >> 2] >> (8 * (r & 3)));
-      }
+      lane_store_codes7(pay + base, codes, vpay);
     }
     if (lig == 0 && base < ncodes) {
       const i64 g = base >> LOG2_GS;
       if (DUAL) st32(pay + ncodes + 4 * g, sbits, a4);
       if (ASH) st32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4);
     }
+  }
+}
+#endif
+
+// ========================== taco ring hop, EPL elements per lane (10)
+// Kernel 8's hop (with DEC, its decoded output too) in kernel 7's layout: each lane holds
+// EPL consecutive elements (a group over L7 = G / EPL lanes: fewer shuffles, the group's
+// scalars paid by fewer lanes); a warp's tile of 32 * EPL elements and their codes is
+// copied into shared memory (cp.async) while the previous tile computes, and its codes and
+// decoded values leave through the same buffer with coalesced stores. Bitwise kernel 8:
+// the same dequantization, addition and encode of every element and group.
+#if OP == 10
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ dst,
+#if DEC
+            void* dec,
+#endif
+            i64 count, i64 K) {
+  // Per warp two buffers, each a tile's elements (32 * CH7 chunks) then its codes (32 * CC7).
+  __shared__ uint4 smem[2 * WARPS * 32 * (CH7 + CC7)];
+  const char* xb = (const char*)own;
+  const unsigned char* pin = (const unsigned char*)src;
+  unsigned char* pout = (unsigned char*)dst;
+  const int lane = threadIdx.x & 31;
+  const int lig = lane & (L7 - 1);
+  uint4* const wbuf = smem + (threadIdx.x >> 5) * 2 * 32 * (CH7 + CC7);
+  const bool vin = (((u64)xb) & 15) == 0;
+  const bool vpi = (((u64)pin) & 15) == 0;
+  const bool vpo = (((u64)pout) & 15) == 0;
+#if DEC
+  char* ob = (char*)dec;
+  const bool vout = (((u64)ob) & 15) == 0;
+#endif
+  const bool a4i = (((u64)pin) & 3) == 0;
+  const bool a4o = (((u64)pout) & 3) == 0;
+  const i64 ncodes = K << LOG2_GS;  // a multiple of EPL: a lane's codes are all in or all out
+  const i64 ntiles = (ncodes + 32 * EPL - 1) / (32 * EPL);
+  const i64 stride = (i64)gridDim.x * WARPS;
+  // A tile whose elements all exist, in aligned buffers, is fetched whole (warp-uniform);
+  // others load per lane.
+  auto fetched = [&](i64 t) { return vin && vpi && t < ntiles && (t + 1) * 32 * EPL <= count; };
+  auto fetch = [&](i64 t, uint4* b) {
+    tile_fetch7<CH7>(xb + t * 32 * EPL * EB, b, lane);
+    tile_fetch7<CC7>((const char*)pin + t * 32 * EPL, b + 32 * CH7, lane);
+  };
+  i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
+  int cur = 0;
+  if (fetched(tile)) fetch(tile, wbuf);
+#if ASYNC7
+  cp_async_commit();
+#endif
+  // Whole warps iterate together (a group's lanes shuffle); a lane past the last group
+  // computes on zeros and stores nothing.
+  for (; tile < ntiles; tile += stride, cur ^= 1) {
+    const i64 t0 = tile * 32 * EPL;
+    const i64 base = t0 + lane * EPL;
+    const i64 g = base >> LOG2_GS;
+    const bool live = base < ncodes;
+    const bool whole = fetched(tile);
+    uint4* const sb = wbuf + cur * 32 * (CH7 + CC7);  // the tile's elements
+    uint4* const sc = sb + 32 * CH7;                   // its codes
+    if (fetched(tile + stride)) fetch(tile + stride, wbuf + (cur ^ 1) * 32 * (CH7 + CC7));
+#if ASYNC7
+    cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
+    cp_async_wait1();   // all but the newest group: this tile is in
+#endif
+    __syncwarp();
+    float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
+    if (live) {
+      if (DUAL) s = as_f(ld32(pin + ncodes + 4 * g, a4i));
+      if (ASH) alpha = as_f(ld32(pin + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4i));
+    }
+    u32 cw[EPL / 4];
+    if (whole) {
+#pragma unroll
+      for (int j = 0; j < CC7; ++j) {
+        const uint4 q = sc[slot7<CC7>(lane, j)];
+        cw[4 * j] = q.x, cw[4 * j + 1] = q.y, cw[4 * j + 2] = q.z, cw[4 * j + 3] = q.w;
+      }
+    } else if (live) {
+#pragma unroll
+      for (int j = 0; j < EPL / 32; ++j) load_bytes32(pin + base + 32 * j, cw + 8 * j, vpi);
+    } else {
+#pragma unroll
+      for (int i = 0; i < EPL / 4; ++i) cw[i] = 0;
+    }
+    float v[EPL];
+    taco_dequant_lane<EPL, L7>(cw, s, alpha, lig, v);
+    if (whole) {
+#pragma unroll
+      for (int c = 0; c < CH7; ++c) {
+        const uint4 q = sb[slot7<CH7>(lane, c)];
+        const u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int r = 0; r < 16 / EB; ++r) {
+          const int i = c * (16 / EB) + r;
+          v[i] = f_add(elem_f32(w, r), v[i]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < EPL; ++r) {
+        const i64 e = base + r;
+        const u32 w[1] = {e < count ? load_elem_raw(xb, e) : 0u};
+        v[r] = e < count ? f_add(elem_f32(w, 0), v[r]) : 0.0f;
+      }
+    }
+    __syncwarp();  // the tile's buffer is read: the stores below reuse it
+    u32 codes[EPL / 4], sbits, abits;
+    taco_encode_lane<EPL, L7>(v, lig, codes, sbits, abits);
+    if (whole && vpo)
+      tile_store7<CC7>((char*)(pout + t0), sc, lane, codes);
+    else if (live)
+      lane_store_codes7(pout + base, codes, vpo);
+    if (live && lig == 0) {
+      if (DUAL) st32(pout + ncodes + 4 * g, sbits, a4o);
+      if (ASH) st32(pout + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4o);
+    }
+#if DEC
+    taco_dequant_lane<EPL, L7>(codes, DUAL ? as_f(sbits) : as_f(BITS_ONE),
+                               ASH ? as_f(abits) : as_f(BITS_ONE), lig, v);
+    if (whole && vout) {
+      u32 ow[CH7 * 4];
+#pragma unroll
+      for (int j = 0; j < EPL / 32; ++j) pack_out32(v + 32 * j, ow + NW * j);
+      tile_store7<CH7>(ob + t0 * EB, sb, lane, ow);
+    } else if (live) {
+#pragma unroll
+      for (int j = 0; j < EPL / 32; ++j) store_out32(ob, base + 32 * j, count, vout, v + 32 * j);
+    }
+#endif
   }
 }
 #endif

@@ -57,6 +57,8 @@ _OP_INT8_ENC_ANY, _OP_INT8_DEC_ANY = 5, 6
 _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 _OP_TACO_HOP = 8  # taco ring hop: encode(own + decode(payload)) in one kernel
 _OP_INT8_HOP = 9  # the same for int8
+_OP_TACO_HOP_EPL = 10  # the taco ring hop with up to a whole group per lane
+_EPL_OPS = (_OP_TACO_ENC_EPL, _OP_TACO_HOP_EPL)
 
 # Launch tuning (set_tuning documents the keys; bench/NOTES.md records the measurements
 # behind these defaults). ``resident``: 1024 keeps encode and plain decode at 64 registers
@@ -70,6 +72,7 @@ _TUNING: dict[str, Any] = {
     "sw_cvt": 0,
     "raw_check": 0,
     "encode_epl": 64,
+    "hop_epl": 64,
     "epl_threads": 128,
     "epl_resident": 512,
 }
@@ -107,11 +110,7 @@ def taco_encode(
     if count == 0:
         return
     G = defs["GS"]
-    # Elements per lane: at most G, and the warps' two shared-memory buffers (2 x threads x
-    # elements per lane x element size) must fit the 48 KiB a block gets by default.
-    epl = min(G, int(_TUNING["encode_epl"]))
-    while epl >= 32 and 2 * int(_TUNING["epl_threads"]) * epl * x.dtype.itemsize > 48 * 1024:
-        epl //= 2
+    epl = _elements_per_lane(G, "encode_epl", x.dtype.itemsize)
     if epl >= 32:
         defs.update(OP=_OP_TACO_ENC_EPL, EPL=epl)
         _launch(cp, defs, "encode", (x, payload), count, K, warps=-(-K * G // (32 * epl)))
@@ -173,7 +172,23 @@ def taco_reduce_encode(
     arrays = _hop_arrays(cp, defs, own, payload, out, decoded)
     if count == 0:
         return
-    _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * defs["GS"] // _TILE))
+    G = defs["GS"]
+    epl = _elements_per_lane(G, "hop_epl", own.dtype.itemsize + 1)  # elements and codes
+    if epl >= 32:
+        defs.update(OP=_OP_TACO_HOP_EPL, EPL=epl)
+        _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // (32 * epl)))
+    else:
+        _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // _TILE))
+
+
+def _elements_per_lane(G: int, key: str, tile_bytes: int) -> int:
+    """The elements per lane of an EPL kernel (tuning ``key``; 0: the 32-per-lane kernel):
+    at most G, and the warps' two shared-memory buffers (2 x threads x elements per lane x
+    ``tile_bytes`` bytes per element) must fit the 48 KiB a block gets by default."""
+    epl = min(G, int(_TUNING[key]))
+    while epl >= 32 and 2 * int(_TUNING["epl_threads"]) * epl * tile_bytes > 48 * 1024:
+        epl //= 2
+    return epl
 
 
 def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
@@ -408,7 +423,7 @@ def _read_source() -> str:
 
 def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
     out = dict(defs)
-    if defs["OP"] == _OP_TACO_ENC_EPL:
+    if defs["OP"] in _EPL_OPS:
         threads = int(_TUNING["epl_threads"])
         out["MIN_BLOCKS"] = max(1, int(_TUNING["epl_resident"]) // threads)
     else:
@@ -522,8 +537,9 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             whose energy is not finite (the same result).
         encode_epl: elements per lane of the taco encode kernel (32, 64 or 128, at most
             G); 0 selects the 32-elements-per-lane kernel.
-        epl_threads, epl_resident: threads per block and resident threads per SM of that
-            kernel.
+        hop_epl: the same for the taco ring hop.
+        epl_threads, epl_resident: threads per block and resident threads per SM of
+            those kernels.
 
     The per-kind keys (kinds: encode, decode, accumulate = decode-accumulate, hop = the
     fused ring hop) take one value for every kind, or a dict that changes only the kinds
@@ -599,7 +615,7 @@ def _checked_value(key: str, value: Any) -> int:
         ok = v in (0, 1)
     elif key in ("threads", "epl_threads"):
         ok = v % 32 == 0 and 32 <= v <= 1024
-    elif key == "encode_epl":
+    elif key in ("encode_epl", "hop_epl"):
         ok = v in (0, 32, 64, 128)
     else:  # resident, epl_resident, blocks_per_sm
         ok = v >= 1

@@ -440,6 +440,35 @@ def test_taco_hop_with_decoded_is_hop_then_decode(G, fmt, ash, dual, dtype):
             assert_values_equal(got_d, want_d, f"hop decoded n={n} {dec} offsets {offs}")
 
 
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("G", [32, 64, 128, 512])
+@pytest.mark.parametrize("epl", [0, 32, 64, 128])
+def test_taco_hop_kernels_agree(epl, G, dtype):
+    """Both hop kernels (32 elements per lane, and up to a whole group per lane) and every
+    lane split give the CPU's payload and decoded values: aligned or not, in place or not,
+    with or without ash and dual scale, tiles whole and partial."""
+    rng = np.random.default_rng(epl + G + 1)
+    item = np.dtype(dtype).itemsize
+    with gk.tuning(hop_epl=epl):
+        for n in (1, 129, 4096 * 3 + 77, 100003):
+            own = make_data(n, dtype, rng, G)
+            for ash, dual in ((True, True), (False, True), (True, False)):
+                p = cpu_taco_encode(make_data(n, dtype, rng, G), G, "e4m3", ash, dual)
+                want = cpu_taco_hop(own, p, G, "e4m3", ash, dual)
+                want_d = cpu_taco_decode(want, n, dtype, G, "e4m3", ash, dual)
+                assert_bytes_equal(gpu_taco_hop(own, p, G, "e4m3", ash, dual), want, f"n={n}")
+                for dec, offs in (
+                    ("apart", (0, 0, 0)),
+                    ("apart", (item, 1, 3)),
+                    ("inplace", (0, 16, 0)),
+                ):
+                    got, got_d = gpu_taco_hop(own, p, G, "e4m3", ash, dual, 0xA5, *offs, dec=dec)
+                    where = f"n={n} ash={ash} dual={dual} {dec} offsets {offs}"
+                    assert_bytes_equal(got, want, where)
+                    assert_values_equal(got_d, want_d, "decoded " + where)
+
+
 # ------------------------------------------------------------ whole float32 range
 def range_data(dtype, G: int, seed: int) -> np.ndarray:
     """magnitude_sweep's groups (smallest subnormal to largest finite value of dtype, mixed

@@ -48,6 +48,7 @@ def test_get_tuning_is_a_copy() -> None:
         ({"threads": 2048}, "threads"),
         ({"epl_threads": 16}, "epl_threads"),
         ({"encode_epl": 48}, "encode_epl"),
+        ({"hop_epl": 16}, "hop_epl"),
         ({"stage": 2}, "stage"),
         ({"stage": {"reduce": 1}}, "unknown kernel kinds"),
         ({"resident": {"encode": 0}}, "resident"),

@@ -1,10 +1,11 @@
-"""The taco ring hop's kernels, timed on one GPU: the hop with per-lane and with staged
-(shared-memory, coalesced) accesses, with and without its decoded output (DEC), against
-the encode and decode kernels and a device copy of the same bytes, for one shard of a
-2-rank AllReduce, under each grid cap of ``--grids`` (the ``blocks_per_sm`` tuning: a
-kernel's grid is at most that many blocks per SM). Each operation is captured
-``--calls`` times into a CUDA graph, so the times are the GPU's (no host launch cost
-between calls); ``--repeats`` replays, median.
+"""The taco ring hop's kernels, timed on one GPU: the 32-elements-per-lane hop with
+per-lane and with staged (shared-memory, coalesced) accesses and the EPL hop (kernel 7's
+layout), with and without their decoded output (DEC), against the encode and decode
+kernels and a device copy of the same bytes, for one shard of a 2-rank AllReduce, under
+each grid cap of ``--grids`` (the ``blocks_per_sm`` tuning: a kernel's grid is at most
+that many blocks per SM). Each operation is captured ``--calls`` times into a CUDA
+graph, so the times are the GPU's (no host launch cost between calls); ``--repeats``
+replays, median.
 
     python3 bench/scripts/hop_probe.py --out hop.json --sizes 16M,64M --dtype bfloat16
 """
@@ -28,6 +29,13 @@ from coccl.compressors import gpu_kernels as gk
 from coccl.compressors.layout import taco_nbytes
 
 TACO = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
+# the hop kernels compared, as the tuning that selects each
+KERNELS: dict[str, dict[str, Any]] = {
+    "32 per lane, per-lane accesses": {"hop_epl": 0, "stage": {"hop": 0}},
+    "32 per lane, staged": {"hop_epl": 0, "stage": {"hop": 1}},
+    "EPL 32": {"hop_epl": 32},
+    "EPL 64": {"hop_epl": 64},
+}
 
 
 def parse() -> argparse.Namespace:
@@ -79,15 +87,16 @@ def operations(n: int, dtype: np.dtype) -> tuple[dict[str, Callable[[], None]], 
     gk.taco_encode(own, received, **TACO)
     x = own.nbytes
 
-    def hop(stage: int, decoded: bool) -> Callable[[], None]:
+    def hop(kernel: str, decoded: bool) -> Callable[[], None]:
         def run() -> None:
-            with gk.tuning(stage={"hop": stage}):
+            with gk.tuning(**KERNELS[kernel]):
                 gk.taco_reduce_encode(own, received, out, dec if decoded else None, **TACO)
 
         return run
 
     def hop_then_decode() -> None:
-        gk.taco_reduce_encode(own, received, out, **TACO)
+        with gk.tuning(**KERNELS["32 per lane, staged"]):
+            gk.taco_reduce_encode(own, received, out, **TACO)
         gk.taco_decode(out, dec, accumulate=False, **TACO)
 
     def copy() -> None:
@@ -100,22 +109,19 @@ def operations(n: int, dtype: np.dtype) -> tuple[dict[str, Callable[[], None]], 
         "device copy of the shard": copy,
         "encode": lambda: gk.taco_encode(own, out, **TACO),
         "decode": lambda: gk.taco_decode(received, dec, accumulate=False, **TACO),
-        "hop, per-lane accesses": hop(0, False),
-        "hop, staged": hop(1, False),
-        "hop + decoded, per-lane accesses": hop(0, True),
-        "hop + decoded, staged": hop(1, True),
         "hop then decode (two kernels)": hop_then_decode,
     }
     moved = {
         "device copy of the shard": 2 * x,
         "encode": x + nb,
         "decode": nb + x,
-        "hop, per-lane accesses": x + 2 * nb,
-        "hop, staged": x + 2 * nb,
-        "hop + decoded, per-lane accesses": 2 * x + 2 * nb,
-        "hop + decoded, staged": 2 * x + 2 * nb,
         "hop then decode (two kernels)": 2 * x + 3 * nb,
     }
+    for kernel in KERNELS:
+        ops[f"hop, {kernel}"] = hop(kernel, False)
+        ops[f"hop + decoded, {kernel}"] = hop(kernel, True)
+        moved[f"hop, {kernel}"] = x + 2 * nb
+        moved[f"hop + decoded, {kernel}"] = 2 * x + 2 * nb
     return ops, moved
 
 
@@ -133,7 +139,7 @@ def main() -> None:
                 rows.append({"elements": n, "dtype": args.dtype, "blocks_per_sm": grid,
                              "operation": name, "us": us, "bytes_moved": moved[name],
                              "gb_per_s": gbps})  # fmt: skip
-                print(f"{n:>11} {grid:>2} {name:<34} {us:8.1f} us {gbps:6.0f} GB/s", flush=True)
+                print(f"{n:>11} {grid:>2} {name:<48} {us:8.1f} us {gbps:6.0f} GB/s", flush=True)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
