@@ -35,17 +35,18 @@ IDENTITY_TWO_SHOT_FROM: dict[tuple[str, str], int | None] = {
 # two-shot AllReduce on 2 ranks, where the ring also quantizes each element twice (None:
 # two-shot was as fast or faster). On more ranks the ring quantizes n times: auto keeps
 # two-shot there. On 2 ranks both sum with the same fused hop and exchange the same
-# payloads; they differ in the AllGather phase, which two-shot runs as ncclAllGather on
-# the links of GATHER_BY_ALLGATHER (faster there than the ring's point-to-point).
+# payloads; they differ in how: two-shot moves both phases as ncclAllGather on the links
+# of GATHER_BY_ALLGATHER (faster there than the ring's point-to-point).
 COMPRESSED_RING_FROM: dict[tuple[str, str], int | None] = {
     ("nccl", "nvlink"): 4 << 20,
     ("nccl", "shm"): None,
     ("nccl", "socket"): None,
 }
 
-# NCCL links on which two-shot's AllGather phase runs as one ncclAllGather of payload
-# slots rather than grouped sends and receives (COCCL_NCCL_GATHER=auto): where NCCL's
-# AllGather moved more bytes per second than its point-to-point sends (bench/NOTES.md).
+# NCCL links on which two-shot's AllGather phase (on two ranks its ReduceScatter exchange
+# too) runs as one ncclAllGather of payload slots rather than grouped sends and receives
+# (COCCL_NCCL_GATHER=auto): where NCCL's AllGather moved more bytes per second than its
+# point-to-point sends (bench/NOTES.md).
 GATHER_BY_ALLGATHER: frozenset[str] = frozenset({"shm", "socket", "net"})
 
 _IDENTITY = get_compressor("identity")
@@ -53,7 +54,8 @@ _IDENTITY = get_compressor("identity")
 
 def gather_by_allgather(link: str, setting: str) -> bool:
     """Whether a compressed two-shot AllReduce over NCCL on ``link`` gathers through
-    ncclAllGather (``setting``: COCCL_NCCL_GATHER)."""
+    ncclAllGather, and on two ranks exchanges its ReduceScatter payloads so too
+    (``setting``: COCCL_NCCL_GATHER)."""
     if setting != "auto":
         return setting == "allgather"
     return link in GATHER_BY_ALLGATHER

@@ -13,8 +13,11 @@ the AllGather in one kernel, as the ring's hops; bitwise the accumulator's resul
 With ``plan.gather`` (a compressed AllReduce over a transport with an AllGather, NCCL),
 the AllGather phase is one AllGather of equal payload slots instead of point-to-point
 sends: every rank encodes its reduced chunk into its own slot of a block of ``size``
-slots (sized for the longest shard's chunk) and decodes the others' slots. Which is faster
-depends on the link; ``algorithms.auto`` says which is used where.
+slots (sized for the longest shard's chunk) and decodes the others' slots. On two ranks
+the ReduceScatter's exchange is an AllGather too (each rank sends its one peer one
+payload), so it goes the same way: each rank encodes its chunk of the other's shard into
+its own slot and reads the other's slot. Which is faster depends on the link;
+``algorithms.auto`` says which is used where.
 """
 
 from __future__ import annotations
@@ -66,6 +69,55 @@ def _slots(plan: Plan, shards: list[Span], c: int, rnd: Round) -> Pending:
     return Pending(rnd, own, block.retain())
 
 
+def _exchange(plan: Plan, x: Any, shards: list[Span], c: int, rnd: Round) -> dict[int, Any]:
+    """The ReduceScatter's point-to-point exchange of chunk c, set up in ``rnd``: our
+    chunk of every other shard encoded and sent to its owner; the payloads received for
+    our shard's chunk, by sender (none when that chunk is empty)."""
+    items = []
+    for k in _peers(plan):
+        a, b = plan.chunk(shards[k], c)
+        if b > a:
+            item = send_own(plan, rnd, x[a:b])
+            items.append(item)
+            rnd.sends.append((k, payload_of(item)))
+    rnd.pre = run_all(*encodes(items))
+    payloads = {}
+    a, b = plan.chunk(shards[plan.rank], c)
+    if b > a:
+        for j in _peers(plan):
+            block = plan.payload(b - a)
+            rnd.holds.append(block)
+            rnd.recvs.append((j, block.data))
+            payloads[j] = block.data
+    return payloads
+
+
+def _exchange_by_allgather(
+    plan: Plan, x: Any, shards: list[Span], c: int, rnd: Round
+) -> dict[int, Any]:
+    """``_exchange`` on two ranks as one AllGather of two payload slots: our chunk of
+    the other's shard encoded into our slot, the other's payload for our shard read from
+    its slot. Every rank takes part, even with empty chunks (the AllGather is collective;
+    the slot size depends on the shards alone, so it agrees)."""
+    slot = _slot(plan, shards, c)
+    if slot == 0:
+        return {}
+    r, peer = plan.rank, 1 - plan.rank
+    block = plan.pool.get(2 * slot)
+    rnd.holds.append(block)
+    mine = block.data[r * slot : (r + 1) * slot]
+    rnd.gather = (mine, block.data)
+    a, b = plan.chunk(shards[peer], c)
+    if b > a:
+        rnd.pre = partial(plan.encode, x[a:b], mine[: plan.codec.encoded_nbytes(b - a, plan.dtype)])
+    a, b = plan.chunk(shards[r], c)
+    if b == a:
+        return {}
+    return {
+        peer: block.data[peer * slot : peer * slot + plan.codec.encoded_nbytes(b - a, plan.dtype)]
+    }
+
+
 def _reduce_round(
     plan: Plan, x: Any, shards: list[Span], c: int, dst_of: Any, want_payload: bool
 ) -> tuple[Round, Pending | None]:
@@ -76,23 +128,13 @@ def _reduce_round(
     n, r = plan.size, plan.rank
     nch = plan.nchunks(shards)
     rnd = new_round(plan, f"two-shot reduce-scatter chunk {c + 1}/{nch}")
-    items = []
-    for k in _peers(plan):
-        a, b = plan.chunk(shards[k], c)
-        if b > a:
-            item = send_own(plan, rnd, x[a:b])
-            items.append(item)
-            rnd.sends.append((k, payload_of(item)))
-    rnd.pre = run_all(*encodes(items))
+    if n == 2 and plan.gather:
+        payloads = _exchange_by_allgather(plan, x, shards, c, rnd)
+    else:
+        payloads = _exchange(plan, x, shards, c, rnd)
     result = None
     a, b = plan.chunk(shards[r], c)
     if b > a:
-        payloads = {}
-        for j in _peers(plan):
-            block = plan.payload(b - a)
-            rnd.holds.append(block)
-            rnd.recvs.append((j, block.data))
-            payloads[j] = block.data
         dst = dst_of(a, b)
         if want_payload and plan.gather:
             result = _slots(plan, shards, c, rnd)
@@ -178,7 +220,7 @@ def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
         if c < nch:
             rnd, result = _reduce_round(plan, x, shards, c, lambda a, b: out[a:b], True)
             pending.append((c, result))
-            if rnd.sends or rnd.recvs or rnd.post:
+            if rnd.exchanges or rnd.post:
                 yield rnd
         if c >= 1:
             prev, result = pending.pop(0)

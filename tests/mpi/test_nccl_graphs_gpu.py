@@ -82,14 +82,16 @@ def test_replays_follow_buffers_that_come_back(graphed, eager, algorithm):
     assert graphed.describe("allreduce", x, **kw)["graph_buffers"] == "caller's"
 
 
-def test_gather_phase_by_allgather_equals_p2p(eager):
-    """Two-shot's AllGather phase through ncclAllGather gives bitwise the p2p result."""
+@pytest.mark.parametrize("codec", ["taco", "int8"])
+def test_gather_phase_by_allgather_equals_p2p(eager, codec):
+    """Two-shot's AllGather phase through ncclAllGather (on two ranks its ReduceScatter
+    exchange too) gives bitwise the p2p result."""
     if eager.size == 1:
         pytest.skip("one rank has no AllGather phase")
     with communicator("nccl", COCCL_NCCL_GATHER="allgather") as c:
-        for count in (5, 70001, 1 << 20):
+        for count in (1, 5, 129, 70001, 1 << 20):
             x = cp.asarray(rank_data(case_seed("gather", count), c.rank, count, BF16))
-            kw = dict(algorithm="two_shot", compressor="taco", chunk_bytes=1 << 18)
+            kw = dict(algorithm="two_shot", compressor=codec, chunk_bytes=1 << 18)
             assert c.describe("allreduce", x, **kw)["allgather_phase"] == "allgather"
             for _ in range(3):  # eager, then captured, then replayed
                 got = cp.asnumpy(c.allreduce(x, **kw))
