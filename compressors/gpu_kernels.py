@@ -73,6 +73,7 @@ _TUNING: dict[str, Any] = {
     "raw_check": 0,
     "encode_epl": 64,
     "hop_epl": 64,
+    "hop_epl_from": 1 << 26,
     "epl_threads": 128,
     "epl_resident": 512,
 }
@@ -174,7 +175,7 @@ def taco_reduce_encode(
         return
     G = defs["GS"]
     epl = _elements_per_lane(G, "hop_epl", own.dtype.itemsize + 1)  # elements and codes
-    if epl >= 32:
+    if epl >= 32 and count >= int(_TUNING["hop_epl_from"]):
         defs.update(OP=_OP_TACO_HOP_EPL, EPL=epl)
         _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // (32 * epl)))
     else:
@@ -537,7 +538,8 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             whose energy is not finite (the same result).
         encode_epl: elements per lane of the taco encode kernel (32, 64 or 128, at most
             G); 0 selects the 32-elements-per-lane kernel.
-        hop_epl: the same for the taco ring hop.
+        hop_epl: the same for the taco ring hop, from ``hop_epl_from`` elements on (the
+            EPL hop measured faster on 64M-element shards, slower on 16M: bench/NOTES.md).
         epl_threads, epl_resident: threads per block and resident threads per SM of
             those kernels.
 
@@ -617,6 +619,8 @@ def _checked_value(key: str, value: Any) -> int:
         ok = v % 32 == 0 and 32 <= v <= 1024
     elif key in ("encode_epl", "hop_epl"):
         ok = v in (0, 32, 64, 128)
+    elif key == "hop_epl_from":
+        ok = v >= 0
     else:  # resident, epl_resident, blocks_per_sm
         ok = v >= 1
     if not ok:

@@ -450,7 +450,7 @@ def test_taco_hop_kernels_agree(epl, G, dtype):
     with or without ash and dual scale, tiles whole and partial."""
     rng = np.random.default_rng(epl + G + 1)
     item = np.dtype(dtype).itemsize
-    with gk.tuning(hop_epl=epl):
+    with gk.tuning(hop_epl=epl, hop_epl_from=0):
         for n in (1, 129, 4096 * 3 + 77, 100003):
             own = make_data(n, dtype, rng, G)
             for ash, dual in ((True, True), (False, True), (True, False)):

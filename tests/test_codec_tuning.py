@@ -49,6 +49,7 @@ def test_get_tuning_is_a_copy() -> None:
         ({"epl_threads": 16}, "epl_threads"),
         ({"encode_epl": 48}, "encode_epl"),
         ({"hop_epl": 16}, "hop_epl"),
+        ({"hop_epl_from": -1}, "hop_epl_from"),
         ({"stage": 2}, "stage"),
         ({"stage": {"reduce": 1}}, "unknown kernel kinds"),
         ({"resident": {"encode": 0}}, "resident"),

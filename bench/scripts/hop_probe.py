@@ -25,16 +25,16 @@ import ml_dtypes
 import numpy as np
 
 from coccl.bench.cli import parse_size
-from coccl.compressors import gpu_kernels as gk
-from coccl.compressors.layout import taco_nbytes
+from coccl.compressors import get_compressor
+from coccl.compressors import gpu_kernels as gk  # its tuning hooks only
 
 TACO = dict(group_size=128, fp8_format="e4m3", ash=True, dual_scale=True)
 # the hop kernels compared, as the tuning that selects each
 KERNELS: dict[str, dict[str, Any]] = {
     "32 per lane, per-lane accesses": {"hop_epl": 0, "stage": {"hop": 0}},
     "32 per lane, staged": {"hop_epl": 0, "stage": {"hop": 1}},
-    "EPL 32": {"hop_epl": 32},
-    "EPL 64": {"hop_epl": 64},
+    "EPL 32": {"hop_epl": 32, "hop_epl_from": 0},
+    "EPL 64": {"hop_epl": 64, "hop_epl_from": 0},
 }
 
 
@@ -82,22 +82,24 @@ def operations(n: int, dtype: np.dtype) -> tuple[dict[str, Callable[[], None]], 
     host = rng.standard_normal(n, dtype=np.float32).astype(dtype)
     own = cp.asarray(host.view(np.uint16 if dtype.itemsize == 2 else np.float32)).view(dtype)
     dec = cp.empty_like(own)
-    nb = taco_nbytes(n, TACO["group_size"], TACO["ash"], TACO["dual_scale"])
+    taco = get_compressor({"id": "taco", **TACO})
+    nb = taco.encoded_nbytes(n, dtype)
     received, out = cp.empty(nb, cp.uint8), cp.empty(nb, cp.uint8)
-    gk.taco_encode(own, received, **TACO)
+    taco.encode_into(own, received, dtype)
+    hop_kernel = taco.reduce_encode_kernel(own, dtype)
     x = own.nbytes
 
     def hop(kernel: str, decoded: bool) -> Callable[[], None]:
         def run() -> None:
             with gk.tuning(**KERNELS[kernel]):
-                gk.taco_reduce_encode(own, received, out, dec if decoded else None, **TACO)
+                hop_kernel(own, received, out, dec if decoded else None)
 
         return run
 
     def hop_then_decode() -> None:
         with gk.tuning(**KERNELS["32 per lane, staged"]):
-            gk.taco_reduce_encode(own, received, out, **TACO)
-        gk.taco_decode(out, dec, accumulate=False, **TACO)
+            hop_kernel(own, received, out)
+        taco.decode_into(out, dec, dtype, False)
 
     def copy() -> None:
         cp.cuda.runtime.memcpyAsync(
@@ -107,8 +109,8 @@ def operations(n: int, dtype: np.dtype) -> tuple[dict[str, Callable[[], None]], 
 
     ops = {
         "device copy of the shard": copy,
-        "encode": lambda: gk.taco_encode(own, out, **TACO),
-        "decode": lambda: gk.taco_decode(received, dec, accumulate=False, **TACO),
+        "encode": lambda: taco.encode_into(own, out, dtype),
+        "decode": lambda: taco.decode_into(received, dec, dtype, False),
         "hop then decode (two kernels)": hop_then_decode,
     }
     moved = {
