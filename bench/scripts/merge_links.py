@@ -25,7 +25,9 @@ from coccl.sizing import replays
 
 out, raw = Path(sys.argv[1]), Path(sys.argv[2])
 LINKS = {"nvlink": "nvlink", "shm": "shm", "socket": "socket"}
-ORDER = ["", "s9", "s9order", "s9replay", "s10", "s10b", "s10d", "s10e"]  # sweep tags, oldest first
+# sweep tags, oldest first
+ORDER = ["", "s9", "s9order", "s9replay", "s10", "s10b", "s10d", "s10e"]
+ORDER += ["s11", "s11b", "s11c", "s11d"]
 
 
 def table_rows(path: Path) -> tuple[str, list[dict]]:
@@ -111,9 +113,13 @@ result = {
     "commits": {
         "sweeps": "untagged sweeps: a2c35c1; s9, s9order: 8abc8bd with REPLAY_MAX_BYTES then "
         "64 MiB on NVLink and 16 MiB elsewhere; s9replay: 8abc8bd; s10: 3860d33 before its "
-        "rebasing's host cost was trimmed; s10b: 3860d33; s10d: e8bcaac; s10e: 69741f3",
+        "rebasing's host cost was trimmed; s10b: 3860d33; s10d: e8bcaac; s10e: 69741f3; "
+        "s11: 24a85af (the hop writes its decoded chunk); s11b: 5f43ead (the EPL hop at "
+        "every size); s11c: cce8bba (two-shot's ReduceScatter exchange through "
+        "ncclAllGather on 2 ranks; EPL hop at every size); s11d: 2682bfc (the EPL hop from "
+        "64M elements)",
         "gather_ab": "gather-LINK-*: 3860d33; gather-hop-shm-*: e8bcaac",
-        "per_call": "ea1082f (the library of 69741f3)",
+        "per_call": "2682bfc",
         "note": "the device machine's copy reported an older commit in each raw file; these "
         "are the trees that ran",
     },
