@@ -568,6 +568,57 @@ DEV u32 ld32(const unsigned char* p, bool aligned) {
   return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
 
+// Group g's scales in a taco payload of K groups whose codes end at byte ncodes
+// (FORMAT.md: every group's s, then every group's alpha, each there only when DUAL / ASH);
+// a4: the scales are 4-byte aligned. Loading leaves s and alpha as they are where absent.
+DEV void taco_load_scales(const unsigned char* pay, i64 ncodes, i64 K, i64 g, bool a4, float& s,
+                          float& alpha) {
+  if (DUAL) s = as_f(ld32(pay + ncodes + 4 * g, a4));
+  if (ASH) alpha = as_f(ld32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4));
+}
+
+DEV void taco_store_scales(unsigned char* pay, i64 ncodes, i64 K, i64 g, bool a4, u32 sbits,
+                           u32 abits) {
+  if (DUAL) st32(pay + ncodes + 4 * g, sbits, a4);
+  if (ASH) st32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4);
+}
+
+// ------------------------------------------------------ the ring hops' arguments
+// Kernels 8, 9 and 10 take (own, src, dst[, dec], count, K): own's `count` elements, the
+// received payload src, the payload dst they write and, with DEC, the decoded output dec.
+#if DEC
+#define HOP_DEC_PARAM void *dec,
+#define HOP_DEC_ARG dec
+#else
+#define HOP_DEC_PARAM
+#define HOP_DEC_ARG nullptr
+#endif
+#define HOP_PARAMS \
+  const void *own, const void *__restrict__ src, void *__restrict__ dst, HOP_DEC_PARAM i64 count, \
+      i64 K
+
+// A hop's buffers as bytes, and which allow 16-byte accesses (vout: true without dec).
+struct HopIo {
+  const char* xb;
+  const unsigned char* pin;
+  unsigned char* pout;
+  char* ob;
+  bool vin, vpi, vpo, vout;
+};
+
+DEV HopIo hop_io(const void* own, const void* src, void* dst, void* dec) {
+  HopIo io;
+  io.xb = (const char*)own;
+  io.pin = (const unsigned char*)src;
+  io.pout = (unsigned char*)dst;
+  io.ob = (char*)dec;
+  io.vin = (((u64)io.xb) & 15) == 0;
+  io.vpi = (((u64)io.pin) & 15) == 0;
+  io.vpo = (((u64)io.pout) & 15) == 0;
+  io.vout = (((u64)io.ob) & 15) == 0;
+  return io;
+}
+
 // --------------------------------------------------------- group reductions
 template <int L = LPG>  // L lanes per group
 DEV u32 group_umax(u32 m) {
@@ -632,6 +683,14 @@ DEV void taco_dequant_lane(const u32* cw, float s, float alpha, int lig, float* 
 #endif
 #pragma unroll
   for (int r = 0; r < N; ++r) v[r] = f_mul(v[r], kp);
+}
+
+// The decode of codes and scales an encode has just made (taco_encode_lane's codes, sbits,
+// abits): taco_dequant_lane on the values the decode kernel would load from the payload.
+template <int N = 32, int L = LPG>
+DEV void taco_dequant_encoded(const u32* codes, u32 sbits, u32 abits, int lig, float* v) {
+  taco_dequant_lane<N, L>(codes, DUAL ? as_f(sbits) : as_f(BITS_ONE),
+                          ASH ? as_f(abits) : as_f(BITS_ONE), lig, v);
 }
 #endif
 
@@ -879,8 +938,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     }
     if (lig == 0 && g < K) {
 #if OP == 1
-      if (DUAL) st32(pay + ncodes + 4 * g, sbits, a4);
-      if (ASH) st32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4);
+      taco_store_scales(pay, ncodes, K, g, a4, sbits, abits);
 #else
       st32(pay + count + 4 * g, sbits, a4);
 #endif
@@ -1037,11 +1095,8 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     } else if (base < ncodes) {
       lane_store_codes7(pay + base, codes, vpay);
     }
-    if (lig == 0 && base < ncodes) {
-      const i64 g = base >> LOG2_GS;
-      if (DUAL) st32(pay + ncodes + 4 * g, sbits, a4);
-      if (ASH) st32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4);
-    }
+    if (lig == 0 && base < ncodes)
+      taco_store_scales(pay, ncodes, K, base >> LOG2_GS, a4, sbits, abits);
   }
 }
 #endif
@@ -1054,27 +1109,17 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // decoded values leave through the same buffer with coalesced stores. Bitwise kernel 8:
 // the same dequantization, addition and encode of every element and group.
 #if OP == 10
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ dst,
-#if DEC
-            void* dec,
-#endif
-            i64 count, i64 K) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HOP_PARAMS) {
   // Per warp two buffers, each a tile's elements (32 * CH7 chunks) then its codes (32 * CC7).
   __shared__ uint4 smem[2 * WARPS * 32 * (CH7 + CC7)];
-  const char* xb = (const char*)own;
-  const unsigned char* pin = (const unsigned char*)src;
-  unsigned char* pout = (unsigned char*)dst;
   const int lane = threadIdx.x & 31;
   const int lig = lane & (L7 - 1);
+  const HopIo io = hop_io(own, src, dst, HOP_DEC_ARG);
+  const char* xb = io.xb;
+  const unsigned char* pin = io.pin;
+  unsigned char* pout = io.pout;
+  const bool vin = io.vin, vpi = io.vpi, vpo = io.vpo;
   uint4* const wbuf = smem + (threadIdx.x >> 5) * 2 * 32 * (CH7 + CC7);
-  const bool vin = (((u64)xb) & 15) == 0;
-  const bool vpi = (((u64)pin) & 15) == 0;
-  const bool vpo = (((u64)pout) & 15) == 0;
-#if DEC
-  char* ob = (char*)dec;
-  const bool vout = (((u64)ob) & 15) == 0;
-#endif
   const bool a4i = (((u64)pin) & 3) == 0;
   const bool a4o = (((u64)pout) & 3) == 0;
   const i64 ncodes = K << LOG2_GS;  // a multiple of EPL: a lane's codes are all in or all out
@@ -1110,10 +1155,7 @@ coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ ds
 #endif
     __syncwarp();
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
-    if (live) {
-      if (DUAL) s = as_f(ld32(pin + ncodes + 4 * g, a4i));
-      if (ASH) alpha = as_f(ld32(pin + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4i));
-    }
+    if (live) taco_load_scales(pin, ncodes, K, g, a4i, s, alpha);
     u32 cw[EPL / 4];
     if (whole) {
 #pragma unroll
@@ -1156,21 +1198,18 @@ coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ ds
       tile_store7<CC7>((char*)(pout + t0), sc, lane, codes);
     else if (live)
       lane_store_codes7(pout + base, codes, vpo);
-    if (live && lig == 0) {
-      if (DUAL) st32(pout + ncodes + 4 * g, sbits, a4o);
-      if (ASH) st32(pout + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4o);
-    }
+    if (live && lig == 0) taco_store_scales(pout, ncodes, K, g, a4o, sbits, abits);
 #if DEC
-    taco_dequant_lane<EPL, L7>(codes, DUAL ? as_f(sbits) : as_f(BITS_ONE),
-                               ASH ? as_f(abits) : as_f(BITS_ONE), lig, v);
-    if (whole && vout) {
+    taco_dequant_encoded<EPL, L7>(codes, sbits, abits, lig, v);
+    if (whole && io.vout) {
       u32 ow[CH7 * 4];
 #pragma unroll
       for (int j = 0; j < EPL / 32; ++j) pack_out32(v + 32 * j, ow + NW * j);
-      tile_store7<CH7>(ob + t0 * EB, sb, lane, ow);
+      tile_store7<CH7>(io.ob + t0 * EB, sb, lane, ow);
     } else if (live) {
 #pragma unroll
-      for (int j = 0; j < EPL / 32; ++j) store_out32(ob, base + 32 * j, count, vout, v + 32 * j);
+      for (int j = 0; j < EPL / 32; ++j)
+        store_out32(io.ob, base + 32 * j, count, io.vout, v + 32 * j);
     }
 #endif
   }
@@ -1223,10 +1262,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     // per-group scale(s)
 #if OP == 2
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
-    if (g < K) {
-      if (DUAL) s = as_f(ld32(pay + ncodes + 4 * g, a4));
-      if (ASH) alpha = as_f(ld32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4));
-    }
+    if (g < K) taco_load_scales(pay, ncodes, K, g, a4, s, alpha);
 #else
     float scale = 0.0f;
     if (g < K) scale = as_f(ld32(pay + count + 4 * g, a4));
@@ -1399,30 +1435,18 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // buffers are 16-byte aligned is read and written through shared memory in coalesced
 // 16-byte accesses (all of its loads issued before any is used); other tiles per lane.
 #if OP == 8
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ dst,
-#if DEC
-            void* dec,
-#endif
-            i64 count, i64 K) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HOP_PARAMS) {
 #if STAGE
   __shared__ uint4 smem[WARPS * 32 * CPL];
   uint4* sb = smem + (threadIdx.x >> 5) * 32 * CPL;
 #endif
-  const char* xb = (const char*)own;
-  const unsigned char* pin = (const unsigned char*)src;
-  unsigned char* pout = (unsigned char*)dst;
   const int lane = threadIdx.x & 31;
   const int lig = lane & (LPG - 1);
-  const bool vin = (((u64)xb) & 15) == 0;
-  const bool vpi = (((u64)pin) & 15) == 0;
-  const bool vpo = (((u64)pout) & 15) == 0;
-#if DEC
-  char* ob = (char*)dec;
-  const bool vout = (((u64)ob) & 15) == 0;
-#else
-  const bool vout = true;
-#endif
+  const HopIo io = hop_io(own, src, dst, HOP_DEC_ARG);
+  const char* xb = io.xb;
+  const unsigned char* pin = io.pin;
+  unsigned char* pout = io.pout;
+  const bool vin = io.vin, vpi = io.vpi, vpo = io.vpo;
   const bool a4i = (((u64)pin) & 3) == 0;
   const bool a4o = (((u64)pout) & 3) == 0;
   const i64 ncodes = K << LOG2_GS;  // a multiple of 32: a lane's codes are all in or all out
@@ -1435,13 +1459,12 @@ coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ ds
     const i64 base = t0 + lane * 32;
     const i64 g = base >> LOG2_GS;
     const bool live = base < ncodes;
-    const bool staged = STAGE && vin && vpi && vpo && vout && t0 + 1024 <= count;
+#if STAGE
+    const bool staged = vin && vpi && vpo && io.vout && t0 + 1024 <= count;
+#endif
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
     u32 cw[8], w[NW];
-    if (live) {
-      if (DUAL) s = as_f(ld32(pin + ncodes + 4 * g, a4i));
-      if (ASH) alpha = as_f(ld32(pin + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4i));
-    }
+    if (live) taco_load_scales(pin, ncodes, K, g, a4i, s, alpha);
 #if STAGE
     if (staged) {
       uint4 tc[2], tx[CPL];
@@ -1477,22 +1500,18 @@ coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ ds
 #endif
     if (live)
       store_bytes32(pout + base, codes, vpo, 32);
-    if (live && lig == 0) {
-      if (DUAL) st32(pout + ncodes + 4 * g, sbits, a4o);
-      if (ASH) st32(pout + ncodes + (DUAL ? 4 * K : 0) + 4 * g, abits, a4o);
-    }
+    if (live && lig == 0) taco_store_scales(pout, ncodes, K, g, a4o, sbits, abits);
 #if DEC
-    taco_dequant_lane(codes, DUAL ? as_f(sbits) : as_f(BITS_ONE),
-                      ASH ? as_f(abits) : as_f(BITS_ONE), lig, v);
+    taco_dequant_encoded(codes, sbits, abits, lig, v);
 #if STAGE
     if (staged) {
       u32 ow[NW];
       pack_out32(v, ow);
-      staged_store<CPL>((uint4*)(ob + t0 * EB), sb, lane, ow);
+      staged_store<CPL>((uint4*)(io.ob + t0 * EB), sb, lane, ow);
     } else
 #endif
     if (live)
-      store_out32(ob, base, count, vout, v);
+      store_out32(io.ob, base, count, io.vout, v);
 #endif
   }
 }
@@ -1506,20 +1525,14 @@ coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ ds
 // on the float32 sum (whose infinity is float32's); positions past `count` are zero, which
 // leaves a partial group's absmax as an encode of the `count` elements finds it.
 #if OP == 9
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ dst,
-#if DEC
-            void* dec,
-#endif
-            i64 count, i64 K) {
-  const char* xb = (const char*)own;
-  const unsigned char* pin = (const unsigned char*)src;
-  unsigned char* pout = (unsigned char*)dst;
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HOP_PARAMS) {
   const int lane = threadIdx.x & 31;
   const int lig = lane & (LPG - 1);
-  const bool vin = (((u64)xb) & 15) == 0;
-  const bool vpi = (((u64)pin) & 15) == 0;
-  const bool vpo = (((u64)pout) & 15) == 0;
+  const HopIo io = hop_io(own, src, dst, HOP_DEC_ARG);
+  const char* xb = io.xb;
+  const unsigned char* pin = io.pin;
+  unsigned char* pout = io.pout;
+  const bool vin = io.vin, vpi = io.vpi, vpo = io.vpo;
   const bool a4i = (((u64)pin + (u64)count) & 3) == 0;
   const bool a4o = (((u64)pout + (u64)count) & 3) == 0;
   const i64 ntiles = (count + 1023) >> 10;
@@ -1562,7 +1575,7 @@ coccl_codec(const void* own, const void* __restrict__ src, void* __restrict__ ds
       // dec = decode(pout): kernel 4's arithmetic on the codes and scale in hand
 #pragma unroll
       for (int r = 0; r < 32; ++r) v[r] = f_mul(int8_float(int8_code(codes, r)), as_f(sbits));
-      store_out32((char*)dec, base, count, (((u64)dec) & 15) == 0, v);
+      store_out32(io.ob, base, count, io.vout, v);
 #endif
     }
   }
