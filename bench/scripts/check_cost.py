@@ -6,17 +6,16 @@ cached call with COCCL_CHECK_CALLS=1 (the exchange on every call); medians of ma
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 import coccl
+from coccl.bench.table import provenance
 
 
 def per_call(fn, calls: int) -> float:
@@ -61,14 +60,11 @@ def main() -> None:
     if world.Get_rank() == 0:
         for k, v in slowest.items():
             print(f"{k:<40} {v:8.1f} us per call")
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()  # fmt: skip
         record = {
             "what": "per-call cost of the ranks' agreement (1 KiB host AllReduce, native)",
             "command": f"mpiexec -n {world.Get_size()} python -m mpi4py "
             "bench/scripts/check_cost.py",
-            "date": datetime.date.today().isoformat(),
-            "commit": commit,
+            **provenance(__file__),
             "machine": f"{os.cpu_count()} cores, MPI: {MPI.Get_library_version().splitlines()[0]}",
             "ranks": world.Get_size(),
             "us_per_call": slowest,

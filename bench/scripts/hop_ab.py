@@ -9,10 +9,8 @@ calls, 9 timings interleaved, the median kept, the slowest rank's.
 
 from __future__ import annotations
 
-import datetime
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from cupy.cuda import nccl
 from mpi4py import MPI
 
 import coccl
+from coccl.bench.table import provenance
 from coccl.compressors import gpu_kernels as gk  # its tuning hooks only
 
 SIZES = [16 << 20, 64 << 20, 256 << 20]
@@ -83,13 +82,9 @@ def main() -> None:
         if rank == 0:
             print(f"{size:>11} {name:<26} {us:8.1f} us", flush=True)
     if rank == 0:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
         record = {
             "command": f"mpiexec -n 2 python3 bench/scripts/hop_ab.py {sys.argv[1]}",
-            "date": datetime.date.today().isoformat(),
-            "commit": commit,
+            **provenance(__file__),
             "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
             "rows": rows,
         }

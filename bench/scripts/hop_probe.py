@@ -13,10 +13,8 @@ replays, median.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from coccl.bench.cli import parse_size
+from coccl.bench.table import provenance
 from coccl.compressors import get_compressor
 from coccl.compressors import gpu_kernels as gk  # its tuning hooks only
 
@@ -142,14 +141,10 @@ def main() -> None:
                              "operation": name, "us": us, "bytes_moved": moved[name],
                              "gb_per_s": gbps})  # fmt: skip
                 print(f"{n:>11} {grid:>2} {name:<48} {us:8.1f} us {gbps:6.0f} GB/s", flush=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     flags = " ".join(f"--{k} {v}" for k, v in vars(args).items())
     record = {
         "command": f"python3 bench/scripts/hop_probe.py {flags}",
-        "date": datetime.date.today().isoformat(),
-        "commit": commit,
+        **provenance(__file__),
         "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
         "codec": TACO,
         "rows": rows,

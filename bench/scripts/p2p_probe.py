@@ -14,11 +14,9 @@ the median kept, the slowest rank's. Run it under different NCCL settings to com
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +29,7 @@ from mpi4py import MPI
 
 import coccl
 from coccl.bench.cli import parse_size
+from coccl.bench.table import provenance
 
 NCCL_TYPES = {"float32": nccl.NCCL_FLOAT32, "bfloat16": 9}
 
@@ -202,14 +201,10 @@ def main() -> None:
             if rank == 0:
                 print(f"{size:>11} B  {name:<44} {us:9.1f} us", flush=True)
     if rank == 0:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
         flags = " ".join(f"--{k} {v}" for k, v in vars(args).items())
         record = {
             "command": f"mpiexec -n 2 python3 bench/scripts/p2p_probe.py {flags}",
-            "date": datetime.date.today().isoformat(),
-            "commit": commit,
+            **provenance(__file__),
             "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
             "link": comms["replayed"].link,
             "environment": environment,

@@ -16,13 +16,11 @@ One GPU per rank; torch with CUDA and NCCL, CuPy with NCCL, mpi4py (for the rend
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import os
 import socket
 import statistics
-import subprocess
 import time
 from typing import Any
 
@@ -31,6 +29,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import coccl
+from coccl.bench.table import provenance
 
 SIZES = [8, 64, 512, 4096, 32768, 262144, 1 << 20]
 
@@ -136,15 +135,11 @@ def main() -> None:
                 )
         rows += point
     if rank == 0:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
         flags = " ".join(f"--{k} {v}" for k, v in vars(args).items())
         environment = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "COCCL_"))}
         record = {
             "command": f"mpiexec -n {size} python3 bench/scripts/percall.py {flags}",
-            "date": datetime.date.today().isoformat(),
-            "commit": commit,
+            **provenance(__file__),
             "gpu": torch.cuda.get_device_name(),
             "ranks": size,
             "dtype": args.dtype,
