@@ -20,14 +20,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from .gpu_build import (
+    KERNEL_DTYPES,
+    as_int,
+    check_accumulate,
+    check_disjoint,
+    check_payload,
+    compile_function,
+    cupy_module,
+    element_type,
+    overlap,
+    sm_count,
+)
 from .layout import GROUP_SIZES, int8_layout, num_groups, taco_nbytes
 
 __all__ = [
@@ -45,9 +55,6 @@ __all__ = [
 ]
 
 _SOURCE_PATH = Path(__file__).with_name("codec_kernels.cu")
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2}
-KERNEL_DTYPES = frozenset(_XT)  # the element types the kernels read and write
 _FMT = {"e4m3": 0, "e5m2": 1}
 _INT8_FAST_GROUPS = (32, 64, 128, 256, 512, 1024)
 _TILE = 1024  # elements one warp handles per step in the fast kernels
@@ -79,14 +86,9 @@ _TUNING: dict[str, Any] = {
 }
 _KINDS = ("encode", "decode", "accumulate", "hop")
 
-_lock = threading.Lock()
-_kernels: dict[tuple, Any] = {}
 # (device, kind, defines) -> (kernel, threads, warps per block, largest grid): the launch of
 # a chunk-sized message is a few microseconds of GPU time, so its host cost matters.
 _launches: dict[tuple, tuple[Any, int, int, int]] = {}
-_sm_counts: dict[int, int] = {}
-_cupy_module: list[Any] = []
-_source: list[str] = []
 _last_kernel: list[Any] = [None]
 
 
@@ -103,7 +105,7 @@ def taco_encode(
 ) -> None:
     """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size);
     with ``coccl_clamps`` COCCL's clamps apply to every group (no extended range)."""
-    cp = _cupy()
+    cp = cupy_module()
     count, K, defs = _taco_variant(
         cp, _OP_TACO_ENC, x, "x", (payload,), group_size, fp8_format, ash, dual_scale
     )
@@ -131,11 +133,11 @@ def taco_decode(
 ) -> None:
     """Decode ``payload`` into flat ``out`` (float32/float16/bfloat16); with
     ``accumulate`` add into ``out`` (float32 only)."""
-    cp = _cupy()
+    cp = cupy_module()
     count, K, defs = _taco_variant(
         cp, _OP_TACO_DEC, out, "out", (payload,), group_size, fp8_format, ash, dual_scale
     )
-    _check_accumulate(out, accumulate)
+    check_accumulate(out, accumulate)
     if count == 0:
         return
     defs["ACC"] = int(bool(accumulate))
@@ -164,12 +166,12 @@ def taco_reduce_encode(
     ``own`` itself or disjoint from it) the same pass also writes ``decoded =
     taco_decode(out)``, bitwise what the decode kernel gives, without reading ``out`` back.
     """
-    cp = _cupy()
+    cp = cupy_module()
     count, K, defs = _taco_variant(
         cp, _OP_TACO_HOP, own, "own", (payload, out), group_size, fp8_format, ash, dual_scale
     )
     defs["EXT"] = _extended_range(dual_scale, coccl_clamps)
-    _check_disjoint(payload, out)
+    check_disjoint(payload, out)
     arrays = _hop_arrays(cp, defs, own, payload, out, decoded)
     if count == 0:
         return
@@ -194,13 +196,13 @@ def _elements_per_lane(G: int, key: str, tile_bytes: int) -> int:
 
 def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
     """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size)."""
-    cp = _cupy()
+    cp = cupy_module()
     G = _int8_group(group_size)
-    xt = _element_type(cp, x, "x")
+    xt = element_type(cp, x, "x")
     count = int(x.size)
     layout = int8_layout(count, G)
     K = layout.groups
-    _check_payload(cp, payload, layout.nbytes, x)
+    check_payload(cp, payload, layout.nbytes, x)
     if count == 0:
         return
     if G in _INT8_FAST_GROUPS:
@@ -215,14 +217,14 @@ def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
 def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) -> None:
     """Decode ``payload`` into flat ``out`` (float32/float16/bfloat16); with
     ``accumulate`` add into ``out`` (float32 only)."""
-    cp = _cupy()
+    cp = cupy_module()
     G = _int8_group(group_size)
-    xt = _element_type(cp, out, "out")
-    _check_accumulate(out, accumulate)
+    xt = element_type(cp, out, "out")
+    check_accumulate(out, accumulate)
     count = int(out.size)
     layout = int8_layout(count, G)
     K = layout.groups
-    _check_payload(cp, payload, layout.nbytes, out)
+    check_payload(cp, payload, layout.nbytes, out)
     if count == 0:
         return
     op = _OP_INT8_DEC if G in _INT8_FAST_GROUPS else _OP_INT8_DEC_ANY
@@ -239,17 +241,17 @@ def int8_reduce_encode(
     int8_decode(payload))``, bitwise the three-step path, and with ``decoded`` also
     ``decoded = int8_decode(out)`` (see ``taco_reduce_encode``). ``group_size`` must be a
     power of two from 32 to 1024 (the fast kernels' groups)."""
-    cp = _cupy()
+    cp = cupy_module()
     G = _int8_group(group_size)
     if G not in _INT8_FAST_GROUPS:
         raise ValueError(f"the int8 ring hop takes group_size in {_INT8_FAST_GROUPS}, got {G}")
-    xt = _element_type(cp, own, "own")
+    xt = element_type(cp, own, "own")
     count = int(own.size)
     layout = int8_layout(count, G)
     K = layout.groups
     for p in (payload, out):
-        _check_payload(cp, p, layout.nbytes, own)
-    _check_disjoint(payload, out)
+        check_payload(cp, p, layout.nbytes, own)
+    check_disjoint(payload, out)
     defs = {"OP": _OP_INT8_HOP, "GS": G, "XT": xt}
     arrays = _hop_arrays(cp, defs, own, payload, out, decoded)
     if count == 0:
@@ -264,7 +266,7 @@ def _hop_arrays(
     itself or disjoint from it and from both payloads) the DEC variant that writes it."""
     if decoded is None:
         return (own, payload, out)
-    _element_type(cp, decoded, "decoded")
+    element_type(cp, decoded, "decoded")
     if decoded.dtype != own.dtype or decoded.size != own.size:
         raise ValueError(
             f"decoded must be like own ({own.size} {own.dtype.name}), got "
@@ -273,9 +275,9 @@ def _hop_arrays(
     if decoded.data.device_id != own.data.device_id:
         raise ValueError("decoded and own must be on the same device")
     for other, name in ((payload, "payload"), (out, "out")):
-        if _overlap(decoded, other):
+        if overlap(decoded, other):
             raise ValueError(f"decoded and {name} must not overlap")
-    if decoded.data.ptr != own.data.ptr and _overlap(decoded, own):
+    if decoded.data.ptr != own.data.ptr and overlap(decoded, own):
         raise ValueError("decoded must be own itself or not overlap it")
     defs["DEC"] = 1
     return (own, payload, out, decoded)
@@ -307,12 +309,12 @@ def _taco_variant(
     the group count and the kernel variant's defines for operation ``op``."""
     G = _taco_group(group_size)
     fmt = _fp8_format(fp8_format)
-    xt = _element_type(cp, data, name)
+    xt = element_type(cp, data, name)
     count = int(data.size)
     K = num_groups(count, G)
     nbytes = taco_nbytes(count, G, bool(ash), bool(dual_scale))
     for payload in payloads:
-        _check_payload(cp, payload, nbytes, data)
+        check_payload(cp, payload, nbytes, data)
     defs = {
         "OP": op,
         "GS": G,
@@ -332,81 +334,24 @@ def _extended_range(dual_scale: Any, coccl_clamps: Any) -> int:
     return int(bool(dual_scale) and not coccl_clamps)
 
 
-def _cupy() -> Any:
-    if _cupy_module:  # every launch asks: skip the import machinery after the first
-        return _cupy_module[0]
-    try:
-        import cupy  # noqa: PLC0415
-    except Exception as exc:  # ImportError, or a broken CUDA install
-        raise RuntimeError("the GPU codec kernels need CuPy") from exc
-    _cupy_module.append(cupy)
-    return cupy
-
-
 def _taco_group(group_size: Any) -> int:
-    G = _as_int(group_size, "group_size")
+    G = as_int(group_size, "group_size")
     if G not in GROUP_SIZES:
         raise ValueError(f"taco group_size must be one of {GROUP_SIZES}, got {group_size!r}")
     return G
 
 
 def _int8_group(group_size: Any) -> int:
-    G = _as_int(group_size, "group_size")
+    G = as_int(group_size, "group_size")
     if G < 1:
         raise ValueError(f"int8 group_size must be a positive integer, got {group_size!r}")
     return G
-
-
-def _as_int(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    return int(v)
 
 
 def _fp8_format(fmt: Any) -> int:
     if fmt not in _FMT:
         raise ValueError(f"fp8_format must be 'e4m3' or 'e5m2', got {fmt!r}")
     return _FMT[fmt]
-
-
-def _element_type(cp: Any, a: Any, name: str) -> int:
-    if not isinstance(a, cp.ndarray):
-        raise TypeError(f"{name} must be a cupy.ndarray, got {type(a).__name__}")
-    xt = _XT.get(a.dtype)
-    if xt is None:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {a.dtype.name}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    return xt
-
-
-def _check_accumulate(out: Any, accumulate: bool) -> None:
-    if accumulate and np.dtype(out.dtype) != np.float32:
-        raise TypeError(f"accumulate=True needs a float32 out, got {np.dtype(out.dtype).name}")
-
-
-def _check_payload(cp: Any, payload: Any, nbytes: int, like: Any) -> None:
-    if not isinstance(payload, cp.ndarray):
-        raise TypeError(f"payload must be a cupy.ndarray, got {type(payload).__name__}")
-    if payload.dtype != np.uint8:
-        raise TypeError(f"payload must be uint8, got {payload.dtype.name}")
-    if not payload.flags.c_contiguous:
-        raise ValueError("payload must be C-contiguous")
-    if int(payload.size) != nbytes:
-        raise ValueError(f"payload holds {payload.size} bytes; the payload is {nbytes} bytes")
-    if payload.data.device_id != like.data.device_id:
-        raise ValueError("payload and data must be on the same device")
-
-
-def _check_disjoint(payload: Any, out: Any) -> None:
-    if _overlap(payload, out):
-        raise ValueError("payload and out must not overlap")
-
-
-def _overlap(a: Any, b: Any) -> bool:
-    """Whether two contiguous device arrays share a byte."""
-    a0, b0 = a.data.ptr, b.data.ptr
-    return bool(a.nbytes and b.nbytes and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes)
 
 
 @functools.cache
@@ -416,10 +361,6 @@ def _inv_sqrt_bits(G: int) -> str:
 
 
 # ---------------------------------------------------------------- compile, launch
-def _read_source() -> str:
-    if not _source:
-        _source.append(_SOURCE_PATH.read_text())
-    return _source[0]
 
 
 def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -438,35 +379,6 @@ def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
     if _TUNING["raw_check"] and defs["OP"] in (_OP_TACO_ENC, _OP_TACO_ENC_EPL):
         out["RAW_CHECK"] = 1
     return out
-
-
-def _get_kernel(cp: Any, defs: dict[str, Any]) -> Any:
-    key = (cp.cuda.Device().id, tuple(sorted(defs.items())))
-    kern = _kernels.get(key)
-    if kern is None:
-        with _lock:
-            kern = _kernels.get(key)
-            if kern is None:
-                # CuPy adds -arch for the current device (sm_90 on an H200) and -ftz=true;
-                # the kernels do every float operation in inline PTX without .ftz, so the
-                # flag cannot flush subnormals, and --fmad=false keeps anything else from
-                # being contracted.
-                options = ("-std=c++17", "--fmad=false") + tuple(
-                    f"-D{k}={v}" for k, v in sorted(defs.items())
-                )
-                module = cp.RawModule(code=_read_source(), options=options)
-                kern = module.get_function("coccl_codec")
-                _kernels[key] = kern
-    return kern
-
-
-def _sm_count(cp: Any) -> int:
-    dev = cp.cuda.Device()
-    n = _sm_counts.get(dev.id)
-    if n is None:
-        n = int(dev.attributes["MultiProcessorCount"])
-        _sm_counts[dev.id] = n
-    return n
 
 
 def _launch(
@@ -497,8 +409,8 @@ def _launch_here(
     if cached is None:
         full = _variant_defines(defs, kind)
         threads = full["THREADS"]
-        grid_cap = _sm_count(cp) * int(_TUNING["blocks_per_sm"])
-        cached = (_get_kernel(cp, full), threads, threads // 32, grid_cap)
+        grid_cap = sm_count(cp) * int(_TUNING["blocks_per_sm"])
+        cached = (compile_function(_SOURCE_PATH, full), threads, threads // 32, grid_cap)
         _launches[key] = cached
     kern, threads, per_block, grid_cap = cached
     blocks = max(1, min(-(-warps // per_block), grid_cap))
