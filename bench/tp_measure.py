@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -23,6 +22,7 @@ import coccl.torch
 from coccl.torch import CocclOptions
 
 from . import tp_predict
+from .cli import datatype
 from .codec import HostDevice, gpu_device
 from .tp_model import AllReduceTimer, TPStack, allreduces_per_step
 from .tp_shapes import MODELS, ModelShape
@@ -239,7 +239,8 @@ def measure_run(
         calls = _stats(arm)
         if calls is not None:  # this run's calls alone
             calls = {k: n - before.get(k, 0) for k, n in calls.items() if n > before.get(k, 0)}
-        base = base or steps
+        if base is None:  # the first arm is the baseline
+            base = steps
         records.append(arm_record(ctx, args, arm, steps, base, seq, calls))
     for record in records:
         record["speedup"] = records[0]["step_ms"] / record["step_ms"]
@@ -263,15 +264,21 @@ def measure_run(
         "prediction_model": None,
     }
     if ctx.tp == 1 and shape.problem(tp_predict.PREDICT_TP) is None:
-        run.update(_prediction(ctx, args, shape, seq, message, sum(per_step.values())))
-        run["prediction_model"]["tp1_step_ms"] = records[0]["step_ms"]
+        calls = sum(per_step.values())
+        run.update(_prediction(ctx, args, shape, seq, message, calls, records[0]["step_ms"]))
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     return run
 
 
 def _prediction(
-    ctx: Context, args: argparse.Namespace, shape: ModelShape, seq: int, message: int, calls: int
+    ctx: Context,
+    args: argparse.Namespace,
+    shape: ModelShape,
+    seq: int,
+    message: int,
+    calls: int,
+    tp1_step_ms: float,
 ) -> dict[str, Any]:
     """The compute of rank 0's TP = 2 shard, the codecs' costs, the predicted steps."""
     stack = _stack(ctx, args, shape, tp_predict.PREDICT_TP, 0, None)
@@ -290,9 +297,8 @@ def _prediction(
     )
     device = gpu_device() if ctx.device.type == "cuda" else HostDevice()
     count = message // torch.empty((), dtype=ctx.dtype).element_size()
-    np_dtype = _numpy_dtype(dtype)
     costs = tp_predict.codec_costs(
-        device, args.compressor, np_dtype, count, calls, args.steps, args.warmup
+        device, args.compressor, datatype(dtype), count, calls, args.steps, args.warmup
     )
     return {
         "codec_costs": tp_predict.as_dicts(costs),
@@ -302,18 +308,10 @@ def _prediction(
             "tp": tp_predict.PREDICT_TP,
             "model": tp_predict.MODEL,
             "compute_ms": compute_s * 1e3,
-            "tp1_step_ms": None,
+            "tp1_step_ms": tp1_step_ms,
             "links_file": str(args.links),
             "links_what": links.get("what"),
             "links_date": links.get("date"),
             "links_gpu": links.get("gpu"),
         },
     }
-
-
-def _numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes  # noqa: PLC0415
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)

@@ -189,3 +189,54 @@ def test_one_cpu_rank_predicts_from_the_recorded_sweeps(tmp_path: Path):
     taco = by[("nvlink", "coccl:taco")]  # the message lies beyond taco's one recorded size
     assert taco["step_ms"] is None and "outside" in taco["note"]
     assert by[("socket", "nccl")]["step_ms"] is None
+
+
+# ---------------------------------------------------------------------- on GPUs
+def cuda_devices() -> int:
+    """GPUs that both torch and CuPy see (0 without either)."""
+    import torch  # noqa: PLC0415
+
+    from gpu import GPU  # noqa: PLC0415
+
+    return torch.cuda.device_count() if GPU and torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs torch with CUDA, CuPy and a GPU")
+def test_one_gpu_measures_the_compute_and_predicts(tmp_path: Path):
+    args = "tp-step --np 1 --device gpu --model tiny --seq 512 --steps 3 --warmup 1"
+    argv = [*args.split(), "--compressor", "identity,taco,int8", "--json", "g.json"]
+    proc = run_bench(argv, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = load_checked(tmp_path / "g.json")
+    assert record["device"] == "gpu" and record["gpu"] and record["dtype"] == "bfloat16"
+    (run,) = record["runs"]
+    assert run["message_bytes"] == 512 * TINY.hidden * 2
+    assert all(c["encode_us"] > 0 and c["decode_accumulate_us"] > 0 for c in run["codec_costs"])
+    by = {(p["link"], p["arm"]): p for p in run["predictions"]}
+    for link in ("nvlink", "shm"):  # bfloat16 sweeps recorded from 16 B on these links
+        for arm in ("nccl", "coccl:identity", "coccl:taco"):
+            assert by[(link, arm)]["step_ms"] > run["prediction_model"]["compute_ms"]
+        assert by[(link, "coccl:int8")]["step_ms"] is None  # no int8 sweep recorded
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.skipif(cuda_devices() < 2, reason="needs two GPUs with torch's CUDA and CuPy")
+def test_two_gpus_nccl_against_coccl(tmp_path: Path):
+    args = "tp-step --np 2 --device gpu --model tiny --seq 256 --steps 3 --warmup 2"
+    argv = [*args.split(), "--compressor", "identity,taco", "--json", "g2.json"]
+    proc = run_bench(argv, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = load_checked(tmp_path / "g2.json")
+    (run,) = record["runs"]
+    nccl, identity, taco = run["arms"]
+    assert nccl["arm"] == "nccl" and all(arm["finite"] for arm in run["arms"])
+    assert all(arm["allreduce_calls"] == 8 and arm["comm_ms"] > 0 for arm in run["arms"])
+    # a two-rank bfloat16 sum rounds once in both: identity stays at NCCL's result, up to
+    # differences of rounding carried through two layers
+    assert identity["output_max_abs_diff"] <= 1e-2 * nccl["output_max_abs"]
+    assert identity["calls"] == {"allreduce:exact": 8 * 5}
+    assert taco["calls"] == {"allreduce:compressed": 8 * 5}
+    assert 0 < taco["output_max_abs_diff"] < 0.1 * nccl["output_max_abs"]
