@@ -253,7 +253,7 @@ def _print_run(record: dict[str, Any]) -> None:
         f"#\n# {model['name']} (h={model['hidden']}, {model['heads']} heads, "
         f"{model['kv_heads']} kv, ffn {model['ffn']}), seq {record['seq']}: "
         f"{record['allreduces_per_step']['forward'] + record['allreduces_per_step']['backward']}"
-        f" AllReduces of {record['message_bytes']} B per step"
+        f" AllReduces of {record['message_bytes']} B per step at TP > 1"
     )
     print(f"#{'arm':<22} {'step_ms':>10} {'compute_ms':>10} {'comm_ms':>10} "
           f"{'tokens/s':>12} {'speedup':>8} {'max|dout|':>10}")  # fmt: skip
@@ -270,7 +270,12 @@ def _print_run(record: dict[str, Any]) -> None:
             "per TP=2 step"
         )
     if record["predictions"]:
-        print(f"# PREDICTION of the TP=2 step: {record['prediction_model']['model']}")
+        model = record["prediction_model"]
+        print(f"# PREDICTION of the TP=2 step: {model['model']}")
+        print(
+            f"# (compute measured here; AllReduce times of {model['links_gpu']}, "
+            f"{model['links_file']})"
+        )
         print(f"#{'link':<7} {'arm':<22} {'step_ms':>10} {'comm_ms':>10} {'tokens/s':>12} "
               f"{'speedup':>8}  note")  # fmt: skip
     for p in record["predictions"]:

@@ -16,7 +16,8 @@ from test_bench_schema import schema
 pytest.importorskip("torch")
 
 from coccl.bench import cli, tp_predict  # noqa: E402
-from coccl.bench.tp_shapes import MODELS  # noqa: E402
+from coccl.bench.tp_model import TPBlock, TPStack  # noqa: E402
+from coccl.bench.tp_shapes import MODELS, ModelShape  # noqa: E402
 
 TINY = MODELS["tiny"]
 
@@ -240,3 +241,37 @@ def test_two_gpus_nccl_against_coccl(tmp_path: Path):
     assert identity["calls"] == {"allreduce:exact": 8 * 5}
     assert taco["calls"] == {"allreduce:compressed": 8 * 5}
     assert 0 < taco["output_max_abs_diff"] < 0.1 * nccl["output_max_abs"]
+
+
+# -------------------------------------------------------------------- the block
+GQA = ModelShape("gqa", 64, 4, 2, 96, True, "a grouped-query SwiGLU test width")
+
+
+@pytest.mark.parametrize("shape", [TINY, GQA], ids=["mha-gelu", "gqa-swiglu"])
+def test_two_shards_hold_the_whole_block(shape):
+    """Each TP=2 shard holds half of every split weight; the replicated norms stay whole."""
+    import torch  # noqa: PLC0415
+
+    def block(tp: int) -> dict:
+        blk = TPBlock(shape, tp, 0, 0, torch.float32, torch.device("cpu"), 1)
+        return {name: p.shape for name, p in blk.named_parameters()}
+
+    whole, half = block(1), block(2)
+    for name in ("qkv", "up"):
+        assert half[name][0] * 2 == whole[name][0] and half[name][1] == shape.hidden
+    for name in ("proj", "down"):
+        assert half[name][1] * 2 == whole[name][1] and half[name][0] == shape.hidden
+    assert half["ln1"] == whole["ln1"] == (shape.hidden,)
+
+
+@pytest.mark.parametrize("shape", [TINY, GQA], ids=["mha-gelu", "gqa-swiglu"])
+def test_a_stack_without_group_runs_forward_and_backward(shape):
+    import torch  # noqa: PLC0415
+
+    stack = TPStack(2, shape=shape, tp=2, rank=1, dtype=torch.float32,
+                    device=torch.device("cpu"), seed=3)  # fmt: skip
+    x = torch.randn(2, 8, shape.hidden, requires_grad=True)
+    out = stack(x)
+    out.backward(torch.ones_like(out))
+    assert out.shape == x.shape and torch.isfinite(out).all()
+    assert torch.isfinite(x.grad).all() and all(p.grad is not None for p in stack.parameters())
