@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "coccl.bench.collective",
     "coccl.bench.codec",
     "coccl.bench.fidelity",
+    "coccl.bench.tp_step",
 )
 
 ArgumentAdder = Callable[[argparse.ArgumentParser], None]
