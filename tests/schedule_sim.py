@@ -7,15 +7,17 @@ simulator plays the polling engine's rules on every rank at once, with a window 
 * admitting a round posts its receives (its ``deps`` must be rounds the same rank yielded
   earlier);
 * compute runs on one FIFO executor per rank, as the polling engine's: ``pre`` is
-  submitted once every dependency is ready (its receives landed, its ``pre`` and its
-  ``post``, if it has one, were submitted), ``post`` once ``pre`` was submitted and the receives landed;
+  submitted once every dependency is ready (its receives landed and its ``post``, if it
+  has one, was submitted; a dependency without dependencies of its own has submitted its
+  ``pre`` too, as the engine's in-order polls ensure), ``post`` once ``pre`` was
+  submitted and the receives landed;
 * the sends are posted after ``pre`` ran; a send's bytes are read when it is matched, and
   they must not change between posting and matching (a buffer rewritten in flight is a
   schedule bug);
 * a receive is paired with the send of the same (src, dst, tag), in posting order, and
   their byte counts must be equal;
-* ``post`` runs once ``pre`` ran and every receive landed; a round is finished when its
-  sends were taken too, and rounds retire (releasing their pool blocks) in order.
+* a round is finished when its ``post`` ran and its sends were taken, and rounds retire
+  (releasing their pool blocks) in order.
 
 With a ``seed`` the next step is drawn at random among every enabled one on every rank, so
 a missing dependency shows up as a wrong result; without one, the first enabled step is
@@ -74,12 +76,12 @@ class _State:
 
     @property
     def ready(self) -> bool:
-        # The polling engine's Round.ready (received, post submitted if it has one), and
-        # pre submitted: the engine advances rounds in order on every poll, so a round
-        # without dependencies has submitted its pre before a later round looks at it.
-        return (
-            self.received and self.pre_submitted and (self.rnd.post is None or self.post_submitted)
-        )
+        # The polling engine's Round.ready: received, and post submitted if it has one.
+        # The engine advances rounds in order on every poll, so a round without
+        # dependencies has also submitted its pre before a later round looks at it; a
+        # round with dependencies and no post is ready before its pre ran.
+        started = self.pre_submitted or bool(self.rnd.deps)
+        return self.received and started and (self.rnd.post is None or self.post_submitted)
 
 
 @dataclass
@@ -174,6 +176,9 @@ class _Sim:
     def match(self, key: tuple[int, int, int]) -> None:
         send = self.posted_sends[key].popleft()
         recv = self.posted_recvs[key].popleft()
+        for queues in (self.posted_sends, self.posted_recvs):
+            if not queues[key]:
+                del queues[key]
         data = _bytes(send.buf)
         src, dst, tag = key
         where = (
