@@ -100,7 +100,7 @@ def _spans(counts: list[int]) -> list[Span]:
     return [(end - n, end) for n, end in zip(counts, ends, strict=True)]
 
 
-def _overlap(x: Any, out: Any) -> str:
+def buffers_overlap(x: Any, out: Any) -> str:
     """ "same" if ``x`` and ``out`` are the same memory, "partial" if they overlap
     otherwise, "" if they are disjoint (flat contiguous arrays)."""
     if x.nbytes == 0 or out.nbytes == 0:
@@ -128,7 +128,7 @@ def alltoall(
             overlapping ``x`` other than exactly in place with equal counts both ways.
     """
     sends, recvs = check_split(send_counts, recv_counts, x.size, out.size, plan.size)
-    overlap = _overlap(x, out)
+    overlap = buffers_overlap(x, out)
     if overlap == "partial" or (overlap == "same" and sends != recvs):
         raise ValueError(
             "all-to-all out overlaps x: in place needs out to be x and send_counts equal "
@@ -196,4 +196,4 @@ def _copy(dst: Any, src: Any) -> None:
     dst[...] = src
 
 
-__all__ = ["alltoall", "check_counts", "check_split", "split_mismatches"]
+__all__ = ["alltoall", "buffers_overlap", "check_counts", "check_split", "split_mismatches"]
