@@ -11,6 +11,7 @@ from schedule_cases import (  # noqa: F401  (one_numba_thread: an autouse fixtur
     CODECS,
     DTYPES,
     F32,
+    F64,
     no_leaks,
     normal_data,
     one_numba_thread,
@@ -31,6 +32,12 @@ SPLITS = {
     "uneven": lambda n: [[(7 * r + 13 * d) % 5 * 97 % 301 for d in range(n)] for r in range(n)],
     "sparse": lambda n: [[600 if (r + d) % 3 == 0 else 0 for d in range(n)] for r in range(n)],
 }
+
+
+# float64 travels through every codec alike: once, with identity
+CASES = [
+    (codec, dtype) for codec in CODECS for dtype in DTYPES if codec == "identity" or dtype != F64
+]
 
 
 def _recv_counts(sends: list[list[int]]) -> list[list[int]]:
@@ -57,8 +64,7 @@ def _run(n, codec, dtype, sends, *, equal, in_place=False, seed=None, chunk_elem
 
 @pytest.mark.parametrize("split", list(SPLITS))
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("codec, dtype", CASES, ids=str)
 def test_alltoall_slots_hold_the_decoded_blocks(codec, dtype, n, split):
     """Slot s of rank r is rank s's block r through one codec roundtrip, bitwise; the
     identity codec moves it exactly; a lossy codec stays within its declared bound."""

@@ -18,7 +18,7 @@ from coccl import algorithms
 from coccl.pipeline import Round
 
 
-@pytest.mark.parametrize("seed", [None, 0, 1])
+@pytest.mark.parametrize("seed", [None, 1])
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
 @pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
