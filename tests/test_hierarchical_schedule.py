@@ -189,3 +189,18 @@ def test_refuses_unknown_level_algorithm_and_bad_counts():
     ps = _plans(4, 2, "identity", F32, ("ring", "ring"))
     with pytest.raises(ValueError, match="4 x 2"):
         reduce_scatter(ps[0], np.zeros(9, F32), np.zeros(2, F32))
+
+
+@pytest.mark.parametrize("codec", ["int8", "taco"])
+def test_allreduce_float64_through_a_lossy_codec(codec):
+    n, local = 4, 2
+    rng = np.random.default_rng(6)
+    xs = [normal_data(rng, 700, F64) for _ in range(n)]
+    outs = [np.empty_like(x) for x in xs]
+    ps = _plans(n, local, codec, F64, ("two_shot", "two_shot"))
+    run_ranks([allreduce(ps[r], xs[r], outs[r]) for r in range(n)], seed=3)
+    for r in range(1, n):
+        np.testing.assert_array_equal(outs[r], outs[0])
+    energy = math.sqrt(sum(float(np.sum(x**2)) for x in xs))
+    bound = reduction_bound(ps[0].codec, np.float32, n, 4)  # float32 arithmetic inside
+    assert rel_error(outs[0], _exact(xs, "sum", n), energy) <= bound
