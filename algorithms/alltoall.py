@@ -101,8 +101,8 @@ def _spans(counts: list[int]) -> list[Span]:
 
 
 def buffers_overlap(x: Any, out: Any) -> str:
-    """ "same" if ``x`` and ``out`` are the same memory, "partial" if they overlap
-    otherwise, "" if they are disjoint (flat contiguous arrays)."""
+    """How flat contiguous ``x`` and ``out`` share memory: "same" (exactly the same
+    bytes), "partial" (any other overlap) or "" (disjoint)."""
     if x.nbytes == 0 or out.nbytes == 0:
         return ""
     if isinstance(x, np.ndarray):

@@ -16,6 +16,9 @@ simulator plays the polling engine's rules on every rank at once, with a window 
   schedule bug);
 * a receive is paired with the send of the same (src, dst, tag), in posting order, and
   their byte counts must be equal;
+* a round that exchanges through the transport's AllGather (``Round.gather``) posts its
+  slot after ``pre``; the k-th such round of every rank (in round order, as a stream
+  runs them) completes together, once all have posted, with slots of one size;
 * a round is finished when its ``post`` ran and its sends were taken, and rounds retire
   (releasing their pool blocks) in order.
 
@@ -69,10 +72,12 @@ class _State:
     post_submitted: bool = False
     post_done: bool = False
     finished: bool = False
+    gathered: bool = False
+    snapshot: np.ndarray | None = None  # an AllGather round's slot when it was posted
 
     @property
     def received(self) -> bool:
-        return all(m.matched for m in self.recvs)
+        return all(m.matched for m in self.recvs) and (self.rnd.gather is None or self.gathered)
 
     @property
     def ready(self) -> bool:
@@ -101,6 +106,8 @@ class _Sim:
         self.rng = random.Random(seed) if seed is not None else None
         self.windows: list[deque[_State]] = [deque() for _ in range(self.n)]
         self.executors: list[deque[tuple[str, _State]]] = [deque() for _ in range(self.n)]
+        # AllGather rounds in round order: a collective pairs the k-th of every rank
+        self.gathers: list[deque[_State]] = [deque() for _ in range(self.n)]
         self.exhausted = [False] * self.n
         self.states: dict[int, _State] = {}  # id(round) -> state, for deps
         self.yielded: list[list[Round]] = [[] for _ in range(self.n)]
@@ -129,6 +136,8 @@ class _Sim:
                     found.append(("submit post", st))
                 if st.post_done and st.sends_posted and all(m.matched for m in st.sends):
                     found.append(("finish", st))
+        if all(q and q[0].snapshot is not None for q in self.gathers):
+            found.append(("gather", None))
         for key, recvs in self.posted_recvs.items():
             sends = self.posted_sends.get(key)
             if recvs and sends:
@@ -140,8 +149,6 @@ class _Sim:
         if rnd is None:
             self.exhausted[r] = True
             return
-        if rnd.gather is not None:
-            raise AssertionError(f"rank {r} {rnd.label}: AllGather rounds are not simulated")
         for dep in rnd.deps:
             owner = self.states.get(id(dep))
             assert owner is not None and owner.rank == r, (
@@ -157,6 +164,8 @@ class _Sim:
             st.recvs.append(msg)
             self.posted_recvs[(peer, r, rnd.tag)].append(msg)
         self.windows[r].append(st)
+        if rnd.gather is not None:
+            self.gathers[r].append(st)
 
     def _check_peer(self, r: int, peer: int, rnd: Round) -> None:
         assert isinstance(peer, int) and 0 <= peer < self.n, (
@@ -171,6 +180,8 @@ class _Sim:
             self.posted_sends[(st.rank, peer, st.rnd.tag)].append(msg)
             self.stats.messages[st.rank] += 1
             self.stats.nbytes[st.rank] += msg.snapshot.size
+        if st.rnd.gather is not None:
+            st.snapshot = _bytes(st.rnd.gather[0]).copy()
         st.sends_posted = True
 
     def match(self, key: tuple[int, int, int]) -> None:
@@ -190,6 +201,24 @@ class _Sim:
         target[...] = data
         send.matched = recv.matched = True
 
+    def gather(self) -> None:
+        """Every rank's oldest posted AllGather round, completed together."""
+        group = [queue.popleft() for queue in self.gathers]
+        slot = group[0].snapshot.size
+        labels = ", ".join(f"rank {st.rank} {st.rnd.label}" for st in group)
+        assert all(st.snapshot.size == slot for st in group), f"AllGather slots differ: {labels}"
+        for st in group:
+            recv = _bytes(st.rnd.gather[1])
+            assert recv.size == self.n * slot, f"rank {st.rank} {st.rnd.label}: receive size"
+            assert np.array_equal(_bytes(st.rnd.gather[0]), st.snapshot), (
+                f"rank {st.rank} {st.rnd.label}: AllGather slot changed in flight"
+            )
+        for st in group:
+            recv = _bytes(st.rnd.gather[1])
+            for j, other in enumerate(group):
+                recv[j * slot : (j + 1) * slot] = other.snapshot
+            st.gathered = True
+
     def step(self, kind: str, arg: Any) -> None:
         if kind == "admit":
             self.admit(arg)
@@ -205,6 +234,8 @@ class _Sim:
             self.post_sends(arg)
         elif kind == "match":
             self.match(arg)
+        elif kind == "gather":
+            self.gather()
         else:  # finish, then retire in order
             arg.finished = True
             window = self.windows[arg.rank]

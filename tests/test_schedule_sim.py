@@ -91,3 +91,23 @@ def test_dependencies_must_be_the_ranks_own_earlier_rounds():
     later.deps = [first]
     with pytest.raises(AssertionError, match="did not yield before"):
         run_ranks([[later], [first]])
+
+
+@pytest.mark.parametrize("codec", ["int8", "taco"])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_two_shot_through_the_transports_allgather(n, codec):
+    """Rounds exchanging through the transport's AllGather (two-shot's ``Plan.gather``,
+    on every rank count): bitwise the point-to-point result, on every rank."""
+    rng = np.random.default_rng(n)
+    xs = [rng.standard_normal(1000).astype(F32) for _ in range(n)]
+    results = []
+    for gather in (False, True):
+        ps = plans(n, codec, F32, chunk_elems=256, gather=gather)
+        outs = [np.empty_like(x) for x in xs]
+        schedule = algorithms.schedule("two_shot", "allreduce")
+        run_ranks([schedule(ps[r], xs[r], outs[r]) for r in range(n)], seed=n)
+        assert no_leaks(ps)
+        results.append(outs)
+    for r in range(n):
+        np.testing.assert_array_equal(results[1][r].view(np.uint8), results[0][r].view(np.uint8))
+        np.testing.assert_array_equal(results[1][r].view(np.uint8), results[1][0].view(np.uint8))
