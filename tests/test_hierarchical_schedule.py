@@ -32,7 +32,7 @@ from coccl.compressors import get_compressor
 # (ranks, local_size): one rank, one rank a node, one node, and 2 x 2
 LAYOUTS = [(1, 1), (2, 1), (3, 3), (4, 2), (4, 4)]
 LEVELS = [("two_shot", "two_shot"), ("ring", "ring"), ("ring", "two_shot")]
-COUNTS = [0, 1, 130, 700]  # < ranks, not multiples of the group size, several chunks
+COUNTS = [0, 1, 3, 130, 700]  # < ranks, odd (a tail), not multiples of the group size, chunks
 
 
 def _plans(n, local, codec, dtype, levels, op="sum"):
