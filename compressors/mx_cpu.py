@@ -25,12 +25,12 @@ from .cpu_kernels import (
     _max_abs_bits,
     _nblocks,
     _put_f32,
+    _saturate,
 )
 from .mx_layout import mx_layout
 
 _INF_BITS = np.uint32(0x7F800000)
 _F0 = np.float32(0.0)
-_FLT_MAX = np.float32(np.finfo(np.float32).max)
 _E8M0_NAN = np.uint8(0xFF)
 _E4M3_NAN = np.uint8(fp8.NAN_CODE)
 _MIN_NORMAL = np.uint32(0x00800000)  # 2^-126: the smallest per-payload scale S
@@ -201,17 +201,6 @@ def mx_encode(x: np.ndarray, payload: np.ndarray, *, element: str, block: int, s
 
 
 # ----------------------------------------------------------------------- decode
-@njit(inline="always")
-def _saturate(y):
-    # ±Inf -> ±FLT_MAX (NaN stays NaN): the per-payload scale's rounding could take the
-    # largest decoded value one rounding past FLT_MAX.
-    if y == np.inf:
-        return _FLT_MAX
-    if y == -np.inf:
-        return -_FLT_MAX
-    return y
-
-
 @njit(nogil=True, parallel=True, cache=True)
 def _mx_decode_kernel(
     codes, scales, out, b, bits, table, two_level, s_glob, accumulate, nblocks
@@ -228,6 +217,7 @@ def _mx_decode_kernel(
             unpack_values(codes, k * bpb, b, bits, table, v)
             sc = scales[k]
             if two_level:
+                # ±Inf -> ±FLT_MAX: S's rounding may take the largest value past FLT_MAX.
                 d = fp8.E4M3_TABLE[sc] * s_glob  # NaN for the NaN code
                 for i in range(n):
                     y = _saturate(v[i] * d)
