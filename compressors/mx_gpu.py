@@ -32,7 +32,13 @@ from .gpu_build import (
 from .layout import GROUP_SIZES, num_groups
 from .mx_layout import BLOCK_SIZES, mx_layout, taco_fp_layout
 
-__all__ = ["mx_decode", "mx_encode", "taco_fp_decode", "taco_fp_encode"]
+__all__ = [
+    "last_kernel_attributes",
+    "mx_decode",
+    "mx_encode",
+    "taco_fp_decode",
+    "taco_fp_encode",
+]
 
 _SOURCE_PATH = Path(__file__).with_name("mx_kernels.cu")
 _ELEM = {"e2m1": 0, "e3m2": 1, "e2m3": 2}
@@ -40,6 +46,7 @@ _SCALE = {"e8m0": 0, "e4m3": 1}
 _OP_MX_ENC, _OP_MX_DEC, _OP_MX_AMAX, _OP_TFP_ENC, _OP_TFP_DEC = 1, 2, 3, 4, 5
 _THREADS = 128  # one thread per block (group)
 _BLOCKS_PER_SM = 32
+_last_kernel: list[Any] = [None]
 
 
 def mx_encode(x: Any, payload: Any, *, element: str, block: int, scale: str) -> None:
@@ -147,3 +154,11 @@ def _launch(
     k = num_groups(count, size)
     blocks = max(1, min(-(-k // _THREADS), sm_count(cp) * _BLOCKS_PER_SM))
     kern((blocks,), (_THREADS,), (src, dst, aux, np.int64(count), np.int64(k)))
+    _last_kernel[0] = kern
+
+
+def last_kernel_attributes() -> dict[str, Any]:
+    """Registers, local (spill) memory, shared memory and the like of the mx/taco_fp kernel
+    this process launched last (CuPy's ``Function.attributes``); empty before the first."""
+    kern = _last_kernel[0]
+    return {} if kern is None else dict(kern.attributes)
