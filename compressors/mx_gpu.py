@@ -58,8 +58,11 @@ def mx_encode(x: Any, payload: Any, *, element: str, block: int, scale: str) -> 
     if count == 0:
         return
     with cp.cuda.Device(x.data.device_id):
-        aux = cp.zeros(1, dtype=cp.uint32)  # the payload absmax (e4m3), else unused
+        aux = payload  # unused with e8m0
         if defs["SC"]:
+            # The payload's absmax, as float32 bits (atomicMax from 0). A 4-byte
+            # allocation from CuPy's pool per call: not inside a CUDA graph capture.
+            aux = cp.zeros(1, dtype=cp.uint32)
             _launch(cp, {**defs, "OP": _OP_MX_AMAX}, x, payload, aux, count, block)
         _launch(cp, {**defs, "OP": _OP_MX_ENC}, x, payload, aux, count, block)
 
