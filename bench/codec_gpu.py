@@ -76,10 +76,11 @@ class CudaDevice:
     name = "gpu"
 
     def __init__(self, cp: Any) -> None:
-        from coccl.compressors import gpu_kernels  # noqa: PLC0415
+        from coccl.compressors import gpu_kernels, mx_gpu  # noqa: PLC0415
 
         self.xp = cp
         self.kernels = gpu_kernels
+        self.mx_kernels = mx_gpu  # the mx and taco_fp codecs' own launcher
         self.hide_launch = True
         self._spin = cp.RawKernel(_SPIN_SOURCE, "coccl_bench_spin")
 
@@ -167,7 +168,8 @@ class CudaDevice:
         None for lossless codecs: their operations are copies, not coccl kernels."""
         if codec.lossless:
             return None
-        attributes = self.kernels.last_kernel_attributes()
+        mx = codec.codec_id in ("mx", "taco_fp")
+        attributes = (self.mx_kernels if mx else self.kernels).last_kernel_attributes()
         return {
             "regs": attributes.get("num_regs"),
             "local_bytes": attributes.get("local_size_bytes"),

@@ -1,4 +1,5 @@
-"""Codecs that shrink collective payloads: identity, int8 and taco (FP8 + Hadamard).
+"""Codecs that shrink collective payloads: identity, int8, taco (FP8 + Hadamard), mx
+(microscaled FP4/FP6: OCP MX, NVFP4) and taco_fp (taco over FP4/FP6 elements).
 
 Importing this package registers every built-in codec.
 """
@@ -13,7 +14,9 @@ from .base import (
 )
 from .identity import IdentityCompressor
 from .int8 import Int8Compressor
+from .mx import MxCompressor
 from .taco import TacoCompressor
+from .taco_fp import TacoFpCompressor
 
 __all__ = [
     "ALL_OPS",
@@ -21,7 +24,9 @@ __all__ = [
     "Compressor",
     "IdentityCompressor",
     "Int8Compressor",
+    "MxCompressor",
     "TacoCompressor",
+    "TacoFpCompressor",
     "available_compressors",
     "get_compressor",
     "register_compressor",

@@ -11,6 +11,8 @@ devices give the same bits.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -18,30 +20,39 @@ import numpy as np
 
 from coccl.arrays import BFLOAT16
 
+# Kernel families: a function name's prefix up to ":" picks the (CPU, GPU) modules of
+# another codec family; a name without one is int8/taco's (``cpu_kernels``/``gpu_kernels``).
+_FAMILIES = {
+    "": ("cpu_kernels", "gpu_kernels"),
+    "mx": ("mx_cpu", "mx_gpu"),
+    "taco_fp": ("taco_fp_cpu", "mx_gpu"),
+}
 
-def _kernels(a: Any) -> ModuleType:
+
+@functools.cache
+def _module(family: str, host: bool) -> ModuleType:
     # Lazy imports: numba (CPU) and CuPy (GPU) are only loaded when first needed.
-    if isinstance(a, np.ndarray):
-        from . import cpu_kernels  # noqa: PLC0415
+    cpu, gpu = _FAMILIES[family]
+    return importlib.import_module(f".{cpu if host else gpu}", __package__)
 
-        return cpu_kernels
-    from . import gpu_kernels  # noqa: PLC0415
 
-    return gpu_kernels
+def _kernel(name: str, a: Any) -> Any:
+    family, _, fn = name.rpartition(":")
+    return getattr(_module(family, isinstance(a, np.ndarray)), fn)
 
 
 def encode(name: str, x: Any, payload: Any, **options: Any) -> None:
-    """Call ``<name>`` (e.g. ``taco_encode``) of the kernels for ``x``'s device."""
-    kernels = _kernels(x)
+    """Call ``<name>`` (e.g. ``taco_encode``, or ``mx:mx_encode`` of another family's
+    kernel modules) of the kernels for ``x``'s device."""
+    fn = _kernel(name, x)
     if not isinstance(x, np.ndarray) and x.dtype == np.float64:
         x = x.astype(np.float32)  # RNE; beyond float32 -> ±Inf, as on the CPU
-    getattr(kernels, name)(x, payload, **options)
+    fn(x, payload, **options)
 
 
 def decode(name: str, payload: Any, out: Any, accumulate: bool, **options: Any) -> None:
     """Call ``<name>`` (e.g. ``taco_decode``) of the kernels for ``payload``'s device."""
-    kernels = _kernels(payload)
-    fn = getattr(kernels, name)
+    fn = _kernel(name, payload)
     if isinstance(payload, np.ndarray) or out.dtype == np.float32:
         fn(payload, out, accumulate=accumulate, **options)
         return

@@ -1,5 +1,5 @@
-"""The Compressor contract (compressors/base.py) for identity, int8 and taco, the behaviour
-the lossy codecs share (dtypes, accumulate, every output element written, NaN groups,
+"""The Compressor contract (compressors/base.py) for identity, int8, taco, mx and taco_fp,
+the behaviour the lossy codecs share (dtypes, accumulate, every output element written, NaN groups,
 any count, determinism), and the committed wire-format fixtures.
 """
 
@@ -38,6 +38,12 @@ CONFIGS = [
     {"id": "taco", "group_size": 512, "dual_scale": False},
     {"id": "taco", "ash": False, "dual_scale": False},
     {"id": "taco", "group_size": 64, "coccl_clamps": True},
+    {"id": "mx"},
+    {"id": "mx", "element": "e3m2", "block": 16},
+    {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"},
+    {"id": "mx", "element": "e2m3", "scale": "e4m3"},
+    {"id": "taco_fp"},
+    {"id": "taco_fp", "element": "e3m2", "group_size": 32},
 ]
 LOSSY = [c for c in CONFIGS if c["id"] != "identity"]
 COUNTS = [0, 1, 31, 127, 128, 129, 1000]
@@ -156,7 +162,7 @@ def test_declared_properties(cfg: dict) -> None:
     assert not c.lossless
     assert c.ops == frozenset({"sum", "avg"})
     assert set(c.dtypes) == set(FLOATS)
-    assert c.alignment == cfg.get("group_size", 128)
+    assert c.alignment == cfg.get("block", 32) if cfg["id"] == "mx" else cfg.get("group_size", 128)
     assert 0 < c.rel_error_typical < c.rel_error_bound
     c.check_op("sum")
     with pytest.raises(ValueError, match="max"):
@@ -251,9 +257,9 @@ def test_read_only_out_is_refused_up_front(cfg: dict) -> None:
 def test_docstring_examples_run() -> None:
     import doctest
 
-    from coccl.compressors import identity, int8, taco
+    from coccl.compressors import identity, int8, mx, taco, taco_fp
 
-    for module in (identity, int8, taco):
+    for module in (identity, int8, taco, mx, taco_fp):
         result = doctest.testmod(module, raise_on_error=False, verbose=False)
         assert result.failed == 0, f"{module.__name__}: {result}"
     assert doctest.testmod(int8).attempted >= 4 and doctest.testmod(taco).attempted >= 4
@@ -467,8 +473,8 @@ def _fixture_cases() -> list[str]:
 
 def test_fixture_file_present() -> None:
     assert FIXTURES.exists(), "run tests/fixtures/make_codec_fixtures.py"
-    assert FIXTURES.stat().st_size < 200_000
-    assert len(_fixture_cases()) >= 21
+    assert FIXTURES.stat().st_size < 300_000  # 33 cases, each with its own input
+    assert len(_fixture_cases()) >= 33
 
 
 @pytest.mark.parametrize("case", _fixture_cases())

@@ -82,7 +82,11 @@ def test_identity_matches_unsharded(size, algorithm):
     torch.testing.assert_close(row.bias.grad, fc2.bias.grad, **close)
 
 
-@pytest.mark.parametrize("compressor", ["taco", "int8"])
+@pytest.mark.parametrize(
+    "compressor",
+    ["taco", "int8", "mx", {"id": "mx", "block": 16, "scale": "e4m3"}, "taco_fp"],
+    ids=str,
+)
 @pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
 def test_layers_are_their_partials_through_the_simulated_allreduce(algorithm, compressor):
     """Forward: a row layer's output is simulate_allreduce of the ranks' partial

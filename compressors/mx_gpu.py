@@ -1,0 +1,167 @@
+"""CUDA kernels of the ``mx`` and ``taco_fp`` codecs, for CuPy arrays.
+
+The GPU twin of ``mx_cpu`` and ``taco_fp_cpu``: the same functions with the same keyword
+arguments, on flat contiguous CuPy arrays (float32, float16, bfloat16; accumulate into
+float32), producing payloads and decoded values bitwise identical to the CPU kernels'.
+The CUDA source is ``mx_kernels.cu`` beside this file; each variant is compiled on first
+use through ``gpu_build.compile_function`` and runs on CuPy's current stream of the
+arrays' device. ``scale="e4m3"`` encodes in two launches (the payload's largest finite
+``|x|`` into a 4-byte device scratch, then the blocks); everything else in one.
+
+Importing this module touches neither CuPy nor the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import minifloat
+from .gpu_build import (
+    check_accumulate,
+    check_disjoint,
+    check_payload,
+    compile_function,
+    cupy_module,
+    element_type,
+    sm_count,
+)
+from .layout import GROUP_SIZES, num_groups
+from .mx_layout import BLOCK_SIZES, mx_layout, taco_fp_layout
+
+__all__ = [
+    "last_kernel_attributes",
+    "mx_decode",
+    "mx_encode",
+    "taco_fp_decode",
+    "taco_fp_encode",
+]
+
+_SOURCE_PATH = Path(__file__).with_name("mx_kernels.cu")
+_ELEM = {"e2m1": 0, "e3m2": 1, "e2m3": 2}
+_SCALE = {"e8m0": 0, "e4m3": 1}
+_OP_MX_ENC, _OP_MX_DEC, _OP_MX_AMAX, _OP_TFP_ENC, _OP_TFP_DEC = 1, 2, 3, 4, 5
+_THREADS = 128  # one thread per block (group)
+_BLOCKS_PER_SM = 32
+_last_kernel: list[Any] = [None]
+
+
+def mx_encode(x: Any, payload: Any, *, element: str, block: int, scale: str) -> None:
+    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size)."""
+    cp = cupy_module()
+    defs, count = _mx_variant(cp, x, "x", element, block, scale)
+    f = minifloat.get_format(element)
+    check_payload(cp, payload, mx_layout(count, block, f.bits, bool(defs["SC"])).nbytes, x)
+    if count == 0:
+        return
+    with cp.cuda.Device(x.data.device_id):
+        aux = payload  # unused with e8m0
+        if defs["SC"]:
+            # The payload's absmax, as float32 bits (atomicMax from 0). A 4-byte
+            # allocation from CuPy's pool per call: not inside a CUDA graph capture.
+            aux = cp.zeros(1, dtype=cp.uint32)
+            _launch(cp, {**defs, "OP": _OP_MX_AMAX}, x, payload, aux, count, block)
+        _launch(cp, {**defs, "OP": _OP_MX_ENC}, x, payload, aux, count, block)
+
+
+def mx_decode(
+    payload: Any, out: Any, *, element: str, block: int, scale: str, accumulate: bool
+) -> None:
+    """Decode ``payload`` into flat ``out``; with ``accumulate`` add into it (float32)."""
+    cp = cupy_module()
+    defs, count = _mx_variant(cp, out, "out", element, block, scale)
+    f = minifloat.get_format(element)
+    check_payload(cp, payload, mx_layout(count, block, f.bits, bool(defs["SC"])).nbytes, out)
+    check_accumulate(out, accumulate)
+    check_disjoint(payload, out)
+    if count == 0:
+        return
+    defs.update(OP=_OP_MX_DEC, ACC=int(bool(accumulate)))
+    with cp.cuda.Device(out.data.device_id):
+        _launch(cp, defs, payload, out, payload, count, block)
+
+
+def taco_fp_encode(x: Any, payload: Any, *, group_size: int, element: str) -> None:
+    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size)."""
+    cp = cupy_module()
+    defs, count = _taco_fp_variant(cp, x, "x", group_size, element)
+    f = minifloat.get_format(element)
+    check_payload(cp, payload, taco_fp_layout(count, group_size, f.bits).nbytes, x)
+    if count == 0:
+        return
+    with cp.cuda.Device(x.data.device_id):
+        _launch(cp, {**defs, "OP": _OP_TFP_ENC}, x, payload, payload, count, group_size)
+
+
+def taco_fp_decode(
+    payload: Any, out: Any, *, group_size: int, element: str, accumulate: bool
+) -> None:
+    """Decode ``payload`` into flat ``out``; with ``accumulate`` add into it (float32)."""
+    cp = cupy_module()
+    defs, count = _taco_fp_variant(cp, out, "out", group_size, element)
+    f = minifloat.get_format(element)
+    check_payload(cp, payload, taco_fp_layout(count, group_size, f.bits).nbytes, out)
+    check_accumulate(out, accumulate)
+    check_disjoint(payload, out)
+    if count == 0:
+        return
+    defs.update(OP=_OP_TFP_DEC, ACC=int(bool(accumulate)))
+    with cp.cuda.Device(out.data.device_id):
+        _launch(cp, defs, payload, out, payload, count, group_size)
+
+
+# ------------------------------------------------------------------ validation
+def _element(element: Any) -> int:
+    if element not in _ELEM:
+        raise ValueError(f"element must be 'e2m1', 'e3m2' or 'e2m3', got {element!r}")
+    return _ELEM[element]
+
+
+def _mx_variant(
+    cp: Any, data: Any, name: str, element: Any, block: Any, scale: Any
+) -> tuple[dict[str, Any], int]:
+    if block not in BLOCK_SIZES or isinstance(block, bool):
+        raise ValueError(f"block must be 16 or 32, got {block!r}")
+    if scale not in _SCALE:
+        raise ValueError(f"scale must be 'e8m0' or 'e4m3', got {scale!r}")
+    xt = element_type(cp, data, name)
+    defs = {"ELEM": _element(element), "BS": int(block), "SC": _SCALE[scale], "XT": xt}
+    return defs, int(data.size)
+
+
+def _taco_fp_variant(
+    cp: Any, data: Any, name: str, group_size: Any, element: Any
+) -> tuple[dict[str, Any], int]:
+    if group_size not in GROUP_SIZES or isinstance(group_size, bool):
+        raise ValueError(f"taco_fp group_size must be one of {GROUP_SIZES}, got {group_size!r}")
+    xt = element_type(cp, data, name)
+    g = int(group_size)
+    defs = {"ELEM": _element(element), "BS": g, "XT": xt, "CINV_BITS": _inv_sqrt_bits(g)}
+    return defs, int(data.size)
+
+
+def _inv_sqrt_bits(g: int) -> str:
+    # FORMAT.md: (float)(1 / sqrt(G)), computed in double and rounded once.
+    return f"{int(np.float32(1.0 / math.sqrt(g)).view(np.uint32)):#010x}u"
+
+
+# ---------------------------------------------------------------------- launch
+def _launch(
+    cp: Any, defs: dict[str, Any], src: Any, dst: Any, aux: Any, count: int, size: int
+) -> None:
+    """One thread per block (group) of ``size`` elements, grid-stride, current stream."""
+    kern = compile_function(_SOURCE_PATH, {**defs, "THREADS": _THREADS}, name="coccl_mx")
+    k = num_groups(count, size)
+    blocks = max(1, min(-(-k // _THREADS), sm_count(cp) * _BLOCKS_PER_SM))
+    kern((blocks,), (_THREADS,), (src, dst, aux, np.int64(count), np.int64(k)))
+    _last_kernel[0] = kern
+
+
+def last_kernel_attributes() -> dict[str, Any]:
+    """Registers, local (spill) memory, shared memory and the like of the mx/taco_fp kernel
+    this process launched last (CuPy's ``Function.attributes``); empty before the first."""
+    kern = _last_kernel[0]
+    return {} if kern is None else dict(kern.attributes)
