@@ -1,4 +1,5 @@
-"""Codecs that shrink collective payloads: identity, int8 and taco (FP8 + Hadamard).
+"""Codecs that shrink collective payloads: identity, int8, int (2-8 bits) and taco (FP8 +
+Hadamard).
 
 Importing this package registers every built-in codec.
 """
@@ -13,6 +14,7 @@ from .base import (
 )
 from .identity import IdentityCompressor
 from .int8 import Int8Compressor
+from .intq import IntCompressor
 from .taco import TacoCompressor
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "SUM_OPS",
     "Compressor",
     "IdentityCompressor",
+    "IntCompressor",
     "Int8Compressor",
     "TacoCompressor",
     "available_compressors",

@@ -1,4 +1,4 @@
-"""Routing of the int8/taco codecs' encode and decode to the CPU or GPU kernels.
+"""Routing of the codecs' encode and decode to the CPU or GPU kernels.
 
 ``cpu_kernels`` and ``gpu_kernels`` expose the same functions with the same keyword
 arguments. The CPU ones take every float dtype in and out; the GPU ones take float32,
@@ -11,6 +11,7 @@ devices give the same bits.
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -18,29 +19,33 @@ import numpy as np
 
 from coccl.arrays import BFLOAT16
 
+# The kernel modules of each family: (CPU, GPU), both with the same function names.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "codec": ("cpu_kernels", "gpu_kernels"),  # int8 and taco
+    "int": ("intq_cpu", "intq_gpu"),
+}
 
-def _kernels(a: Any) -> ModuleType:
+
+def _kernels(a: Any, family: str = "codec") -> ModuleType:
     # Lazy imports: numba (CPU) and CuPy (GPU) are only loaded when first needed.
-    if isinstance(a, np.ndarray):
-        from . import cpu_kernels  # noqa: PLC0415
-
-        return cpu_kernels
-    from . import gpu_kernels  # noqa: PLC0415
-
-    return gpu_kernels
+    cpu, gpu = FAMILIES[family]
+    return importlib.import_module(f".{cpu if isinstance(a, np.ndarray) else gpu}", __package__)
 
 
-def encode(name: str, x: Any, payload: Any, **options: Any) -> None:
-    """Call ``<name>`` (e.g. ``taco_encode``) of the kernels for ``x``'s device."""
-    kernels = _kernels(x)
+def encode(name: str, x: Any, payload: Any, family: str = "codec", **options: Any) -> None:
+    """Call ``<name>`` (e.g. ``taco_encode``) of ``family``'s kernels for ``x``'s device."""
+    kernels = _kernels(x, family)
     if not isinstance(x, np.ndarray) and x.dtype == np.float64:
         x = x.astype(np.float32)  # RNE; beyond float32 -> ±Inf, as on the CPU
     getattr(kernels, name)(x, payload, **options)
 
 
-def decode(name: str, payload: Any, out: Any, accumulate: bool, **options: Any) -> None:
-    """Call ``<name>`` (e.g. ``taco_decode``) of the kernels for ``payload``'s device."""
-    kernels = _kernels(payload)
+def decode(
+    name: str, payload: Any, out: Any, accumulate: bool, family: str = "codec", **options: Any
+) -> None:
+    """Call ``<name>`` (e.g. ``taco_decode``) of ``family``'s kernels for ``payload``'s
+    device."""
+    kernels = _kernels(payload, family)
     fn = getattr(kernels, name)
     if isinstance(payload, np.ndarray) or out.dtype == np.float32:
         fn(payload, out, accumulate=accumulate, **options)

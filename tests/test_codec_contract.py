@@ -1,4 +1,4 @@
-"""The Compressor contract (compressors/base.py) for identity, int8 and taco, the behaviour
+"""The Compressor contract (compressors/base.py) for identity, int8, int and taco, the behaviour
 the lossy codecs share (dtypes, accumulate, every output element written, NaN groups,
 any count, determinism), and the committed wire-format fixtures.
 """
@@ -38,6 +38,13 @@ CONFIGS = [
     {"id": "taco", "group_size": 512, "dual_scale": False},
     {"id": "taco", "ash": False, "dual_scale": False},
     {"id": "taco", "group_size": 64, "coccl_clamps": True},
+    {"id": "int"},
+    {"id": "int", "bits": 8},
+    {"id": "int", "bits": 2, "group_size": 32},
+    {"id": "int", "bits": 3, "hadamard": 32},
+    {"id": "int", "bits": 6, "group_size": 32},
+    {"id": "int", "bits": 5, "group_size": 2048, "hadamard": 1024, "rounding": "stochastic"},
+    {"id": "int", "bits": 8, "hadamard": 8, "rounding": "stochastic", "seed": 3},
 ]
 LOSSY = [c for c in CONFIGS if c["id"] != "identity"]
 COUNTS = [0, 1, 31, 127, 128, 129, 1000]
@@ -80,7 +87,7 @@ def test_config_roundtrip(cfg: dict) -> None:
 
 
 def test_registry_and_defaults() -> None:
-    assert {"identity", "int8", "taco"} <= set(available_compressors())
+    assert {"identity", "int8", "int", "taco"} <= set(available_compressors())
     assert get_compressor("taco").get_config() == {
         "id": "taco",
         "fp8_format": "e4m3",
@@ -113,6 +120,16 @@ def test_unknown_name() -> None:
         ("taco", {"group_size": 0}, "group_size"),
         ("taco", {"fp8_format": "e3m4"}, "fp8_format"),
         ("taco", {"fp8_format": "E4M3"}, "fp8_format"),
+        ("int", {"bits": 1}, "bits"),
+        ("int", {"bits": 9}, "bits"),
+        ("int", {"group_size": 16}, "group_size"),
+        ("int", {"group_size": 4096}, "group_size"),
+        ("int", {"hadamard": 4}, "hadamard"),
+        ("int", {"hadamard": 48}, "hadamard"),
+        ("int", {"group_size": 64, "hadamard": 128}, "hadamard"),
+        ("int", {"rounding": "up"}, "rounding"),
+        ("int", {"seed": -1}, "seed"),
+        ("int", {"seed": 1 << 64}, "seed"),
     ],
 )
 def test_bad_option_values(name: str, options: dict, option: str) -> None:
@@ -132,6 +149,10 @@ def test_bad_option_values(name: str, options: dict, option: str) -> None:
         ("taco", {"ash": "yes"}, "ash"),
         ("taco", {"dual_scale": 1}, "dual_scale"),
         ("taco", {"coccl_clamps": "no"}, "coccl_clamps"),
+        ("int", {"bits": 4.0}, "bits"),
+        ("int", {"hadamard": True}, "hadamard"),
+        ("int", {"rounding": 0}, "rounding"),
+        ("int", {"seed": "1"}, "seed"),
     ],
 )
 def test_bad_option_types(name: str, options: dict, option: str) -> None:
@@ -139,7 +160,7 @@ def test_bad_option_types(name: str, options: dict, option: str) -> None:
         get_compressor(name, **options)
 
 
-@pytest.mark.parametrize("name", ["identity", "int8", "taco"])
+@pytest.mark.parametrize("name", ["identity", "int8", "int", "taco"])
 def test_unknown_option(name: str) -> None:
     with pytest.raises(TypeError, match="bogus"):
         get_compressor(name, bogus=1)
@@ -251,12 +272,13 @@ def test_read_only_out_is_refused_up_front(cfg: dict) -> None:
 def test_docstring_examples_run() -> None:
     import doctest
 
-    from coccl.compressors import identity, int8, taco
+    from coccl.compressors import identity, int8, intq, taco
 
-    for module in (identity, int8, taco):
+    for module in (identity, int8, intq, taco):
         result = doctest.testmod(module, raise_on_error=False, verbose=False)
         assert result.failed == 0, f"{module.__name__}: {result}"
     assert doctest.testmod(int8).attempted >= 4 and doctest.testmod(taco).attempted >= 4
+    assert doctest.testmod(intq).attempted >= 6
 
 
 # --------------------------------------------------------------- shared behaviour
