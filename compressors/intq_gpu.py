@@ -123,7 +123,8 @@ def _launch(
                 "OP": 0,
                 "NPL": npl,
                 "THREADS": threads,
-                "MIN_BLOCKS": max(1, _RESIDENT[kind] // threads),
+                # 64 elements per lane need twice the registers: half the threads.
+                "MIN_BLOCKS": max(1, _RESIDENT[kind] * 32 // npl // threads),
             }
             kern = compile_function(_SOURCES, full, "coccl_int")
             cached = (kern, threads, threads // 32, sm_count(cp) * _BLOCKS_PER_SM, npl)
