@@ -50,16 +50,18 @@ def stream_key(seed: int, salt: int) -> int:
 
 def stream_salt(*, rank: int, call: int, chunk: int = 0, step: int = 0) -> int:
     """A salt that differs for every (rank, call, chunk, step): the four packed into 64
-    bits, ``call`` in bits 40-63, ``rank`` in 24-39, ``chunk`` in 12-23, ``step`` in 0-11.
+    bits, ``call`` in bits 36-63, ``rank`` in 20-35, ``chunk`` in 10-19, ``step`` in 0-9
+    (so distinct tuples give distinct salts, by construction).
 
     Raises:
+        TypeError: a field that is not an int.
         ValueError: a field that is negative or does not fit its bits.
     """
-    fields = (("call", call, 24), ("rank", rank, 16), ("chunk", chunk, 12), ("step", step, 12))
+    fields = (("call", call, 28), ("rank", rank, 16), ("chunk", chunk, 10), ("step", step, 10))
     salt = 0
     for name, value, width in fields:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"{name} must be an int, got {value!r}")
+            raise TypeError(f"{name} must be an int, got {value!r}")
         if not 0 <= int(value) < (1 << width):
             raise ValueError(f"{name} must be in 0..{(1 << width) - 1}, got {value!r}")
         salt = (salt << width) | int(value)

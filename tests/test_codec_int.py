@@ -194,7 +194,10 @@ def test_stream_key_rule() -> None:
 
 def test_stream_salt() -> None:
     assert stream_salt(rank=0, call=0) == 0
-    assert stream_salt(rank=1, call=2, chunk=3, step=4) == (2 << 40) | (1 << 24) | (3 << 12) | 4
+    assert stream_salt(rank=1, call=2, chunk=3, step=4) == (2 << 36) | (1 << 20) | (3 << 10) | 4
+    assert (
+        stream_salt(rank=(1 << 16) - 1, call=(1 << 28) - 1, chunk=1023, step=1023) == (1 << 64) - 1
+    )
     salts = {
         stream_salt(rank=r, call=c, chunk=k, step=s)
         for r in range(4)
@@ -203,9 +206,15 @@ def test_stream_salt() -> None:
         for s in range(4)
     }
     assert len(salts) == 256
-    for bad in ({"rank": -1, "call": 0}, {"rank": 1 << 16, "call": 0}, {"rank": 0, "call": 1.0}):
+    for bad in (
+        {"rank": -1, "call": 0},
+        {"rank": 1 << 16, "call": 0},
+        {"rank": 0, "call": 0, "step": 1024},
+    ):
         with pytest.raises(ValueError):
             stream_salt(**bad)
+    with pytest.raises(TypeError):
+        stream_salt(rank=0, call=1.0)
 
 
 @pytest.mark.parametrize("cfg", [c for c in CFGS if c.get("rounding")], ids=_id)
