@@ -93,6 +93,51 @@ DEV void int_rotate(float* v, int lane) {
 #endif
 }
 
+// ------------------------------------------------------------ the payload's layout
+struct IntPay {
+  i64 coded;   // elements with codes: count, or count rounded up to HAD
+  i64 cbytes;  // bytes of codes: the scales start here
+  i64 ntiles;  // warp tiles over the coded elements
+  bool p4;     // the payload is 4-byte aligned (a tile's codes: whole words)
+  bool a4;     // the scales are 4-byte aligned
+};
+
+DEV IntPay int_pay(const void* pay, i64 count) {
+  IntPay p;
+  p.coded = HAD ? (count + HAD - 1) / HAD * HAD : count;
+  p.cbytes = (p.coded * BITS + 7) >> 3;
+  p.ntiles = (p.coded + ITILE - 1) / ITILE;
+  p.p4 = (((u64)pay) & 3) == 0;
+  p.a4 = (((u64)pay + (u64)p.cbytes) & 3) == 0;
+  return p;
+}
+
+// A whole tile's code words: word wi of the tile belongs to lane wi / ICW. Moved through
+// the warp's buffer cb (stride ICS per lane) so that global accesses are coalesced.
+DEV void codes_store(u32* g, u32* cb, int lane, const u32* cw) {
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) cb[lane * ICS + j] = cw[j];
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) {
+    const int wi = j * 32 + lane;
+    g[wi] = cb[(wi / ICW) * ICS + wi % ICW];
+  }
+  __syncwarp();
+}
+
+DEV void codes_load(const u32* g, u32* cb, int lane, u32* cw) {
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) {
+    const int wi = j * 32 + lane;
+    cb[(wi / ICW) * ICS + wi % ICW] = __ldg(g + wi);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) cw[j] = cb[lane * ICS + j];
+  __syncwarp();
+}
+
 // ======================================================================== encode
 #if IOP == 1
 // FORMAT.md steps 4-5: D (returned), the step t = D * m and whether the codes divide.
@@ -191,13 +236,11 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   const int wib = threadIdx.x >> 5;
   uint4* sb = smem + wib * 32 * ICH;
   u32* cb = cbuf + wib * 32 * ICS;
-  const i64 coded = HAD ? (count + HAD - 1) / HAD * HAD : count;
-  const i64 cbytes = (coded * BITS + 7) >> 3;  // the scales start here
+  const IntPay lay = int_pay(pay, count);
+  const i64 coded = lay.coded;
   const bool vin = (((u64)xb) & 15) == 0;
-  const bool p4 = (((u64)pay) & 3) == 0;
-  const bool a4 = (((u64)pay + (u64)cbytes) & 3) == 0;
-  const i64 ntiles = (coded + ITILE - 1) / ITILE;
-  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < ntiles; tile += (i64)gridDim.x * WARPS) {
+  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < lay.ntiles;
+       tile += (i64)gridDim.x * WARPS) {
     const i64 t0 = tile * ITILE;
     const i64 base = t0 + (i64)lane * NPL;
     u32 w[IHV * NW];
@@ -209,17 +252,8 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     }
     u32 cw[ICW], dbits;
     int_encode_lane(w, lane, base, key, cw, dbits);
-    unsigned char* cp = pay + t0 * BITS / 8;  // the tile's codes (whole bytes)
-    if (p4 && t0 + ITILE <= coded) {
-#pragma unroll
-      for (int j = 0; j < ICW; ++j) cb[lane * ICS + j] = cw[j];
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < ICW; ++j) {
-        const int wi = j * 32 + lane;  // word wi of the tile belongs to lane wi / ICW
-        ((u32*)cp)[wi] = cb[(wi / ICW) * ICS + wi % ICW];
-      }
-      __syncwarp();
+    if (lay.p4 && t0 + ITILE <= coded) {
+      codes_store((u32*)(pay + t0 * BITS / 8), cb, lane, cw);  // the tile's codes
     } else if (base < coded) {
       const i64 end = ((coded < base + NPL ? coded : base + NPL) * BITS + 7) >> 3;
       unsigned char* lp = pay + base * BITS / 8;
@@ -228,7 +262,8 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
         if (base * BITS / 8 + b < end) lp[b] = (unsigned char)(cw[b >> 2] >> (8 * (b & 3)));
     }
     const i64 g = base / GS;
-    if ((lane & (ILPG - 1)) == 0 && g < K && base < coded) st32(pay + cbytes + 4 * g, dbits, a4);
+    if ((lane & (ILPG - 1)) == 0 && g < K && base < coded)
+      st32(pay + lay.cbytes + 4 * g, dbits, lay.a4);
   }
 }
 #endif
@@ -254,37 +289,25 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   uint4* sb = smem + wib * 32 * ICH;
 #endif
   u32* cb = cbuf + wib * 32 * ICS;
-  const i64 coded = HAD ? (count + HAD - 1) / HAD * HAD : count;
-  const i64 cbytes = (coded * BITS + 7) >> 3;
+  const IntPay lay = int_pay(pay, count);
   const bool vout = (((u64)ob) & 15) == 0;
-  const bool p4 = (((u64)pay) & 3) == 0;
-  const bool a4 = (((u64)pay + (u64)cbytes) & 3) == 0;
-  const i64 ntiles = (coded + ITILE - 1) / ITILE;
-  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < ntiles; tile += (i64)gridDim.x * WARPS) {
+  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < lay.ntiles;
+       tile += (i64)gridDim.x * WARPS) {
     const i64 t0 = tile * ITILE;
     const i64 base = t0 + (i64)lane * NPL;
     const i64 g = base / GS;
-    const float d = g < K ? as_f(ld32(pay + cbytes + 4 * g, a4)) : 0.0f;
+    const float d = g < K ? as_f(ld32(pay + lay.cbytes + 4 * g, lay.a4)) : 0.0f;
     // ---- codes
     u32 cw[ICW];
-    const unsigned char* cp = pay + t0 * BITS / 8;
-    if (p4 && t0 + ITILE <= coded) {
-#pragma unroll
-      for (int j = 0; j < ICW; ++j) {
-        const int wi = j * 32 + lane;
-        cb[(wi / ICW) * ICS + wi % ICW] = __ldg((const u32*)cp + wi);
-      }
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < ICW; ++j) cw[j] = cb[lane * ICS + j];
-      __syncwarp();
+    if (lay.p4 && t0 + ITILE <= lay.coded) {
+      codes_load((const u32*)(pay + t0 * BITS / 8), cb, lane, cw);
     } else {
       const i64 b0 = base * BITS / 8;
 #pragma unroll
       for (int j = 0; j < ICW; ++j) cw[j] = 0u;
 #pragma unroll
       for (int b = 0; b < 4 * ICW; ++b)
-        if (b0 + b < cbytes) cw[b >> 2] |= (u32)pay[b0 + b] << (8 * (b & 3));
+        if (b0 + b < lay.cbytes) cw[b >> 2] |= (u32)pay[b0 + b] << (8 * (b & 3));
     }
     // ---- values: w_i = q_i, the transform (exact), then * D
     float v[NPL];
