@@ -10,13 +10,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-try:
-    import cupy
+from gpu import GPU
 
-    if cupy.cuda.runtime.getDeviceCount() < 1:
-        raise RuntimeError("no CUDA device")
-except Exception as exc:  # ImportError, no driver, no device
-    pytest.skip(f"needs CuPy and a CUDA GPU ({exc})", allow_module_level=True)
+if not GPU:
+    pytest.skip("needs CuPy and a CUDA GPU", allow_module_level=True)
+
+import cupy  # noqa: E402
 
 from coccl.compressors import get_compressor, intq_cpu, intq_gpu  # noqa: E402
 from coccl.compressors.intq import stream_key  # noqa: E402
