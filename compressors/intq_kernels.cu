@@ -270,6 +270,42 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
 
 // ======================================================================== decode
 #if IOP == 2
+// A lane's NPL decoded values v at elements [base, base + NPL) of out (those below count),
+// written, or added to a float32 out (ACC); whole: the warp's tile [t0, t0 + ITILE) lies
+// within count and out is 16-byte aligned, so it moves coalesced through sb.
+DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool vout,
+                        uint4* sb, int lane, const float* v) {
+#if ACC
+  if (whole) {
+    // Plain loads (not __ldg): this kernel writes these addresses.
+    const uint4* ap = (const uint4*)(ob + t0 * 4);
+    uint4 t[IOCH];
+#pragma unroll
+    for (int j = 0; j < IOCH; ++j) t[j] = ap[j * 32 + lane];
+    u32 acc[NPL];
+    staged_transpose<IOCH>(t, sb, lane, acc);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) acc[i] = as_u(f_add(as_f(acc[i]), v[i]));
+    staged_store<IOCH>((uint4*)(ob + t0 * 4), sb, lane, acc);
+  } else {
+    float* o = (float*)ob;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i)
+      if (base + i < count) o[base + i] = f_add(o[base + i], v[i]);
+  }
+#else
+  if (whole) {
+    u32 ow[IHV * NW];
+#pragma unroll
+    for (int hv = 0; hv < IHV; ++hv) pack_out32(v + 32 * hv, ow + hv * NW);
+    staged_store<ICH>((uint4*)(ob + t0 * EB), sb, lane, ow);
+  } else if (base < count) {
+#pragma unroll
+    for (int hv = 0; hv < IHV; ++hv) store_out32(ob, base + 32 * hv, count, vout, v + 32 * hv);
+  }
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K, u64 key) {
   (void)key;
@@ -327,36 +363,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
 #endif
     // ---- output
-    const bool whole = vout && t0 + ITILE <= count;
-#if ACC
-    if (whole) {
-      // Plain loads (not __ldg): this kernel writes these addresses.
-      const uint4* ap = (const uint4*)(ob + t0 * 4);
-      uint4 t[IOCH];
-#pragma unroll
-      for (int j = 0; j < IOCH; ++j) t[j] = ap[j * 32 + lane];
-      u32 acc[NPL];
-      staged_transpose<IOCH>(t, sb, lane, acc);
-#pragma unroll
-      for (int i = 0; i < NPL; ++i) acc[i] = as_u(f_add(as_f(acc[i]), v[i]));
-      staged_store<IOCH>((uint4*)(ob + t0 * 4), sb, lane, acc);
-    } else {
-      float* o = (float*)ob;
-#pragma unroll
-      for (int i = 0; i < NPL; ++i)
-        if (base + i < count) o[base + i] = f_add(o[base + i], v[i]);
-    }
-#else
-    if (whole) {
-      u32 ow[IHV * NW];
-#pragma unroll
-      for (int hv = 0; hv < IHV; ++hv) pack_out32(v + 32 * hv, ow + hv * NW);
-      staged_store<ICH>((uint4*)(ob + t0 * EB), sb, lane, ow);
-    } else if (base < count) {
-#pragma unroll
-      for (int hv = 0; hv < IHV; ++hv) store_out32(ob, base + 32 * hv, count, vout, v + 32 * hv);
-    }
-#endif
+    int_store_lane(ob, t0, base, count, vout && t0 + ITILE <= count, vout, sb, lane, v);
   }
 }
 #endif
