@@ -1,5 +1,6 @@
-"""Codecs that shrink collective payloads: identity, int8, taco (FP8 + Hadamard), mx
-(microscaled FP4/FP6: OCP MX, NVFP4) and taco_fp (taco over FP4/FP6 elements).
+"""Codecs that shrink collective payloads: identity, int8, int (2-8 bits, optional
+Hadamard, seeded stochastic rounding), taco (FP8 + Hadamard), mx (microscaled FP4/FP6:
+OCP MX, NVFP4) and taco_fp (taco over FP4/FP6 elements).
 
 Importing this package registers every built-in codec.
 """
@@ -14,6 +15,7 @@ from .base import (
 )
 from .identity import IdentityCompressor
 from .int8 import Int8Compressor
+from .intq import IntCompressor
 from .mx import MxCompressor
 from .taco import TacoCompressor
 from .taco_fp import TacoFpCompressor
@@ -23,6 +25,7 @@ __all__ = [
     "SUM_OPS",
     "Compressor",
     "IdentityCompressor",
+    "IntCompressor",
     "Int8Compressor",
     "MxCompressor",
     "TacoCompressor",

@@ -1,4 +1,4 @@
-"""Routing of the int8/taco codecs' encode and decode to the CPU or GPU kernels.
+"""Routing of the codecs' encode and decode to the CPU or GPU kernels.
 
 ``cpu_kernels`` and ``gpu_kernels`` expose the same functions with the same keyword
 arguments. The CPU ones take every float dtype in and out; the GPU ones take float32,
@@ -26,6 +26,7 @@ _FAMILIES = {
     "": ("cpu_kernels", "gpu_kernels"),
     "mx": ("mx_cpu", "mx_gpu"),
     "taco_fp": ("taco_fp_cpu", "mx_gpu"),
+    "int": ("intq_cpu", "intq_gpu"),
 }
 
 

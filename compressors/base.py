@@ -15,10 +15,15 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
   size), so that chunking never changes which elements share a group.
 * ``encoded_nbytes(count, dtype)`` is the exact payload size, known before encoding, so
   buffers can be preallocated.
-* ``encode(x, out=None, *, dtype=None)`` returns the payload on ``x``'s device. ``dtype``
-  is the element type the payload stands for (default ``x.dtype``): the lossless
+* ``encode(x, out=None, *, dtype=None, salt=0)`` returns the payload on ``x``'s device.
+  ``dtype`` is the element type the payload stands for (default ``x.dtype``): the lossless
   ``identity`` codec stores that type, lossy codecs ignore it (their payload does not
   depend on it), so an algorithm can encode a float32 partial sum of bfloat16 data.
+* ``stochastic`` says whether the codec draws random bits (stochastic rounding). Such a
+  codec's payload is a pure function of the data, its options and the ``salt`` of the
+  encode (0 to 2^64 - 1), which callers set so that every rank's, call's, chunk's and
+  step's stream differs; deterministic codecs ignore ``salt``, and their ``encode_into``
+  does not take it.
 * ``decode(buf, out=None, *, count, dtype, accumulate=False)`` writes ``count`` values
   into ``out`` (allocated with ``dtype`` when None); with ``accumulate=True`` it adds them
   into ``out`` instead: the fused decode-reduce of a ReduceScatter.
@@ -62,6 +67,7 @@ class Compressor(abc.ABC):
     dtypes: ClassVar[tuple[np.dtype, ...]] = FLOAT_DTYPES
     ops: ClassVar[frozenset[str]] = SUM_OPS
     lossless: ClassVar[bool] = False
+    stochastic: bool = False  # draws random bits: encode_into then takes a salt keyword
     rel_error_bound: float = 0.0
     rel_error_typical: float = 0.0
     abs_error_floor: float = 0.0
@@ -125,7 +131,8 @@ class Compressor(abc.ABC):
     def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
         """Encode flat ``x`` (numpy or CuPy) into ``payload`` (uint8, exact size, same
         device). ``x`` may be a float32/float64 accumulator standing for ``dtype`` data.
-        On the GPU the kernels run on CuPy's current stream."""
+        On the GPU the kernels run on CuPy's current stream. A ``stochastic`` codec's
+        takes a keyword ``salt`` too (an int in 0..2^64-1, default 0)."""
 
     @abc.abstractmethod
     def decode_into(self, payload: Any, out: Any, dtype: np.dtype, accumulate: bool) -> None:
@@ -149,22 +156,27 @@ class Compressor(abc.ABC):
         return None
 
     # ------------------------------------------------------------------ public API
-    def encode(self, x: Any, out: Any = None, *, dtype: Any = None) -> Any:
+    def encode(self, x: Any, out: Any = None, *, dtype: Any = None, salt: int = 0) -> Any:
         """Encode an array into one payload.
 
         Args:
             x: contiguous numpy/CuPy/numba-device array or torch tensor.
             out: optional preallocated uint8 payload of ``encoded_nbytes`` bytes.
             dtype: the element type the payload stands for (default ``x.dtype``).
+            salt: a ``stochastic`` codec's stream selector, 0 to 2^64 - 1 (ignored by
+                the others).
 
         Returns:
             The payload: a uint8 array of the caller's kind, on ``x``'s device.
 
         Raises:
-            TypeError: a dtype the codec does not take, or an ``out`` that is not uint8.
+            TypeError: a dtype the codec does not take, an ``out`` that is not uint8, or a
+                ``salt`` that is not an int.
             ValueError: a non-contiguous array, an ``out`` of the wrong size, on another
-                device or read-only; all checked before any work.
+                device or read-only, or a ``salt`` out of range; all checked before any
+                work.
         """
+        salt = _check_salt(salt)
         src = as_flat(x, "x")
         dtype = self.check_dtype(src.dtype if dtype is None else dtype)
         if src.dtype not in FLOAT_DTYPES and src.dtype != dtype:
@@ -177,7 +189,10 @@ class Compressor(abc.ABC):
             _check_payload(dst, nbytes, src, "out")
             _check_writeable(dst, "out")
             payload, obj = dst.data, dst.obj
-        self.encode_into(src.data, payload, dtype)
+        if self.stochastic:
+            self.encode_into(src.data, payload, dtype, salt=salt)
+        else:
+            self.encode_into(src.data, payload, dtype)
         return obj
 
     def decode(
@@ -237,6 +252,14 @@ class Compressor(abc.ABC):
             data, obj = dst.data, dst.obj
         self.decode_into(src.data, data, dtype, accumulate)
         return obj
+
+
+def _check_salt(salt: Any) -> int:
+    if isinstance(salt, bool) or not isinstance(salt, (int, np.integer)):
+        raise TypeError(f"salt must be an int, got {salt!r}")
+    if not 0 <= int(salt) < 1 << 64:
+        raise ValueError(f"salt must be in 0..2^64-1, got {salt!r}")
+    return int(salt)
 
 
 def _check_count(count: Any) -> int:

@@ -49,10 +49,13 @@ def read_source(path: Path) -> str:
     return text
 
 
-def compile_function(path: Path, defines: dict[str, Any], name: str = "coccl_codec") -> Any:
+def compile_function(
+    path: Path | tuple[Path, ...], defines: dict[str, Any], name: str = "coccl_codec"
+) -> Any:
     """The kernel ``name`` of CUDA source ``path`` compiled with ``-D`` ``defines`` for the
     current device, compiled once per (device, source, defines) in this process (CuPy also
-    caches the binary on disk).
+    caches the binary on disk, keyed by the whole text). A tuple of paths is one source,
+    their texts in that order (a codec's kernels after the helpers of another file).
 
     CuPy adds ``-arch`` for the current device and ``-ftz=true``; the codec kernels do
     their float arithmetic in inline PTX without ``.ftz``, so the flag cannot flush
@@ -67,7 +70,9 @@ def compile_function(path: Path, defines: dict[str, Any], name: str = "coccl_cod
                 options = ("-std=c++17", "--fmad=false") + tuple(
                     f"-D{k}={v}" for k, v in sorted(defines.items())
                 )
-                module = cp.RawModule(code=read_source(path), options=options)
+                paths = path if isinstance(path, tuple) else (path,)
+                code = "\n".join(read_source(p) for p in paths)
+                module = cp.RawModule(code=code, options=options)
                 fn = _functions[key] = module.get_function(name)
     return fn
 

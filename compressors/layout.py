@@ -1,4 +1,4 @@
-"""Payload layouts and group-size rules of the int8 and taco codecs: the one place for both.
+"""Payload layouts and group-size rules of the int8, taco and int codecs: the one place for them.
 
 The codecs (``int8.py``, ``taco.py``), their CPU and GPU kernels and the tests all take
 byte offsets and payload sizes from here, and nothing here imports any of them, so the
@@ -90,3 +90,27 @@ def taco_nbytes(count: int, group_size: int, ash: bool, dual_scale: bool) -> int
     """``taco_layout(...).nbytes``, cached: every pooled payload of every chunk asks for
     the same few sizes, call after call."""
     return taco_layout(count, group_size, ash=ash, dual_scale=dual_scale).nbytes
+
+
+# ----------------------------------------------------------------------------- int
+class IntLayout(NamedTuple):
+    """Where the parts of an ``int`` payload lie (byte offsets)."""
+
+    groups: int  # K = ceil(count / G)
+    coded: int  # elements that have codes: count, or count rounded up to the Hadamard block
+    scale_offset: int  # the K float32 scales start here (= ceil(coded * bits / 8))
+    nbytes: int  # the whole payload
+
+
+@lru_cache(maxsize=256)
+def int_layout(count: int, bits: int, group_size: int, hadamard: int = 0) -> IntLayout:
+    """The layout of the ``int`` payload of ``count`` elements: ``ceil(coded * bits / 8)``
+    bytes of packed codes, then ``K`` float32 scales. With a Hadamard block ``H`` the last
+    block is coded whole (``coded`` = ``count`` rounded up to ``H``): its padded positions
+    hold rotated coefficients that decoding needs. With ``bits=8`` and no Hadamard this is
+    int8's layout."""
+    count = int(count)
+    coded = -(-count // hadamard) * hadamard if hadamard else count
+    groups = num_groups(count, group_size)
+    scale_offset = (coded * int(bits) + 7) // 8
+    return IntLayout(groups, coded, scale_offset, scale_offset + 4 * groups)

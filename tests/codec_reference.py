@@ -1,4 +1,4 @@
-"""An independent float64 reference of the int8 and taco codecs, for the tests.
+"""An independent float64 reference of the int8, int and taco codecs, for the tests.
 
 Written from DESIGN.md's math, not from the kernels: explicit Sylvester Hadamard
 matrices and matrix products, float64 arithmetic, and ml_dtypes for the FP8 rounding.
@@ -19,7 +19,7 @@ from functools import cache
 import ml_dtypes
 import numpy as np
 
-from coccl.compressors.layout import int8_layout, taco_layout
+from coccl.compressors.layout import int8_layout, int_layout, taco_layout
 
 FP8_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 QMAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -236,6 +236,66 @@ def split_int8_payload(payload: np.ndarray, count: int, group_size: int) -> Int8
     q = payload[:count].copy().view(np.int8)
     scale = _f32_at(payload, layout.scale_offset, layout.groups)
     return Int8Parts(q, scale)
+
+
+# ----------------------------------------------------------------------------- int
+@dataclass
+class IntParts:
+    q: np.ndarray  # (coded,) int64 codes
+    scale: np.ndarray  # (K,) float32 scales D as float64
+
+
+def split_int_payload(payload: np.ndarray, count: int, bits: int, g: int, h: int) -> IntParts:
+    """Parse ``[packed codes][K float32 D]`` (FORMAT.md): ``bits``-bit two's complement
+    fields of a little-endian bit stream."""
+    layout = int_layout(count, bits, g, h)
+    assert payload.size == layout.nbytes, (payload.size, layout.nbytes)
+    n = layout.coded
+    stream = np.unpackbits(payload[: layout.scale_offset], bitorder="little")
+    assert not stream[n * bits :].any(), "unused bits of the last code byte must be 0"
+    fields = stream[: n * bits].reshape(n, bits).astype(np.int64) << np.arange(bits)
+    u = fields.sum(axis=1)
+    q = np.where(u >= 1 << (bits - 1), u - (1 << bits), u)
+    return IntParts(q, _f32_at(payload, layout.scale_offset, layout.groups))
+
+
+def int_rotated_ref(x: np.ndarray, g: int, h: int) -> np.ndarray:
+    """The (K, G) padded groups of x in float64, each block of h multiplied by the
+    Sylvester Hadamard matrix (unnormalised; unchanged for h = 0)."""
+    xg = padded_groups(x, g)
+    if not h:
+        return xg
+    k = xg.shape[0]
+    return (xg.reshape(k, g // h, h) @ hadamard(h)).reshape(k, g)
+
+
+def int_uniform_ref(seed: int, salt: int, n: int) -> np.ndarray:
+    """FORMAT.md's u_0 .. u_{n-1} (splitmix64 in numpy uint64 arithmetic), as float64."""
+    gamma = np.uint64(0x9E3779B97F4A7C15)
+
+    def mix(z: np.ndarray) -> np.ndarray:
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+    with np.errstate(over="ignore"):
+        key = mix(mix(np.array([seed], np.uint64) + gamma) ^ np.uint64(salt))
+        z = mix(key + (np.arange(1, n + 1, dtype=np.uint64) * gamma))
+    return (z >> np.uint64(40)).astype(np.float64) * 2.0**-24
+
+
+def int_decode_ref(parts: IntParts, count: int, g: int, h: int) -> np.ndarray:
+    """FORMAT.md's decode in float64, rounded once to float32 (exact: the transform of
+    integer codes and its product with a float32 scale need no rounding in float64)."""
+    w = parts.q.astype(np.float64)
+    if h:
+        w = (w.reshape(-1, h) @ hadamard(h)).reshape(-1)
+    d = np.repeat(parts.scale, g)[: w.size]
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (w * d).astype(np.float32)
+    if h:
+        y = np.where(np.isinf(y), np.copysign(np.finfo(np.float32).max, y), y)
+    return y[:count]
 
 
 def grouped_gaussian(

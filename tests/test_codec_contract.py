@@ -1,5 +1,6 @@
-"""The Compressor contract (compressors/base.py) for identity, int8, taco, mx and taco_fp,
-the behaviour the lossy codecs share (dtypes, accumulate, every output element written, NaN groups,
+"""The Compressor contract (compressors/base.py) for identity, int8, int, taco, mx and
+taco_fp, the behaviour the lossy codecs share (dtypes, accumulate, every output element
+written, NaN groups,
 any count, determinism), and the committed wire-format fixtures.
 """
 
@@ -44,6 +45,13 @@ CONFIGS = [
     {"id": "mx", "element": "e2m3", "scale": "e4m3"},
     {"id": "taco_fp"},
     {"id": "taco_fp", "element": "e3m2", "group_size": 32},
+    {"id": "int"},
+    {"id": "int", "bits": 8},
+    {"id": "int", "bits": 2, "group_size": 32},
+    {"id": "int", "bits": 3, "hadamard": 32},
+    {"id": "int", "bits": 6, "group_size": 32},
+    {"id": "int", "bits": 5, "group_size": 2048, "hadamard": 1024, "rounding": "stochastic"},
+    {"id": "int", "bits": 8, "hadamard": 8, "rounding": "stochastic", "seed": 3},
 ]
 LOSSY = [c for c in CONFIGS if c["id"] != "identity"]
 COUNTS = [0, 1, 31, 127, 128, 129, 1000]
@@ -86,7 +94,7 @@ def test_config_roundtrip(cfg: dict) -> None:
 
 
 def test_registry_and_defaults() -> None:
-    assert {"identity", "int8", "taco"} <= set(available_compressors())
+    assert {"identity", "int8", "int", "taco"} <= set(available_compressors())
     assert get_compressor("taco").get_config() == {
         "id": "taco",
         "fp8_format": "e4m3",
@@ -119,6 +127,16 @@ def test_unknown_name() -> None:
         ("taco", {"group_size": 0}, "group_size"),
         ("taco", {"fp8_format": "e3m4"}, "fp8_format"),
         ("taco", {"fp8_format": "E4M3"}, "fp8_format"),
+        ("int", {"bits": 1}, "bits"),
+        ("int", {"bits": 9}, "bits"),
+        ("int", {"group_size": 16}, "group_size"),
+        ("int", {"group_size": 4096}, "group_size"),
+        ("int", {"hadamard": 4}, "hadamard"),
+        ("int", {"hadamard": 48}, "hadamard"),
+        ("int", {"group_size": 64, "hadamard": 128}, "hadamard"),
+        ("int", {"rounding": "up"}, "rounding"),
+        ("int", {"seed": -1}, "seed"),
+        ("int", {"seed": 1 << 64}, "seed"),
     ],
 )
 def test_bad_option_values(name: str, options: dict, option: str) -> None:
@@ -138,6 +156,10 @@ def test_bad_option_values(name: str, options: dict, option: str) -> None:
         ("taco", {"ash": "yes"}, "ash"),
         ("taco", {"dual_scale": 1}, "dual_scale"),
         ("taco", {"coccl_clamps": "no"}, "coccl_clamps"),
+        ("int", {"bits": 4.0}, "bits"),
+        ("int", {"hadamard": True}, "hadamard"),
+        ("int", {"rounding": 0}, "rounding"),
+        ("int", {"seed": "1"}, "seed"),
     ],
 )
 def test_bad_option_types(name: str, options: dict, option: str) -> None:
@@ -145,7 +167,7 @@ def test_bad_option_types(name: str, options: dict, option: str) -> None:
         get_compressor(name, **options)
 
 
-@pytest.mark.parametrize("name", ["identity", "int8", "taco"])
+@pytest.mark.parametrize("name", ["identity", "int8", "int", "taco"])
 def test_unknown_option(name: str) -> None:
     with pytest.raises(TypeError, match="bogus"):
         get_compressor(name, bogus=1)
@@ -257,12 +279,13 @@ def test_read_only_out_is_refused_up_front(cfg: dict) -> None:
 def test_docstring_examples_run() -> None:
     import doctest
 
-    from coccl.compressors import identity, int8, mx, taco, taco_fp
+    from coccl.compressors import identity, int8, intq, mx, taco, taco_fp
 
-    for module in (identity, int8, taco, mx, taco_fp):
+    for module in (identity, int8, intq, taco, mx, taco_fp):
         result = doctest.testmod(module, raise_on_error=False, verbose=False)
         assert result.failed == 0, f"{module.__name__}: {result}"
     assert doctest.testmod(int8).attempted >= 4 and doctest.testmod(taco).attempted >= 4
+    assert doctest.testmod(intq).attempted >= 6
 
 
 # --------------------------------------------------------------- shared behaviour
@@ -473,8 +496,8 @@ def _fixture_cases() -> list[str]:
 
 def test_fixture_file_present() -> None:
     assert FIXTURES.exists(), "run tests/fixtures/make_codec_fixtures.py"
-    assert FIXTURES.stat().st_size < 300_000  # 33 cases, each with its own input
-    assert len(_fixture_cases()) >= 33
+    assert FIXTURES.stat().st_size < 400_000  # each case holds its own input
+    assert len(_fixture_cases()) >= 41
 
 
 @pytest.mark.parametrize("case", _fixture_cases())
@@ -486,10 +509,11 @@ def test_fixture_payloads_unchanged(case: str) -> None:
         x = data[f"{case}__input"].view(dtype)
         payload = data[f"{case}__payload"]
         decoded = data[f"{case}__decoded"].view(np.float32)
+        salt = int(data[f"{case}__salt"]) if f"{case}__salt" in data.files else 0
     codec: Compressor = get_compressor(config)
     assert codec.get_config() == config
     msg = f"{case}: the wire format changed; if on purpose, rerun make_codec_fixtures.py"
-    np.testing.assert_array_equal(codec.encode(x), payload, err_msg=msg)
+    np.testing.assert_array_equal(codec.encode(x, salt=salt), payload, err_msg=msg)
     out = codec.decode(payload, np.empty(x.size, np.float32), count=x.size, dtype=dtype)
     # Bitwise, except that a NaN's payload bits may differ between machines.
     nan = np.isnan(decoded)

@@ -48,6 +48,13 @@ CODECS = [
     {"id": "taco_fp"},
     {"id": "taco_fp", "element": "e3m2", "group_size": 32},
     {"id": "taco_fp", "element": "e2m3", "group_size": 512},
+    {"id": "int"},
+    {"id": "int", "bits": 2, "group_size": 32},
+    {"id": "int", "bits": 3, "hadamard": 32},
+    {"id": "int", "bits": 6, "group_size": 32},
+    {"id": "int", "bits": 5, "group_size": 64, "hadamard": 64},
+    {"id": "int", "bits": 8, "hadamard": 128, "rounding": "stochastic"},
+    {"id": "int", "bits": 4, "group_size": 2048, "hadamard": 32, "rounding": "stochastic"},
 ]
 
 
@@ -108,7 +115,11 @@ def test_subnormal_groups(cfg: dict, request) -> None:
     x = bits.view(np.float32) * rng.choice(np.float32([-1, 1]), size=bits.size)
     x[::5] = 0.0
     y = c.decode(c.encode(x), count=x.size, dtype=np.float32)
-    if cfg["id"] in ("int8", "mx") or not cfg.get("ash", True):  # no rotation: zeros stay zero
+    if cfg["id"] in ("taco", "taco_fp"):
+        rotated = cfg.get("ash", True)
+    else:
+        rotated = bool(cfg.get("hadamard"))
+    if not rotated:  # no rotation: zeros stay zero
         assert (y[x == 0] == 0).all()
     assert_within_bound(
         y, x.astype(np.float64), g, c.rel_error_bound, c.abs_error_floor, f"seed={seed}"

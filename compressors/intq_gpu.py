@@ -1,0 +1,135 @@
+"""CUDA kernels of the ``int`` codec, for CuPy arrays: the GPU twin of ``intq_cpu``.
+
+The same two functions with the same keyword arguments, on flat contiguous CuPy arrays
+(float32, float16 or bfloat16; decode-accumulate into float32 only: ``_dispatch`` bridges
+the rest as for the other codecs), producing payloads and decoded values bitwise
+identical to the CPU kernels' (FORMAT.md's ``## int``). The CUDA source is
+``intq_kernels.cu`` appended to ``codec_kernels.cu`` compiled with ``OP=0`` (its helpers,
+none of its kernels); each variant (operation, bits, group size, block, dtype, rounding)
+is compiled on first use through ``gpu_build.compile_function``. Kernels run on CuPy's
+current stream of the arrays' device. Importing this module touches neither CuPy nor the
+GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .gpu_build import (
+    as_int,
+    check_accumulate,
+    check_disjoint,
+    check_payload,
+    compile_function,
+    cupy_module,
+    element_type,
+    sm_count,
+)
+from .layout import int_layout
+
+__all__ = ["int_decode", "int_encode"]
+
+_HERE = Path(__file__).parent
+_SOURCES = (_HERE / "codec_kernels.cu", _HERE / "intq_kernels.cu")
+_BLOCKS_PER_SM = 16  # the grid is at most this many blocks per SM (grid-stride loops)
+# Resident threads per SM that __launch_bounds__ sizes the registers for, per kind.
+_RESIDENT = {"encode": 768, "decode": 768, "accumulate": 512}
+
+# (device, kind, defines) -> (kernel, threads, warps per block, largest grid, elements per lane)
+_launches: dict[tuple, tuple[Any, int, int, int, int]] = {}
+
+
+def int_encode(
+    x: Any,
+    payload: Any,
+    *,
+    bits: int,
+    group_size: int,
+    hadamard: int,
+    stochastic: bool,
+    key: int,
+) -> None:
+    """Encode flat ``x`` (float32/float16/bfloat16) into ``payload`` (uint8, exact size);
+    ``key`` is the stochastic rounding's stream key (ignored when rounding to nearest)."""
+    cp = cupy_module()
+    bits, G, H = _options(bits, group_size, hadamard)
+    xt = element_type(cp, x, "x")
+    count = int(x.size)
+    layout = int_layout(count, bits, G, H)
+    check_payload(cp, payload, layout.nbytes, x)
+    key = as_int(key, "key")
+    if not 0 <= key < 1 << 64:
+        raise ValueError(f"key must be in 0..2^64-1, got {key}")
+    if count == 0:
+        return
+    defs = {"IOP": 1, "BITS": bits, "GS": G, "HAD": H, "XT": xt, "STOCH": int(bool(stochastic))}
+    _launch(cp, defs, "encode", (x, payload), count, layout.groups, layout.coded, key)
+
+
+def int_decode(
+    payload: Any, out: Any, *, bits: int, group_size: int, hadamard: int, accumulate: bool
+) -> None:
+    """Decode ``payload`` into flat ``out`` (float32/float16/bfloat16); with
+    ``accumulate`` add into ``out`` (float32 only)."""
+    cp = cupy_module()
+    bits, G, H = _options(bits, group_size, hadamard)
+    xt = element_type(cp, out, "out")
+    check_accumulate(out, accumulate)
+    count = int(out.size)
+    layout = int_layout(count, bits, G, H)
+    check_payload(cp, payload, layout.nbytes, out)
+    check_disjoint(payload, out)
+    if count == 0:
+        return
+    defs = {"IOP": 2, "BITS": bits, "GS": G, "HAD": H, "XT": xt, "ACC": int(bool(accumulate))}
+    kind = "accumulate" if accumulate else "decode"
+    _launch(cp, defs, kind, (payload, out), count, layout.groups, layout.coded, 0)
+
+
+def _options(bits: Any, group_size: Any, hadamard: Any) -> tuple[int, int, int]:
+    """The kernels' options, checked (the codec checks them for users first)."""
+    b, G, H = as_int(bits, "bits"), as_int(group_size, "group_size"), as_int(hadamard, "hadamard")
+    if not 2 <= b <= 8:
+        raise ValueError(f"bits must be in 2..8, got {b}")
+    if G < 32 or G > 2048 or G & (G - 1):
+        raise ValueError(f"group_size must be a power of two in 32..2048, got {G}")
+    if H and (H < 8 or H > G or H & (H - 1)):
+        raise ValueError(f"hadamard must be 0 or a power of two in 8..group_size, got {H}")
+    return b, G, H
+
+
+def _launch(
+    cp: Any,
+    defs: dict[str, Any],
+    kind: str,
+    arrays: tuple,
+    count: int,
+    K: int,
+    coded: int,
+    key: int,
+) -> None:
+    device_id = arrays[0].data.device_id
+    with cp.cuda.Device(device_id):
+        key_t = (device_id, kind, *sorted(defs.items()))
+        cached = _launches.get(key_t)
+        if cached is None:
+            npl = 64 if defs["GS"] > 1024 else 32  # a group lies in at most 32 lanes
+            threads = 128 if npl == 64 else 256  # the staging buffers fit 48 KiB
+            full = {
+                **defs,
+                "OP": 0,
+                "NPL": npl,
+                "THREADS": threads,
+                # 64 elements per lane need twice the registers: half the threads.
+                "MIN_BLOCKS": max(1, _RESIDENT[kind] * 32 // npl // threads),
+            }
+            kern = compile_function(_SOURCES, full, "coccl_int")
+            cached = (kern, threads, threads // 32, sm_count(cp) * _BLOCKS_PER_SM, npl)
+            _launches[key_t] = cached
+        kern, threads, per_block, grid_cap, npl = cached
+        warps = -(-coded // (32 * npl))
+        blocks = max(1, min(-(-warps // per_block), grid_cap))
+        kern((blocks,), (threads,), (*arrays, np.int64(count), np.int64(K), np.uint64(key)))

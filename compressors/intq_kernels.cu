@@ -1,0 +1,369 @@
+// coccl GPU kernels of the `int` codec (2..8-bit symmetric integers), bit-exact with
+// FORMAT.md's `## int` section and the numba kernels of intq_cpu.py.
+//
+// compressors/intq_gpu.py compiles this file appended to codec_kernels.cu built with OP=0,
+// which defines none of that file's kernels, only its helpers: the inline-PTX float32
+// arithmetic (RNE, no FMA contraction, no flush of subnormals), the element loads and
+// stores of type XT, the shared-memory staging of a warp's tile, group_umax and the
+// Walsh-Hadamard stages wht_group. Every float operation below goes through them.
+//
+// Defines (besides codec_kernels.cu's OP=0, GS, XT, ACC, THREADS, MIN_BLOCKS):
+//   IOP     1 encode, 2 decode
+//   BITS    bits per code, 2..8
+//   HAD     Hadamard block H (0: none; else a power of two, 8 <= H <= GS)
+//   STOCH   encode: 1 stochastic rounding (FORMAT.md's u_i), 0 round to nearest even
+//   NPL     elements per lane: 32, or 64 for GS = 2048 (a group lies in GS / NPL lanes)
+//
+// Layout: a warp works on tiles of 32 * NPL consecutive elements; lane l holds elements
+// [NPL l, NPL l + NPL) of its tile in registers, as NPL / 32 halves of 32. Its codes are
+// NPL * BITS / 32 whole words (a lane's first element is a multiple of 32), so a tile's
+// codes are written and read as coalesced words through shared memory, and its elements
+// as coalesced 16-byte chunks (staged_load / staged_store), wherever the tile is whole
+// and the buffers aligned; elsewhere each lane accesses its own elements and bytes.
+//
+// Kernel: `coccl_int(const void* src, void* dst, i64 count, i64 K, u64 key)`; encode:
+// src = x, dst = payload; decode: src = payload, dst = out. key: the stochastic rounding's
+// stream key (FORMAT.md; unused otherwise).
+
+#ifndef IOP
+#error "IOP must be defined"
+#endif
+#ifndef BITS
+#define BITS 4
+#endif
+#ifndef HAD
+#define HAD 0
+#endif
+#ifndef STOCH
+#define STOCH 0
+#endif
+#ifndef NPL
+#define NPL 32
+#endif
+
+#define IQMAX ((1 << (BITS - 1)) - 1)
+#define ILPG (GS / NPL)          // lanes per group
+#define IHV (NPL / 32)           // halves of 32 elements per lane
+#define ICW (NPL * BITS / 32)    // code words per lane
+#define ITILE (32 * NPL)         // elements per warp tile
+#define ICH (IHV * CPL)          // 16-byte chunks of a lane's elements
+#define IOCH (IHV * 8)           // 16-byte chunks of a lane's float32 accumulator
+#define ICS (ICW + 1)            // smem stride of a lane's code words (odd: no conflicts)
+#if HAD > NPL
+#define HLANES (HAD / NPL)  // lanes per Hadamard block
+#else
+#define HLANES 1
+#endif
+
+#define BITS_QMAX_F ((float)IQMAX)
+#define BITS_2M24 0x33800000u  // 2^-24
+
+// ------------------------------------------------------------------ the key stream
+DEV u64 mix64(u64 z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// FORMAT.md's u_i: the top 24 bits of splitmix64's output i + 1 from state key, * 2^-24.
+DEV float uniform24(u64 key, i64 i) {
+  const u64 z = mix64(key + (u64)(i + 1) * 0x9E3779B97F4A7C15ull);
+  return f_mul((float)(u32)(z >> 40), as_f(BITS_2M24));  // both exact
+}
+
+DEV float floor_f(float a) {  // exact, no flush of subnormals
+#if defined(__CUDA_ARCH__)
+  float d;
+  asm("cvt.rmi.f32.f32 %0, %1;" : "=f"(d) : "f"(a));
+  return d;
+#else
+  return floorf(a);
+#endif
+}
+
+// ----------------------------------------------------------- the rotation (step 2)
+// The transform of every block of HAD among a lane's NPL values v (lane: its index in
+// the warp; blocks start at multiples of HAD, tiles at multiples of ITILE >= HAD).
+DEV void int_rotate(float* v, int lane) {
+#if HAD >= NPL
+  wht_group<NPL, HLANES>(v, lane & (HLANES - 1));
+#elif HAD > 0
+#pragma unroll
+  for (int b = 0; b < NPL; b += HAD) wht_group<HAD, 1>(v + b, 0);
+#endif
+}
+
+// ------------------------------------------------------------ the payload's layout
+struct IntPay {
+  i64 coded;   // elements with codes: count, or count rounded up to HAD
+  i64 cbytes;  // bytes of codes: the scales start here
+  i64 ntiles;  // warp tiles over the coded elements
+  bool p4;     // the payload is 4-byte aligned (a tile's codes: whole words)
+  bool a4;     // the scales are 4-byte aligned
+};
+
+DEV IntPay int_pay(const void* pay, i64 count) {
+  IntPay p;
+  p.coded = HAD ? (count + HAD - 1) / HAD * HAD : count;
+  p.cbytes = (p.coded * BITS + 7) >> 3;
+  p.ntiles = (p.coded + ITILE - 1) / ITILE;
+  p.p4 = (((u64)pay) & 3) == 0;
+  p.a4 = (((u64)pay + (u64)p.cbytes) & 3) == 0;
+  return p;
+}
+
+// A whole tile's code words: word wi of the tile belongs to lane wi / ICW. Moved through
+// the warp's buffer cb (stride ICS per lane) so that global accesses are coalesced.
+DEV void codes_store(u32* g, u32* cb, int lane, const u32* cw) {
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) cb[lane * ICS + j] = cw[j];
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) {
+    const int wi = j * 32 + lane;
+    g[wi] = cb[(wi / ICW) * ICS + wi % ICW];
+  }
+  __syncwarp();
+}
+
+DEV void codes_load(const u32* g, u32* cb, int lane, u32* cw) {
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) {
+    const int wi = j * 32 + lane;
+    cb[(wi / ICW) * ICS + wi % ICW] = __ldg(g + wi);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) cw[j] = cb[lane * ICS + j];
+  __syncwarp();
+}
+
+// ======================================================================== encode
+#if IOP == 1
+// FORMAT.md steps 4-5: D (returned), the step t = D * m and whether the codes divide.
+DEV float int_scale(float amax, float m, float& t, bool& tiny) {
+  const float q = BITS_QMAX_F;
+  float d = f_div(amax, f_mul(q, m));
+  t = f_mul(d, m);
+  tiny = as_u(amax) != 0u && as_u(t) <= BITS_2M128;
+  if (tiny) {
+    if (as_u(d) == 0u || as_u(f_div(amax, t)) > as_u(q)) {
+      d = next_up(d);
+      t = f_mul(d, m);
+    }
+  } else if (as_u(f_mul(t, q)) == BITS_INF) {
+    d = next_down(d);
+    t = f_mul(d, m);
+  }
+  return d;
+}
+
+// Step 6: the code of a scaled value y (element e of the payload).
+DEV int int_round(float y, u64 key, i64 e) {
+#if STOCH
+  const float f = floor_f(y);
+  const float frac = f_sub(y, f);  // exact, >= +0
+  const bool up = as_u(uniform24(key, e)) < as_u(frac);
+  const int r = f2i_rn(up ? f_add(f, as_f(BITS_ONE)) : f);
+#else
+  (void)key;
+  (void)e;
+  const int r = f2i_rn(y);
+#endif
+  return min(max(r, -IQMAX), IQMAX);
+}
+
+// One lane's NPL raw elements w (type XT; element base is its first) -> its ICW code
+// words and the group's scale bits (the same in all the group's lanes).
+DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32& dbits) {
+  u32 mb = 0;
+#pragma unroll
+  for (int hv = 0; hv < IHV; ++hv) mb = max(mb, raw_absmax(w + hv * NW));
+  mb = group_umax<ILPG>(mb);
+  float v[NPL];
+#pragma unroll
+  for (int hv = 0; hv < IHV; ++hv)
+#pragma unroll
+    for (int r = 0; r < 32; ++r) v[32 * hv + r] = elem_f32(w + hv * NW, r);
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) cw[j] = 0u;
+  // A group with NaN or ±Inf runs the same steps (every lane of the warp must reach the
+  // shuffles) and is overwritten at the end (step 7).
+  const bool bad = mb >= INF_BITS;
+  float m = as_f(BITS_ONE);
+  u32 ab = as_u(raw_to_f32(mb));
+#if HAD
+  m = (float)HAD;
+  if ((int)(ab >> 23) + ilog2(HAD) > 253) {  // the transform could overflow
+    const float p = as_f((u32)(127 - ilog2(HAD)) << 23);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], p);
+    m = as_f(BITS_ONE);
+  }
+  int_rotate(v, lane);
+  ab = 0;
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) ab = max(ab, as_u(v[i]) & 0x7fffffffu);
+  ab = group_umax<ILPG>(ab);
+#endif
+  const float amax = as_f(ab);
+  float t;
+  bool tiny;
+  const float d = int_scale(amax, m, t, tiny);
+  const float inv = ab != 0u ? f_div(as_f(BITS_ONE), t) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    const float y = tiny ? f_div(v[i], t) : f_mul(v[i], inv);
+    const u32 f = (u32)int_round(y, key, base + i) & ((1u << BITS) - 1u);
+    const int bit = i * BITS;  // constants after unrolling
+    cw[bit >> 5] |= f << (bit & 31);
+    if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= f >> (32 - (bit & 31));
+  }
+  if (bad) {
+#pragma unroll
+    for (int j = 0; j < ICW; ++j) cw[j] = 0u;
+  }
+  dbits = bad ? BITS_NAN : as_u(d);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K, u64 key) {
+  __shared__ uint4 smem[WARPS * 32 * ICH];
+  __shared__ u32 cbuf[WARPS * 32 * ICS];
+  const char* xb = (const char*)src;
+  unsigned char* pay = (unsigned char*)dst;
+  const int lane = threadIdx.x & 31;
+  const int wib = threadIdx.x >> 5;
+  uint4* sb = smem + wib * 32 * ICH;
+  u32* cb = cbuf + wib * 32 * ICS;
+  const IntPay lay = int_pay(pay, count);
+  const i64 coded = lay.coded;
+  const bool vin = (((u64)xb) & 15) == 0;
+  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < lay.ntiles;
+       tile += (i64)gridDim.x * WARPS) {
+    const i64 t0 = tile * ITILE;
+    const i64 base = t0 + (i64)lane * NPL;
+    u32 w[IHV * NW];
+    if (vin && t0 + ITILE <= count) {
+      staged_load<ICH>((const uint4*)(xb + t0 * EB), sb, lane, w);
+    } else {
+#pragma unroll
+      for (int hv = 0; hv < IHV; ++hv) lane_load(xb, base + 32 * hv, count, vin, w + hv * NW);
+    }
+    u32 cw[ICW], dbits;
+    int_encode_lane(w, lane, base, key, cw, dbits);
+    if (lay.p4 && t0 + ITILE <= coded) {
+      codes_store((u32*)(pay + t0 * BITS / 8), cb, lane, cw);  // the tile's codes
+    } else if (base < coded) {
+      const i64 end = ((coded < base + NPL ? coded : base + NPL) * BITS + 7) >> 3;
+      unsigned char* lp = pay + base * BITS / 8;
+#pragma unroll
+      for (int b = 0; b < 4 * ICW; ++b)
+        if (base * BITS / 8 + b < end) lp[b] = (unsigned char)(cw[b >> 2] >> (8 * (b & 3)));
+    }
+    const i64 g = base / GS;
+    if ((lane & (ILPG - 1)) == 0 && g < K && base < coded)
+      st32(pay + lay.cbytes + 4 * g, dbits, lay.a4);
+  }
+}
+#endif
+
+// ======================================================================== decode
+#if IOP == 2
+// A lane's NPL decoded values v at elements [base, base + NPL) of out (those below count),
+// written, or added to a float32 out (ACC); whole: the warp's tile [t0, t0 + ITILE) lies
+// within count and out is 16-byte aligned, so it moves coalesced through sb.
+DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool vout,
+                        uint4* sb, int lane, const float* v) {
+#if ACC
+  if (whole) {
+    // Plain loads (not __ldg): this kernel writes these addresses.
+    const uint4* ap = (const uint4*)(ob + t0 * 4);
+    uint4 t[IOCH];
+#pragma unroll
+    for (int j = 0; j < IOCH; ++j) t[j] = ap[j * 32 + lane];
+    u32 acc[NPL];
+    staged_transpose<IOCH>(t, sb, lane, acc);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) acc[i] = as_u(f_add(as_f(acc[i]), v[i]));
+    staged_store<IOCH>((uint4*)(ob + t0 * 4), sb, lane, acc);
+  } else {
+    float* o = (float*)ob;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i)
+      if (base + i < count) o[base + i] = f_add(o[base + i], v[i]);
+  }
+#else
+  if (whole) {
+    u32 ow[IHV * NW];
+#pragma unroll
+    for (int hv = 0; hv < IHV; ++hv) pack_out32(v + 32 * hv, ow + hv * NW);
+    staged_store<ICH>((uint4*)(ob + t0 * EB), sb, lane, ow);
+  } else if (base < count) {
+#pragma unroll
+    for (int hv = 0; hv < IHV; ++hv) store_out32(ob, base + 32 * hv, count, vout, v + 32 * hv);
+  }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K, u64 key) {
+  (void)key;
+#if ACC
+  __shared__ uint4 smem[WARPS * 32 * IOCH];
+#else
+  __shared__ uint4 smem[WARPS * 32 * ICH];
+#endif
+  __shared__ u32 cbuf[WARPS * 32 * ICS];
+  const unsigned char* pay = (const unsigned char*)src;
+  char* ob = (char*)dst;
+  const int lane = threadIdx.x & 31;
+  const int wib = threadIdx.x >> 5;
+#if ACC
+  uint4* sb = smem + wib * 32 * IOCH;
+#else
+  uint4* sb = smem + wib * 32 * ICH;
+#endif
+  u32* cb = cbuf + wib * 32 * ICS;
+  const IntPay lay = int_pay(pay, count);
+  const bool vout = (((u64)ob) & 15) == 0;
+  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < lay.ntiles;
+       tile += (i64)gridDim.x * WARPS) {
+    const i64 t0 = tile * ITILE;
+    const i64 base = t0 + (i64)lane * NPL;
+    const i64 g = base / GS;
+    const float d = g < K ? as_f(ld32(pay + lay.cbytes + 4 * g, lay.a4)) : 0.0f;
+    // ---- codes
+    u32 cw[ICW];
+    if (lay.p4 && t0 + ITILE <= lay.coded) {
+      codes_load((const u32*)(pay + t0 * BITS / 8), cb, lane, cw);
+    } else {
+      const i64 b0 = base * BITS / 8;
+#pragma unroll
+      for (int j = 0; j < ICW; ++j) cw[j] = 0u;
+#pragma unroll
+      for (int b = 0; b < 4 * ICW; ++b)
+        if (b0 + b < lay.cbytes) cw[b >> 2] |= (u32)pay[b0 + b] << (8 * (b & 3));
+    }
+    // ---- values: w_i = q_i, the transform (exact), then * D
+    float v[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int bit = i * BITS;
+      u32 f = cw[bit >> 5] >> (bit & 31);
+      if ((bit & 31) + BITS > 32) f |= cw[(bit >> 5) + 1] << (32 - (bit & 31));
+      v[i] = (float)(((int)(f << (32 - BITS))) >> (32 - BITS));  // sign-extended, exact
+    }
+#if HAD
+    int_rotate(v, lane);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = sat_inf(f_mul(v[i], d));
+#else
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
+#endif
+    // ---- output
+    int_store_lane(ob, t0, base, count, vout && t0 + ITILE <= count, vout, sb, lane, v);
+  }
+}
+#endif

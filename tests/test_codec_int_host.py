@@ -1,0 +1,114 @@
+"""The int codec's CUDA source (compressors/intq_kernels.cu), compiled as C++ against a
+host emulation of the CUDA built-ins (tests/host/cuda_emu.h: one warp of 32 threads), gives
+the numba kernels' payloads and decoded values bit for bit.
+
+This checks the kernels' indexing, packing, staging, shuffles, rounding and key stream
+without a GPU; the inline PTX (used only on the device) is the one part it cannot reach,
+which tests/test_codec_gpu_int.py covers on a GPU. Skips without g++ (C++20).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from coccl.compressors import intq_cpu
+from coccl.compressors.intq import stream_key
+from coccl.compressors.layout import int_layout
+
+from codec_reference import grouped_gaussian, magnitude_sweep
+
+GXX = shutil.which("g++")
+pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++")
+
+HERE = Path(__file__).parent
+SOURCES = [
+    HERE.parent / "compressors" / "codec_kernels.cu",
+    HERE.parent / "compressors" / "intq_kernels.cu",
+    HERE / "host" / "harness.cpp",
+]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, BF16: 2}
+# (bits, group_size, hadamard, stochastic, dtype): a lane's 32 and 64 elements, rotations
+# within and across lanes, both roundings, the three element types.
+VARIANTS = [
+    (4, 128, 32, True, BF16),
+    (3, 64, 0, False, np.dtype(np.float32)),
+    (6, 32, 8, True, np.dtype(np.float16)),
+    (5, 2048, 128, True, np.dtype(np.float32)),
+]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("intq_host") / "all.cpp"
+    path.write_text("\n".join(p.read_text() for p in SOURCES))
+    return path
+
+
+def _build(source: Path, defines: dict) -> Path:
+    exe = source.with_name("k_" + "_".join(f"{k}{v}" for k, v in defines.items()))
+    if not exe.exists():
+        flags = [
+            f"-D{k}={v}" for k, v in {"OP": 0, "THREADS": 32, "MIN_BLOCKS": 1, **defines}.items()
+        ]
+        cmd = [GXX, "-std=c++20", "-O1", "-ffp-contract=off", "-pthread"]
+        cmd += ["-include", str(HERE / "host" / "cuda_emu.h"), *flags, "-x", "c++", str(source)]
+        result = subprocess.run([*cmd, "-o", str(exe)], capture_output=True, text=True)
+        if result.returncode:
+            pytest.fail(f"g++ failed:\n{result.stderr[-4000:]}")
+    return exe
+
+
+def _run(exe: Path, src: np.ndarray, count: int, K: int, key: int, nout: int, init=None):
+    d = exe.parent
+    src.view(np.uint8).tofile(d / "in.bin")
+    args = [str(exe), str(d / "in.bin"), str(count), str(K), str(key), str(nout)]
+    args.append(str(d / "out.bin"))
+    if init is not None:
+        init.view(np.uint8).tofile(d / "init.bin")
+        args.append(str(d / "init.bin"))
+    subprocess.run(args, check=True)
+    return np.fromfile(d / "out.bin", np.uint8)
+
+
+def _same(got: np.ndarray, expect: np.ndarray) -> None:
+    nan = np.isnan(expect.astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+    bits = {2: np.uint16, 4: np.uint32}[expect.dtype.itemsize]
+    np.testing.assert_array_equal(got.view(bits)[~nan], expect.view(bits)[~nan])
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"b{v[0]}-g{v[1]}-h{v[2]}-{v[4]}")
+def test_cuda_source_matches_numba(variant: tuple, source: Path) -> None:
+    bits, g, h, stochastic, dtype = variant
+    npl = 64 if g > 1024 else 32
+    opts = {"bits": bits, "group_size": g, "hadamard": h}
+    rng = np.random.default_rng(bits)
+    enc = _build(source, {"IOP": 1, "BITS": bits, "GS": g, "HAD": h, "XT": XT[dtype],
+                          "STOCH": int(stochastic), "NPL": npl})  # fmt: skip
+    dec = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": XT[dtype], "NPL": npl})
+    acc = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": 0, "ACC": 1, "NPL": npl})
+    sweep = magnitude_sweep(rng, g, dtype).astype(dtype)
+    for x in (grouped_gaussian(rng, 3 * 32 * npl + 37, g, -2, 2).astype(dtype), sweep):
+        count = x.size
+        layout = int_layout(count, bits, g, h)
+        key = stream_key(count, 5)
+        expect = np.empty(layout.nbytes, np.uint8)
+        intq_cpu.int_encode(x, expect, stochastic=stochastic, key=key, **opts)
+        got = _run(enc, x, count, layout.groups, key, layout.nbytes)
+        np.testing.assert_array_equal(got, expect)
+        out = np.empty(count, dtype)
+        intq_cpu.int_decode(expect, out, accumulate=False, **opts)
+        y = _run(dec, expect, count, layout.groups, 0, count * dtype.itemsize).view(dtype)
+        _same(y, out)
+        base = rng.standard_normal(count).astype(np.float32)
+        summed = base.copy()
+        intq_cpu.int_decode(expect, summed, accumulate=True, **opts)
+        z = _run(acc, expect, count, layout.groups, 0, 4 * count, init=base).view(np.float32)
+        _same(z, summed)
