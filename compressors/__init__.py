@@ -1,4 +1,5 @@
-"""Codecs that shrink collective payloads: identity, int8 and taco (FP8 + Hadamard).
+"""Codecs that shrink collective payloads: identity, int8, taco (FP8 + Hadamard) and tah
+(TAH-Quant-style 4/3-bit activation tiles).
 
 Importing this package registers every built-in codec.
 """
@@ -14,6 +15,7 @@ from .base import (
 from .identity import IdentityCompressor
 from .int8 import Int8Compressor
 from .taco import TacoCompressor
+from .tah import TahCompressor
 
 __all__ = [
     "ALL_OPS",
@@ -22,6 +24,7 @@ __all__ = [
     "IdentityCompressor",
     "Int8Compressor",
     "TacoCompressor",
+    "TahCompressor",
     "available_compressors",
     "get_compressor",
     "register_compressor",

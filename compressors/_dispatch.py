@@ -1,12 +1,13 @@
-"""Routing of the int8/taco codecs' encode and decode to the CPU or GPU kernels.
+"""Routing of the codecs' encode and decode to the CPU or GPU kernels.
 
-``cpu_kernels`` and ``gpu_kernels`` expose the same functions with the same keyword
-arguments. The CPU ones take every float dtype in and out; the GPU ones take float32,
-float16 and bfloat16 and accumulate only into float32. This module bridges that gap
-with CuPy array operations, with the same arithmetic as the CPU path (float64 data is
-converted to float32 once on the way in, accumulated in float64 on the way out;
-float16/bfloat16 accumulators are added to in float32 and rounded once), so both
-devices give the same bits.
+``cpu_kernels`` and ``gpu_kernels`` (int8, taco) expose the same functions with the same
+keyword arguments; a codec with kernel modules of its own (tah) hands its kernel to
+``encode_with``/``decode_with``. The CPU ones take every float dtype in and out; the GPU
+ones take float32, float16 and bfloat16 and accumulate only into float32. This module
+bridges that gap with CuPy array operations, with the same arithmetic as the CPU path
+(float64 data is converted to float32 once on the way in, accumulated in float64 on the
+way out; float16/bfloat16 accumulators are added to in float32 and rounded once), so
+both devices give the same bits.
 """
 
 from __future__ import annotations
@@ -32,16 +33,25 @@ def _kernels(a: Any) -> ModuleType:
 
 def encode(name: str, x: Any, payload: Any, **options: Any) -> None:
     """Call ``<name>`` (e.g. ``taco_encode``) of the kernels for ``x``'s device."""
-    kernels = _kernels(x)
+    encode_with(getattr(_kernels(x), name), x, payload, **options)
+
+
+def encode_with(fn: Any, x: Any, payload: Any, **options: Any) -> None:
+    """Call the encode kernel ``fn`` (of ``x``'s device) with float64 device data
+    converted to float32 first."""
     if not isinstance(x, np.ndarray) and x.dtype == np.float64:
         x = x.astype(np.float32)  # RNE; beyond float32 -> ±Inf, as on the CPU
-    getattr(kernels, name)(x, payload, **options)
+    fn(x, payload, **options)
 
 
 def decode(name: str, payload: Any, out: Any, accumulate: bool, **options: Any) -> None:
     """Call ``<name>`` (e.g. ``taco_decode``) of the kernels for ``payload``'s device."""
-    kernels = _kernels(payload)
-    fn = getattr(kernels, name)
+    decode_with(getattr(_kernels(payload), name), payload, out, accumulate, **options)
+
+
+def decode_with(fn: Any, payload: Any, out: Any, accumulate: bool, **options: Any) -> None:
+    """Call the decode kernel ``fn`` (of ``payload``'s device), bridging the output dtypes
+    and accumulators the GPU kernels do not take (see the module docstring)."""
     if isinstance(payload, np.ndarray) or out.dtype == np.float32:
         fn(payload, out, accumulate=accumulate, **options)
         return

@@ -49,16 +49,19 @@ def read_source(path: Path) -> str:
     return text
 
 
-def compile_function(path: Path, defines: dict[str, Any], name: str = "coccl_codec") -> Any:
+def compile_function(
+    path: Path, defines: dict[str, Any], name: str = "coccl_codec", prelude: tuple[Path, ...] = ()
+) -> Any:
     """The kernel ``name`` of CUDA source ``path`` compiled with ``-D`` ``defines`` for the
-    current device, compiled once per (device, source, defines) in this process (CuPy also
-    caches the binary on disk).
+    current device, compiled once per (device, sources, defines) in this process (CuPy also
+    caches the binary on disk). The sources in ``prelude`` come first, in one translation
+    unit (a codec's kernels can build on another source's helpers).
 
     CuPy adds ``-arch`` for the current device and ``-ftz=true``; the codec kernels do
     their float arithmetic in inline PTX without ``.ftz``, so the flag cannot flush
     subnormals, and ``--fmad=false`` keeps anything else from being contracted."""
     cp = cupy_module()
-    key = (cp.cuda.Device().id, path, name, tuple(sorted(defines.items())))
+    key = (cp.cuda.Device().id, prelude, path, name, tuple(sorted(defines.items())))
     fn = _functions.get(key)
     if fn is None:
         with _lock:
@@ -67,7 +70,8 @@ def compile_function(path: Path, defines: dict[str, Any], name: str = "coccl_cod
                 options = ("-std=c++17", "--fmad=false") + tuple(
                     f"-D{k}={v}" for k, v in sorted(defines.items())
                 )
-                module = cp.RawModule(code=read_source(path), options=options)
+                code = "".join(read_source(p) + "\n" for p in prelude) + read_source(path)
+                module = cp.RawModule(code=code, options=options)
                 fn = _functions[key] = module.get_function(name)
     return fn
 
