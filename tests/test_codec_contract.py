@@ -1,4 +1,4 @@
-"""The Compressor contract (compressors/base.py) for identity, int8 and taco, the behaviour
+"""The Compressor contract (compressors/base.py) for identity, int8, taco and tah, the behaviour
 the lossy codecs share (dtypes, accumulate, every output element written, NaN groups,
 any count, determinism), and the committed wire-format fixtures.
 """
@@ -38,6 +38,10 @@ CONFIGS = [
     {"id": "taco", "group_size": 512, "dual_scale": False},
     {"id": "taco", "ash": False, "dual_scale": False},
     {"id": "taco", "group_size": 64, "coccl_clamps": True},
+    # tah with one tile per token, so that a token (its alignment) is a NaN tile's extent
+    {"id": "tah", "row": 64},
+    {"id": "tah", "row": 32, "tile": 32, "pivot": "off"},
+    {"id": "tah", "row": 128, "tile": 128, "bits_high": 8, "bits_low": 2, "low_fraction": 0.5},
 ]
 LOSSY = [c for c in CONFIGS if c["id"] != "identity"]
 COUNTS = [0, 1, 31, 127, 128, 129, 1000]
@@ -80,7 +84,7 @@ def test_config_roundtrip(cfg: dict) -> None:
 
 
 def test_registry_and_defaults() -> None:
-    assert {"identity", "int8", "taco"} <= set(available_compressors())
+    assert {"identity", "int8", "taco", "tah"} <= set(available_compressors())
     assert get_compressor("taco").get_config() == {
         "id": "taco",
         "fp8_format": "e4m3",
@@ -113,6 +117,10 @@ def test_unknown_name() -> None:
         ("taco", {"group_size": 0}, "group_size"),
         ("taco", {"fp8_format": "e3m4"}, "fp8_format"),
         ("taco", {"fp8_format": "E4M3"}, "fp8_format"),
+        ("tah", {"row": 100}, "row"),
+        ("tah", {"tile": 16}, "tile"),
+        ("tah", {"bits_low": 5}, "bits_low"),
+        ("tah", {"pivot": "always"}, "pivot"),
     ],
 )
 def test_bad_option_values(name: str, options: dict, option: str) -> None:
@@ -132,6 +140,8 @@ def test_bad_option_values(name: str, options: dict, option: str) -> None:
         ("taco", {"ash": "yes"}, "ash"),
         ("taco", {"dual_scale": 1}, "dual_scale"),
         ("taco", {"coccl_clamps": "no"}, "coccl_clamps"),
+        ("tah", {"row": 64.0}, "row"),
+        ("tah", {"pivot": False}, "pivot"),
     ],
 )
 def test_bad_option_types(name: str, options: dict, option: str) -> None:
@@ -139,7 +149,7 @@ def test_bad_option_types(name: str, options: dict, option: str) -> None:
         get_compressor(name, **options)
 
 
-@pytest.mark.parametrize("name", ["identity", "int8", "taco"])
+@pytest.mark.parametrize("name", ["identity", "int8", "taco", "tah"])
 def test_unknown_option(name: str) -> None:
     with pytest.raises(TypeError, match="bogus"):
         get_compressor(name, bogus=1)
@@ -156,7 +166,7 @@ def test_declared_properties(cfg: dict) -> None:
     assert not c.lossless
     assert c.ops == frozenset({"sum", "avg"})
     assert set(c.dtypes) == set(FLOATS)
-    assert c.alignment == cfg.get("group_size", 128)
+    assert c.alignment == cfg.get("row", cfg.get("group_size", 128))
     assert 0 < c.rel_error_typical < c.rel_error_bound
     c.check_op("sum")
     with pytest.raises(ValueError, match="max"):
@@ -251,9 +261,9 @@ def test_read_only_out_is_refused_up_front(cfg: dict) -> None:
 def test_docstring_examples_run() -> None:
     import doctest
 
-    from coccl.compressors import identity, int8, taco
+    from coccl.compressors import identity, int8, taco, tah
 
-    for module in (identity, int8, taco):
+    for module in (identity, int8, taco, tah):
         result = doctest.testmod(module, raise_on_error=False, verbose=False)
         assert result.failed == 0, f"{module.__name__}: {result}"
     assert doctest.testmod(int8).attempted >= 4 and doctest.testmod(taco).attempted >= 4

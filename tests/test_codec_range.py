@@ -42,6 +42,10 @@ CODECS = [
     {"id": "int8"},
     {"id": "int8", "group_size": 32},
     {"id": "int8", "group_size": 512},
+    # tah with one tile per token: the sweep's groups are its tiles
+    {"id": "tah", "row": 64},
+    {"id": "tah", "row": 32, "tile": 32, "bits_high": 2, "bits_low": 2},
+    {"id": "tah", "row": 128, "tile": 128, "bits_high": 8, "pivot": "off"},
 ]
 
 
