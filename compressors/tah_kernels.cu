@@ -73,29 +73,6 @@ DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
   }
 }
 
-// Unnormalised Walsh-Hadamard transform of a tile held as 8 elements per lane over LT
-// lanes (stages h = 1, 2, 4 in the lane, then 8, 16, ... across lanes), as taco's
-// wht_group: the lane whose bit is clear computes a + b, its partner a - b.
-DEV void wht_tile(float* v, int li) {
-#pragma unroll
-  for (int h = 1; h < 8; h <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if ((i & h) == 0) {
-        const float a = v[i], b = v[i + h];
-        v[i] = f_add(a, b);
-        v[i + h] = f_sub(a, b);
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 1; t < LT; t <<= 1) {
-    const float sgn = (li & t) ? -1.0f : 1.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = f_fma(sgn, v[i], __shfl_xor_sync(FULL_MASK, v[i], t));
-  }
-}
-
 // Swap the tile's element 0 with element j (j the same in all LT lanes of the tile).
 DEV void swap_first(float* v, int li, int lane, int j) {
   const int hl = j >> 3, hs = j & 7;
@@ -108,6 +85,25 @@ DEV void swap_first(float* v, int li, int lane, int j) {
 #pragma unroll
   for (int r = 0; r < 8; ++r) v[r] = (li == hl && r == hs) ? e0 : v[r];
   if (li == 0) v[0] = ej;
+}
+
+// The tile a lane works on in tile group g (TPW tiles a warp), whether it exists, its
+// element count m and the lane's share ml of it.
+struct TileLane {
+  i64 k, base;
+  bool active;
+  int m, ml;
+};
+
+DEV TileLane tile_lane(i64 g, int lane, int li, i64 count, i64 K) {
+  TileLane t;
+  t.k = g * TPW + (lane / LT);
+  t.active = t.k < K;
+  t.base = t.k * TILE;
+  const i64 left = t.active ? count - t.base : 0;
+  t.m = left < TILE ? (int)left : TILE;
+  t.ml = min(max(t.m - 8 * li, 0), 8);
+  return t;
 }
 
 // Where tile k's codes lie: its bit width b and the byte offset of its first code.
@@ -251,12 +247,10 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay,
   const i64 ngroups = (K + TPW - 1) / TPW;
   for (i64 g = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); g < ngroups;
        g += (i64)gridDim.x * WARPS) {
-    const i64 k = g * TPW + (lane / LT);
-    const bool active = k < K;
-    const i64 base = k * TILE;
-    const i64 left = active ? count - base : 0;
-    const int m = left < TILE ? (int)left : TILE;
-    const int ml = min(max(m - 8 * li, 0), 8);
+    const TileLane tl = tile_lane(g, lane, li, count, K);
+    const i64 k = tl.k, base = tl.base;
+    const bool active = tl.active;
+    const int m = tl.m, ml = tl.ml;
     float v[8];
     load8(xb, base + 8 * li, ml, vec, v);
     // The top two magnitudes and the lowest index of the largest, over the tile.
@@ -294,7 +288,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay,
 #pragma unroll
     for (int r = 0; r < 8; ++r) w[r] = v[r];
     swap_first(w, li, lane, idx);
-    wht_tile(w, li);
+    wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
 #pragma unroll
     for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
     int b = BH;
@@ -329,12 +323,10 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst,
   const i64 ngroups = (K + TPW - 1) / TPW;
   for (i64 g = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); g < ngroups;
        g += (i64)gridDim.x * WARPS) {
-    const i64 k = g * TPW + (lane / LT);
-    const bool active = k < K;
-    const i64 base = k * TILE;
-    const i64 left = active ? count - base : 0;
-    const int m = left < TILE ? (int)left : TILE;
-    const int ml = min(max(m - 8 * li, 0), 8);
+    const TileLane tl = tile_lane(g, lane, li, count, K);
+    const i64 k = tl.k, base = tl.base;
+    const bool active = tl.active;
+    const int ml = tl.ml;
     int b = BH;
     i64 off = 0;
     float c = 0.0f, step = 0.0f;
@@ -360,7 +352,7 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst,
     float w[8];
 #pragma unroll
     for (int r = 0; r < 8; ++r) w[r] = v[r];
-    wht_tile(w, li);
+    wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
 #pragma unroll
     for (int r = 0; r < 8; ++r) w[r] = f_mul(w[r], 1.0f / TILE);  // exact: a power of two
     swap_first(w, li, lane, (int)(p & 0x7fu));
