@@ -237,6 +237,39 @@ DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
   return acc;
 }
 
+// The tile's largest |v| bits (first), the lowest index holding it (idx) and the largest
+// of the others (second; equal to first on a tie), over the LT lanes: the merge of two
+// lanes' triples is symmetric, so both lanes of a pair agree, whatever the order.
+DEV void tile_top2(const float* v, int ml, int li, u32& first, u32& second, int& idx) {
+  first = 0;
+  second = 0;
+  idx = 8 * li;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const u32 a = as_u(v[r]) & 0x7fffffffu;
+    if (r < ml && a > first) {
+      second = first;
+      first = a;
+      idx = 8 * li + r;
+    } else if (r < ml && a > second) {
+      second = a;
+    }
+  }
+#pragma unroll
+  for (int t = 1; t < LT; t <<= 1) {
+    const u32 f2 = __shfl_xor_sync(FULL_MASK, first, t);
+    const u32 s2 = __shfl_xor_sync(FULL_MASK, second, t);
+    const int i2 = __shfl_xor_sync(FULL_MASK, idx, t);
+    if (f2 > first || (f2 == first && i2 < idx)) {
+      second = max(s2, first);
+      first = f2;
+      idx = i2;
+    } else {
+      second = max(second, f2);
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay,
            const long long* __restrict__ lb, i64 count, i64 row, i64 K, i64 piv0) {
@@ -253,33 +286,9 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay,
     const int m = tl.m, ml = tl.ml;
     float v[8];
     load8(xb, base + 8 * li, ml, vec, v);
-    // The top two magnitudes and the lowest index of the largest, over the tile.
-    u32 first = 0, second = 0;
-    int idx = 8 * li;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const u32 a = as_u(v[r]) & 0x7fffffffu;
-      if (r < ml && a > first) {
-        second = first;
-        first = a;
-        idx = 8 * li + r;
-      } else if (r < ml && a > second) {
-        second = a;
-      }
-    }
-#pragma unroll
-    for (int t = 1; t < LT; t <<= 1) {
-      const u32 f2 = __shfl_xor_sync(FULL_MASK, first, t);
-      const u32 s2 = __shfl_xor_sync(FULL_MASK, second, t);
-      const int i2 = __shfl_xor_sync(FULL_MASK, idx, t);
-      if (f2 > first || (f2 == first && i2 < idx)) {
-        second = max(s2, first);
-        first = f2;
-        idx = i2;
-      } else {
-        second = max(second, f2);
-      }
-    }
+    u32 first, second;
+    int idx;
+    tile_top2(v, ml, li, first, second, idx);
     const bool bad = first >= 0x7f800000u;
     const bool piv = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
                      first < PIVOT_MAX_BITS &&
