@@ -1,6 +1,7 @@
 """Codecs that shrink collective payloads: identity, int8, int (2-8 bits, optional
 Hadamard, seeded stochastic rounding), taco (FP8 + Hadamard), mx (microscaled FP4/FP6:
-OCP MX, NVFP4) and taco_fp (taco over FP4/FP6 elements).
+OCP MX, NVFP4), taco_fp (taco over FP4/FP6 elements) and tah (TAH-Quant-style 4/3-bit
+activation tiles).
 
 Importing this package registers every built-in codec.
 """
@@ -19,6 +20,7 @@ from .intq import IntCompressor
 from .mx import MxCompressor
 from .taco import TacoCompressor
 from .taco_fp import TacoFpCompressor
+from .tah import TahCompressor
 
 __all__ = [
     "ALL_OPS",
@@ -30,6 +32,7 @@ __all__ = [
     "MxCompressor",
     "TacoCompressor",
     "TacoFpCompressor",
+    "TahCompressor",
     "available_compressors",
     "get_compressor",
     "register_compressor",

@@ -1,12 +1,13 @@
 """Routing of the codecs' encode and decode to the CPU or GPU kernels.
 
-``cpu_kernels`` and ``gpu_kernels`` expose the same functions with the same keyword
-arguments. The CPU ones take every float dtype in and out; the GPU ones take float32,
-float16 and bfloat16 and accumulate only into float32. This module bridges that gap
-with CuPy array operations, with the same arithmetic as the CPU path (float64 data is
-converted to float32 once on the way in, accumulated in float64 on the way out;
-float16/bfloat16 accumulators are added to in float32 and rounded once), so both
-devices give the same bits.
+``cpu_kernels`` and ``gpu_kernels`` (int8, taco) expose the same functions with the same
+keyword arguments; a codec with kernel modules of its own (tah) hands its kernel to
+``encode_with``/``decode_with``. The CPU ones take every float dtype in and out; the GPU
+ones take float32, float16 and bfloat16 and accumulate only into float32. This module
+bridges that gap with CuPy array operations, with the same arithmetic as the CPU path
+(float64 data is converted to float32 once on the way in, accumulated in float64 on the
+way out; float16/bfloat16 accumulators are added to in float32 and rounded once), so
+both devices give the same bits.
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ def _kernel(name: str, a: Any) -> Any:
 def encode(name: str, x: Any, payload: Any, **options: Any) -> None:
     """Call ``<name>`` (e.g. ``taco_encode``, or ``mx:mx_encode`` of another family's
     kernel modules) of the kernels for ``x``'s device."""
-    fn = _kernel(name, x)
+    encode_with(_kernel(name, x), x, payload, **options)
+
+
+def encode_with(fn: Any, x: Any, payload: Any, **options: Any) -> None:
+    """Call the encode kernel ``fn`` (of ``x``'s device) with float64 device data
+    converted to float32 first."""
     if not isinstance(x, np.ndarray) and x.dtype == np.float64:
         x = x.astype(np.float32)  # RNE; beyond float32 -> ±Inf, as on the CPU
     fn(x, payload, **options)
@@ -53,7 +59,12 @@ def encode(name: str, x: Any, payload: Any, **options: Any) -> None:
 
 def decode(name: str, payload: Any, out: Any, accumulate: bool, **options: Any) -> None:
     """Call ``<name>`` (e.g. ``taco_decode``) of the kernels for ``payload``'s device."""
-    fn = _kernel(name, payload)
+    decode_with(_kernel(name, payload), payload, out, accumulate, **options)
+
+
+def decode_with(fn: Any, payload: Any, out: Any, accumulate: bool, **options: Any) -> None:
+    """Call the decode kernel ``fn`` (of ``payload``'s device), bridging the output dtypes
+    and accumulators the GPU kernels do not take (see the module docstring)."""
     if isinstance(payload, np.ndarray) or out.dtype == np.float32:
         fn(payload, out, accumulate=accumulate, **options)
         return

@@ -1,5 +1,5 @@
-"""The Compressor contract (compressors/base.py) for identity, int8, int, taco, mx and
-taco_fp, the behaviour the lossy codecs share (dtypes, accumulate, every output element
+"""The Compressor contract (compressors/base.py) for identity, int8, int, taco, mx, taco_fp
+and tah, the behaviour the lossy codecs share (dtypes, accumulate, every output element
 written, NaN groups,
 any count, determinism), and the committed wire-format fixtures.
 """
@@ -52,6 +52,10 @@ CONFIGS = [
     {"id": "int", "bits": 6, "group_size": 32},
     {"id": "int", "bits": 5, "group_size": 2048, "hadamard": 1024, "rounding": "stochastic"},
     {"id": "int", "bits": 8, "hadamard": 8, "rounding": "stochastic", "seed": 3},
+    # tah with one tile per token, so that a token (its alignment) is a NaN tile's extent
+    {"id": "tah", "row": 64},
+    {"id": "tah", "row": 32, "tile": 32, "pivot": "off"},
+    {"id": "tah", "row": 128, "tile": 128, "bits_high": 8, "bits_low": 2, "low_fraction": 0.5},
 ]
 LOSSY = [c for c in CONFIGS if c["id"] != "identity"]
 COUNTS = [0, 1, 31, 127, 128, 129, 1000]
@@ -94,7 +98,7 @@ def test_config_roundtrip(cfg: dict) -> None:
 
 
 def test_registry_and_defaults() -> None:
-    assert {"identity", "int8", "int", "taco"} <= set(available_compressors())
+    assert {"identity", "int8", "int", "taco", "tah"} <= set(available_compressors())
     assert get_compressor("taco").get_config() == {
         "id": "taco",
         "fp8_format": "e4m3",
@@ -137,6 +141,10 @@ def test_unknown_name() -> None:
         ("int", {"rounding": "up"}, "rounding"),
         ("int", {"seed": -1}, "seed"),
         ("int", {"seed": 1 << 64}, "seed"),
+        ("tah", {"row": 100}, "row"),
+        ("tah", {"tile": 16}, "tile"),
+        ("tah", {"bits_low": 5}, "bits_low"),
+        ("tah", {"pivot": "always"}, "pivot"),
     ],
 )
 def test_bad_option_values(name: str, options: dict, option: str) -> None:
@@ -160,6 +168,8 @@ def test_bad_option_values(name: str, options: dict, option: str) -> None:
         ("int", {"hadamard": True}, "hadamard"),
         ("int", {"rounding": 0}, "rounding"),
         ("int", {"seed": "1"}, "seed"),
+        ("tah", {"row": 64.0}, "row"),
+        ("tah", {"pivot": False}, "pivot"),
     ],
 )
 def test_bad_option_types(name: str, options: dict, option: str) -> None:
@@ -167,7 +177,7 @@ def test_bad_option_types(name: str, options: dict, option: str) -> None:
         get_compressor(name, **options)
 
 
-@pytest.mark.parametrize("name", ["identity", "int8", "int", "taco"])
+@pytest.mark.parametrize("name", ["identity", "int8", "int", "taco", "mx", "taco_fp", "tah"])
 def test_unknown_option(name: str) -> None:
     with pytest.raises(TypeError, match="bogus"):
         get_compressor(name, bogus=1)
@@ -184,7 +194,8 @@ def test_declared_properties(cfg: dict) -> None:
     assert not c.lossless
     assert c.ops == frozenset({"sum", "avg"})
     assert set(c.dtypes) == set(FLOATS)
-    assert c.alignment == cfg.get("block", 32) if cfg["id"] == "mx" else cfg.get("group_size", 128)
+    by_codec = {"mx": cfg.get("block", 32), "tah": cfg.get("row", 4096)}
+    assert c.alignment == by_codec.get(cfg["id"], cfg.get("group_size", 128))
     assert 0 < c.rel_error_typical < c.rel_error_bound
     c.check_op("sum")
     with pytest.raises(ValueError, match="max"):
@@ -279,9 +290,9 @@ def test_read_only_out_is_refused_up_front(cfg: dict) -> None:
 def test_docstring_examples_run() -> None:
     import doctest
 
-    from coccl.compressors import identity, int8, intq, mx, taco, taco_fp
+    from coccl.compressors import identity, int8, intq, mx, taco, taco_fp, tah
 
-    for module in (identity, int8, intq, taco, mx, taco_fp):
+    for module in (identity, int8, intq, taco, mx, taco_fp, tah):
         result = doctest.testmod(module, raise_on_error=False, verbose=False)
         assert result.failed == 0, f"{module.__name__}: {result}"
     assert doctest.testmod(int8).attempted >= 4 and doctest.testmod(taco).attempted >= 4
@@ -497,7 +508,7 @@ def _fixture_cases() -> list[str]:
 def test_fixture_file_present() -> None:
     assert FIXTURES.exists(), "run tests/fixtures/make_codec_fixtures.py"
     assert FIXTURES.stat().st_size < 400_000  # each case holds its own input
-    assert len(_fixture_cases()) >= 41
+    assert len(_fixture_cases()) >= 43
 
 
 @pytest.mark.parametrize("case", _fixture_cases())

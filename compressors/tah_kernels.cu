@@ -1,0 +1,409 @@
+// coccl GPU kernels of the tah codec, bit-exact with FORMAT.md (section tah) and with the
+// numba kernels of compressors/tah_cpu.py.
+//
+// Compiled by compressors/tah_gpu.py after codec_kernels.cu (with OP=0, which defines its
+// float32 inline-PTX arithmetic, element loads and output conversions and no kernel), with
+// -D defines; every variant defines one kernel, `tah_kernel`:
+//
+//   TAH_OP  1 token scores, 2 encode, 3 decode
+//   XT      element type of x (score, encode) or out (decode): 0 float32, 1 float16,
+//           2 bfloat16 (codec_kernels.cu's define)
+//   TILE    elements per tile: 32, 64 or 128
+//   BH, BL  bits per code of high and low tokens (2..8)
+//   PIVOT   encode: 1 lets tiles with one dominant value pivot (option pivot="auto")
+//   RATIO_BITS  encode: the bits of the float32 pivot_ratio
+//   ACC     decode: add into a float32 out (1) or overwrite (0)
+//
+// Layout of encode and decode: a tile lives in LT = TILE / 8 consecutive lanes, lane li of
+// it holding elements [8 li, 8 li + 8) in registers, so a warp holds 32 / LT tiles. Every
+// lane of a warp runs every shuffle (tiles that do not pivot compute the transform too and
+// drop it), so no shuffle sits in divergent code. Reductions that decide anything (min,
+// max, the top two magnitudes) are on integers, whose results no order changes.
+
+#ifndef TAH_OP
+#error "TAH_OP must be defined"
+#endif
+#ifndef TILE
+#define TILE 64
+#endif
+#ifndef BH
+#define BH 4
+#endif
+#ifndef BL
+#define BL 3
+#endif
+#ifndef PIVOT
+#define PIVOT 1
+#endif
+#ifndef RATIO_BITS
+#define RATIO_BITS 0x40000000u  // 2.0f
+#endif
+
+#define LT (TILE / 8)  // lanes per tile
+#define TPW (32 / LT)  // tiles per warp
+#define SCORE_LEVELS 256
+#define SCORE_FRAC 20
+#define PIVOT_MIN_BITS (63u << 23)   // 2^-64
+#define PIVOT_MAX_BITS (191u << 23)  // 2^64
+#define BITS_HALF 0x3f000000u
+#define BITS_MIN_NORMAL 0x00800000u
+
+// ------------------------------------------------------------------ shared helpers
+// An int whose order is the order of the float32 with these bits (-0 < +0).
+DEV int order_key(u32 b) { return (b & 0x80000000u) ? -(int)(b & 0x7fffffffu) - 1 : (int)b; }
+DEV float from_key(int k) { return k < 0 ? as_f(0x80000000u | (u32)(-(k + 1))) : as_f((u32)k); }
+
+// A lane's 8 elements from element e0 (ml of them exist, zero after): one 16-byte vector
+// or two where they are aligned, else one by one.
+DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
+  u32 w[8];
+  if (vec && ml == 8) {
+    const uint4* p = (const uint4*)(xb + e0 * EB);
+    const uint4 a = ldg4(p);
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+#if XT == 0
+    const uint4 b = ldg4(p + 1);
+    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+#endif
+#pragma unroll
+    for (int r = 0; r < 8; ++r) v[r] = elem_f32(w, r);
+  } else {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) v[r] = r < ml ? raw_to_f32(load_elem_raw(xb, e0 + r)) : 0.0f;
+  }
+}
+
+// Swap the tile's element 0 with element j (j the same in all LT lanes of the tile).
+DEV void swap_first(float* v, int li, int lane, int j) {
+  const int hl = j >> 3, hs = j & 7;
+  float sel = v[0];
+#pragma unroll
+  for (int r = 1; r < 8; ++r) sel = r == hs ? v[r] : sel;
+  const int tb = lane & ~(LT - 1);
+  const float e0 = __shfl_sync(FULL_MASK, v[0], tb);
+  const float ej = __shfl_sync(FULL_MASK, sel, tb + hl);
+#pragma unroll
+  for (int r = 0; r < 8; ++r) v[r] = (li == hl && r == hs) ? e0 : v[r];
+  if (li == 0) v[0] = ej;
+}
+
+// The tile a lane works on in tile group g (TPW tiles a warp), whether it exists, its
+// element count m and the lane's share ml of it.
+struct TileLane {
+  i64 k, base;
+  bool active;
+  int m, ml;
+};
+
+DEV TileLane tile_lane(i64 g, int lane, int li, i64 count, i64 K) {
+  TileLane t;
+  t.k = g * TPW + (lane / LT);
+  t.active = t.k < K;
+  t.base = t.k * TILE;
+  const i64 left = t.active ? count - t.base : 0;
+  t.m = left < TILE ? (int)left : TILE;
+  t.ml = min(max(t.m - 8 * li, 0), 8);
+  return t;
+}
+
+// Where tile k's codes lie: its bit width b and the byte offset of its first code.
+DEV void tile_place(const long long* lb, i64 k, i64 row, i64 codes0, int& b, i64& off) {
+  const i64 base = k * TILE;
+  const i64 t = base / row;
+  const long long l0 = lb[t], l1 = lb[t + 1];
+  b = (l1 != l0) ? BL : BH;
+  const i64 seg = ((t - l0) * BH + l0 * BL) * row / 8;
+  off = codes0 + seg + (base - t * row) * b / 8;
+}
+
+// =================================================================== token scores (1)
+#if TAH_OP == 1
+DEV long long log2_fixed(long long s) {  // floor(log2(s) * 2^20), s >= 1, integers only
+  const int n = 63 - __clzll(s);
+  long long x = n >= 30 ? s >> (n - 30) : s << (30 - n);
+  long long frac = 0;
+#pragma unroll 1
+  for (int i = 0; i < SCORE_FRAC; ++i) {
+    x = (x * x) >> 30;
+    frac <<= 1;
+    if (x >= (1LL << 31)) {
+      x >>= 1;
+      frac |= 1;
+    }
+  }
+  return ((long long)n << SCORE_FRAC) | frac;
+}
+
+// One block per token (grid-stride): keys[t] = score << 32 | t.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tah_kernel(const void* __restrict__ src, long long* __restrict__ keys,
+           const long long* __restrict__ tables, i64 count, i64 row, i64 ntok) {
+  __shared__ long long tw[SCORE_LEVELS + 1], twl[SCORE_LEVELS + 1];
+  __shared__ u32 red_m[WARPS];
+  __shared__ long long red_s[WARPS], red_l[WARPS];
+  const char* xb = (const char*)src;
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i <= SCORE_LEVELS; i += THREADS) {
+    tw[i] = tables[i];
+    twl[i] = tables[SCORE_LEVELS + 1 + i];
+  }
+  __syncthreads();
+  for (i64 t = blockIdx.x; t < ntok; t += gridDim.x) {
+    const i64 s0 = t * row, s1 = s0 + row < count ? s0 + row : count;
+    u32 m = 0;
+    for (i64 e = s0 + threadIdx.x; e < s1; e += THREADS)
+      m = max(m, as_u(raw_to_f32(load_elem_raw(xb, e))) & 0x7fffffffu);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, (u32)__shfl_xor_sync(FULL_MASK, m, o));
+    if (lane == 0) red_m[wib] = m;
+    __syncthreads();
+    u32 amax = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) amax = max(amax, red_m[w]);
+    long long s = 0, l = 0;
+    if (amax != 0u && amax < 0x7f800000u) {
+      for (i64 e = s0 + threadIdx.x; e < s1; e += THREADS) {
+        const u32 a = as_u(raw_to_f32(load_elem_raw(xb, e))) & 0x7fffffffu;
+        u32 lev = (amax - a) >> 19;
+        lev = a == 0u ? SCORE_LEVELS : min(lev, (u32)SCORE_LEVELS);
+        s += tw[lev];
+        l += twl[lev];
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      s += __shfl_xor_sync(FULL_MASK, s, o);
+      l += __shfl_xor_sync(FULL_MASK, l, o);
+    }
+    if (lane == 0) {
+      red_s[wib] = s;
+      red_l[wib] = l;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      long long ss = 0, ll = 0;
+      for (int w = 0; w < WARPS; ++w) {
+        ss += red_s[w];
+        ll += red_l[w];
+      }
+      const long long score =
+          (amax != 0u && amax < 0x7f800000u) ? log2_fixed(ss) + (ll << SCORE_FRAC) / ss : 0;
+      keys[t] = (score << 32) | t;
+    }
+    __syncthreads();  // red_* are rewritten by the next token
+  }
+}
+#endif
+
+// ========================================================================= encode (2)
+#if TAH_OP == 2
+// One tile's asymmetric quantization (FORMAT.md): v holds the lane's 8 values (ml real),
+// b the tile's width; returns the codes packed LSB first, sets c and step.
+DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
+  int lo = 0x7fffffff, hi = (int)0x80000000;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    if (r < ml) {
+      const int k = order_key(as_u(v[r]));
+      lo = min(lo, k);
+      hi = max(hi, k);
+    }
+  }
+#pragma unroll
+  for (int t = 1; t < LT; t <<= 1) {
+    lo = min(lo, __shfl_xor_sync(FULL_MASK, lo, t));
+    hi = max(hi, __shfl_xor_sync(FULL_MASK, hi, t));
+  }
+  const float flo = from_key(lo), fhi = from_key(hi);
+  c = f_add(f_mul(fhi, as_f(BITS_HALF)), f_mul(flo, as_f(BITS_HALF)));
+  const float r1 = f_sub(fhi, c), r2 = f_sub(c, flo);
+  const float rr = as_u(r1) > as_u(r2) ? r1 : r2;  // both >= 0
+  const int qmax = (1 << b) - 1;
+  const float qh = f_mul((float)qmax, as_f(BITS_HALF));
+  step = 0.0f;
+  if (as_u(rr) == 0u) return 0ull;
+  step = f_div(rr, qh);
+  if (as_u(step) == 0u || as_u(f_div(rr, step)) > as_u(qh)) step = next_up(step);
+  const bool divide = as_u(step) < BITS_MIN_NORMAL;  // 1 / step would overflow
+  const float inv = divide ? 0.0f : f_div(as_f(BITS_ONE), step);
+  u64 acc = 0;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const float d = f_sub(v[r], c);
+    const float u = divide ? f_div(d, step) : f_mul(d, inv);
+    const int q = min(max(f2i_rn(f_add(u, qh)), 0), qmax);
+    if (r < ml) acc |= (u64)q << (r * b);
+  }
+  return acc;
+}
+
+// The tile's largest |v| bits (first), the lowest index holding it (idx) and the largest
+// of the others (second; equal to first on a tie), over the LT lanes: the merge of two
+// lanes' triples is symmetric, so both lanes of a pair agree, whatever the order.
+DEV void tile_top2(const float* v, int ml, int li, u32& first, u32& second, int& idx) {
+  first = 0;
+  second = 0;
+  idx = 8 * li;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const u32 a = as_u(v[r]) & 0x7fffffffu;
+    if (r < ml && a > first) {
+      second = first;
+      first = a;
+      idx = 8 * li + r;
+    } else if (r < ml && a > second) {
+      second = a;
+    }
+  }
+#pragma unroll
+  for (int t = 1; t < LT; t <<= 1) {
+    const u32 f2 = __shfl_xor_sync(FULL_MASK, first, t);
+    const u32 s2 = __shfl_xor_sync(FULL_MASK, second, t);
+    const int i2 = __shfl_xor_sync(FULL_MASK, idx, t);
+    if (f2 > first || (f2 == first && i2 < idx)) {
+      second = max(s2, first);
+      first = f2;
+      idx = i2;
+    } else {
+      second = max(second, f2);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay,
+           const long long* __restrict__ lb, i64 count, i64 row, i64 K, i64 piv0) {
+  const char* xb = (const char*)src;
+  const int lane = threadIdx.x & 31, li = lane & (LT - 1);
+  const bool vec = (((u64)xb) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
+  const i64 codes0 = 8 * K;
+  const i64 ngroups = (K + TPW - 1) / TPW;
+  for (i64 g = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); g < ngroups;
+       g += (i64)gridDim.x * WARPS) {
+    const TileLane tl = tile_lane(g, lane, li, count, K);
+    const i64 k = tl.k, base = tl.base;
+    const bool active = tl.active;
+    const int m = tl.m, ml = tl.ml;
+    float v[8];
+    load8(xb, base + 8 * li, ml, vec, v);
+    u32 first, second;
+    int idx;
+    tile_top2(v, ml, li, first, second, idx);
+    const bool bad = first >= 0x7f800000u;
+    const bool piv = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
+                     first < PIVOT_MAX_BITS &&
+                     first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
+    float w[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) w[r] = v[r];
+    swap_first(w, li, lane, idx);
+    wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+#pragma unroll
+    for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
+    int b = BH;
+    i64 off = 0;
+    if (active) tile_place(lb, k, row, codes0, b, off);
+    float c, step;
+    u64 codes = quantize8(v, ml, b, c, step);
+    if (bad) codes = 0;
+    if (active) {
+      const int nb = (ml * b + 7) >> 3;
+      unsigned char* p = pay + off + li * b;
+      for (int j = 0; j < nb; ++j) p[j] = (unsigned char)(codes >> (8 * j));
+      if (li == 0) {
+        st32(pay + 4 * k, bad ? BITS_NAN : as_u(c), a4);
+        st32(pay + 4 * K + 4 * k, bad ? BITS_NAN : as_u(step), a4);
+        pay[piv0 + k] = piv ? (unsigned char)(0x80 | idx) : (unsigned char)0;
+      }
+    }
+  }
+}
+#endif
+
+// ========================================================================= decode (3)
+#if TAH_OP == 3
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst,
+           const long long* __restrict__ lb, i64 count, i64 row, i64 K, i64 piv0) {
+  char* ob = (char*)dst;
+  const int lane = threadIdx.x & 31, li = lane & (LT - 1);
+  const bool vout = (((u64)ob) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
+  const i64 codes0 = 8 * K;
+  const i64 ngroups = (K + TPW - 1) / TPW;
+  for (i64 g = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); g < ngroups;
+       g += (i64)gridDim.x * WARPS) {
+    const TileLane tl = tile_lane(g, lane, li, count, K);
+    const i64 k = tl.k, base = tl.base;
+    const bool active = tl.active;
+    const int ml = tl.ml;
+    int b = BH;
+    i64 off = 0;
+    float c = 0.0f, step = 0.0f;
+    u32 p = 0;
+    u64 codes = 0;
+    if (active) {
+      tile_place(lb, k, row, codes0, b, off);
+      c = as_f(ld32(pay + 4 * k, a4));
+      step = as_f(ld32(pay + 4 * K + 4 * k, a4));
+      p = pay[piv0 + k];
+      const int nb = (ml * b + 7) >> 3;
+      const unsigned char* q = pay + off + li * b;
+      for (int j = 0; j < nb; ++j) codes |= (u64)q[j] << (8 * j);
+    }
+    const int qmax = (1 << b) - 1;
+    const float qh = f_mul((float)qmax, as_f(BITS_HALF));
+    float v[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const float k8 = f_sub((float)(int)((codes >> (r * b)) & (u64)qmax), qh);
+      v[r] = sat_inf(f_add(c, f_mul(k8, step)));
+    }
+    float w[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) w[r] = v[r];
+    wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+#pragma unroll
+    for (int r = 0; r < 8; ++r) w[r] = f_mul(w[r], 1.0f / TILE);  // exact: a power of two
+    swap_first(w, li, lane, (int)(p & 0x7fu));
+    const bool piv = (p & 0x80u) != 0u;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
+    if (!active || ml == 0) continue;
+    const i64 e0 = base + 8 * li;
+#if ACC
+    float* o = (float*)ob + e0;
+    if (vout && ml == 8) {
+      uint4* o4 = (uint4*)o;
+      uint4 a = o4[0], bq = o4[1];
+      a.x = as_u(f_add(as_f(a.x), v[0])); a.y = as_u(f_add(as_f(a.y), v[1]));
+      a.z = as_u(f_add(as_f(a.z), v[2])); a.w = as_u(f_add(as_f(a.w), v[3]));
+      bq.x = as_u(f_add(as_f(bq.x), v[4])); bq.y = as_u(f_add(as_f(bq.y), v[5]));
+      bq.z = as_u(f_add(as_f(bq.z), v[6])); bq.w = as_u(f_add(as_f(bq.w), v[7]));
+      o4[0] = a;
+      o4[1] = bq;
+    } else {
+      for (int r = 0; r < ml; ++r) o[r] = f_add(o[r], v[r]);
+    }
+#else
+    if (vout && ml == 8) {
+#if XT == 0
+      uint4* o4 = (uint4*)(ob + e0 * 4);
+      o4[0] = make_uint4(as_u(v[0]), as_u(v[1]), as_u(v[2]), as_u(v[3]));
+      o4[1] = make_uint4(as_u(v[4]), as_u(v[5]), as_u(v[6]), as_u(v[7]));
+#else
+      *(uint4*)(ob + e0 * 2) = make_uint4(pack_out2(v[0], v[1]), pack_out2(v[2], v[3]),
+                                          pack_out2(v[4], v[5]), pack_out2(v[6], v[7]));
+#endif
+    } else {
+      for (int r = 0; r < ml; ++r) {
+#if XT == 0
+        ((float*)ob)[e0 + r] = v[r];
+#else
+        ((unsigned short*)ob)[e0 + r] = (unsigned short)out_bits1(v[r]);
+#endif
+      }
+    }
+#endif
+  }
+}
+#endif

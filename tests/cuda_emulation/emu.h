@@ -1,0 +1,50 @@
+// Host emulation of the CUDA built-ins that codec_kernels.cu's helpers and tah_kernels.cu
+// use, so that the tah kernels run on a CPU (tests/test_codec_tah_emulated.py): one block
+// of EMU_THREADS threads, each a std::thread; warp shuffles and barriers through
+// std::barrier. The float arithmetic is codec_kernels.cu's host branch (plain IEEE float32,
+// compiled with -ffp-contract=off); the GPU's inline PTX computes the same values.
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <thread>
+#include <vector>
+#include <algorithm>
+#include <memory>
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct Dim { unsigned x; };
+thread_local Dim threadIdx;
+Dim blockIdx{0}, gridDim{1};
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+template <class T> inline T __ldg(const T* p) { return *p; }
+using std::min; using std::max;
+inline unsigned __vmaxu2(unsigned a, unsigned b) {
+  unsigned lo = std::max(a & 0xffffu, b & 0xffffu), hi = std::max(a >> 16, b >> 16);
+  return lo | (hi << 16);
+}
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+constexpr int EMU_THREADS = 256;
+std::unique_ptr<std::barrier<>> g_block;
+std::vector<std::unique_ptr<std::barrier<>>> g_warp;
+uint64_t g_slots[EMU_THREADS];
+inline void __syncthreads() { g_block->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_warp[threadIdx.x >> 5]->arrive_and_wait(); }
+template <class T> T emu_shfl(T v, int src) {
+  const int w = threadIdx.x >> 5;
+  uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
+  g_slots[threadIdx.x] = bits;
+  g_warp[w]->arrive_and_wait();
+  uint64_t r = g_slots[w * 32 + (src & 31)];
+  g_warp[w]->arrive_and_wait();
+  T out; std::memcpy(&out, &r, sizeof(T)); return out;
+}
+template <class T> T __shfl_xor_sync(unsigned, T v, int m) { return emu_shfl(v, (threadIdx.x & 31) ^ m); }
+template <class T> T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }

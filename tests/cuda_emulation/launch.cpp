@@ -1,0 +1,20 @@
+// Compiled after emu.h, codec_kernels.cu and tah_kernels.cu: runs the variant's tah_kernel
+// on one block of EMU_THREADS threads (the kernels' grid-stride loops cover any size).
+extern "C" void emu_launch(void* a0, void* a1, void* a2, long long c, long long r, long long k, long long p) {
+  g_block = std::make_unique<std::barrier<>>(EMU_THREADS);
+  g_warp.clear();
+  for (int w = 0; w < EMU_THREADS / 32; ++w) g_warp.push_back(std::make_unique<std::barrier<>>(32));
+  std::vector<std::thread> ts;
+  for (int t = 0; t < EMU_THREADS; ++t)
+    ts.emplace_back([=] {
+      threadIdx.x = t;
+#if TAH_OP == 1
+      tah_kernel(a0, (long long*)a1, (const long long*)a2, c, r, k);
+#elif TAH_OP == 2
+      tah_kernel(a0, (unsigned char*)a1, (const long long*)a2, c, r, k, p);
+#else
+      tah_kernel((const unsigned char*)a0, a1, (const long long*)a2, c, r, k, p);
+#endif
+    });
+  for (auto& t : ts) t.join();
+}

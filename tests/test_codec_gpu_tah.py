@@ -1,0 +1,142 @@
+"""The tah codec's CUDA kernels (compressors/tah_gpu.py) against its CPU kernels, bit for bit.
+
+Payload bytes identical (the low tokens, pivots, centres, steps and codes), decoded values
+and accumulations identical bit for bit, NaNs compared as NaN-ness (FORMAT.md fixes the
+NaN bits stored in payloads, not those of decoded NaNs). Skips without CuPy and a GPU.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+try:
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError("no CUDA device")
+except Exception as exc:  # ImportError, no driver, no device
+    pytest.skip(f"needs CuPy and a CUDA GPU ({exc})", allow_module_level=True)
+
+from coccl.compressors import TahCompressor  # noqa: E402
+
+from codec_reference import magnitude_sweep  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BF16]
+VARIANTS = [
+    {"row": 256},
+    {"row": 256, "pivot": "off"},
+    {"row": 4096},
+    {"row": 128, "tile": 32, "bits_high": 5, "bits_low": 2, "low_fraction": 0.5},
+    {"row": 384, "tile": 128, "bits_high": 8, "bits_low": 4, "pivot_ratio": 4.0},
+    {"row": 64, "low_fraction": 1.0},
+]
+
+
+def _id(cfg: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in cfg.items())
+
+
+def to_dev(a: np.ndarray) -> cupy.ndarray:
+    if a.dtype == BF16:
+        return cupy.asarray(a.view(np.uint16)).view(BF16)
+    return cupy.asarray(a)
+
+
+def to_host(d: cupy.ndarray) -> np.ndarray:
+    if np.dtype(d.dtype) == BF16:
+        return cupy.asnumpy(d.view(cupy.uint16)).view(BF16)
+    return cupy.asnumpy(d)
+
+
+def assert_values_equal(got: np.ndarray, want: np.ndarray, msg: str) -> None:
+    assert got.dtype == want.dtype, msg
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    nan = np.isnan(w)
+    np.testing.assert_array_equal(np.isnan(g), nan, err_msg=msg)
+    bits = {2: np.uint16, 4: np.uint32}[want.dtype.itemsize]
+    np.testing.assert_array_equal(got[~nan].view(bits), want[~nan].view(bits), err_msg=msg)
+
+
+def make_data(rng: np.random.Generator, count: int, row: int, dtype: np.dtype) -> np.ndarray:
+    """Tokens of varied magnitude, outlier channels, tiles of one dominant value, a NaN."""
+    x = rng.standard_normal(count)
+    tokens = -(-count // row)
+    lo, hi = (-3, 3) if dtype == np.float16 else (-20, 20)
+    x *= np.repeat(10.0 ** rng.uniform(lo, hi, tokens), row)[:count]
+    spikes = rng.random(count) < 0.004
+    x[spikes] *= 100.0
+    if count > 1000:
+        x[777] = np.nan
+    return x.astype(dtype)
+
+
+def check_roundtrip(c: TahCompressor, x: np.ndarray, msg: str) -> None:
+    rng = np.random.default_rng(x.size)
+    n = x.size
+    want = c.encode(x)
+    got = c.encode(to_dev(x))
+    np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"{msg}: payload")
+    for payload in (want, got):  # the GPU decodes the CPU's payload and its own
+        dev = payload if isinstance(payload, cupy.ndarray) else cupy.asarray(payload)
+        d = to_host(c.decode(dev, count=n, dtype=x.dtype))
+        assert_values_equal(d, c.decode(want, count=n, dtype=x.dtype), f"{msg}: decode")
+    acc = rng.standard_normal(n).astype(np.float32)
+    want_a = c.decode(want, acc.copy(), count=n, dtype=x.dtype, accumulate=True)
+    got_a = c.decode(got, cupy.asarray(acc), count=n, dtype=x.dtype, accumulate=True)
+    assert_values_equal(cupy.asnumpy(got_a), want_a, f"{msg}: accumulate")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cfg", VARIANTS, ids=_id)
+def test_gpu_matches_cpu(cfg: dict, dtype: np.dtype) -> None:
+    c = TahCompressor(**cfg)
+    rng = np.random.default_rng(zlib.crc32(_id(cfg).encode()))
+    counts = [0, 1, 63, c.row - 1, c.row, 7 * c.row + 100, 300 * c.row + 33]
+    for n in counts:
+        check_roundtrip(c, make_data(rng, n, c.row, dtype), f"{cfg} {dtype} n={n}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cfg", VARIANTS[:2] + VARIANTS[3:5], ids=_id)
+def test_gpu_whole_range(cfg: dict, dtype: np.dtype) -> None:
+    c = TahCompressor(**{**cfg, "row": cfg.get("tile", 64)})
+    x = magnitude_sweep(np.random.default_rng(3), c.tile, dtype).astype(dtype)
+    check_roundtrip(c, x, f"{cfg} {dtype} sweep")
+
+
+def test_gpu_large_message() -> None:
+    # Many blocks and grid-stride iterations: 2^24 + 5 bfloat16 elements.
+    c = TahCompressor(row=4096)
+    x = make_data(np.random.default_rng(9), (1 << 24) + 5, 4096, BF16)
+    check_roundtrip(c, x, "large")
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3, 4])
+def test_gpu_unaligned_buffers(offset: int) -> None:
+    # Payloads at any byte offset (unaligned scales), inputs and outputs off 16 bytes.
+    c = TahCompressor(row=256)
+    n = 5000
+    x = make_data(np.random.default_rng(offset), n, 256, np.dtype(np.float32))
+    want = c.encode(x)
+    raw = cupy.zeros(want.size + 8, cupy.uint8)
+    view = raw[offset : offset + want.size]
+    xd = cupy.zeros(n + 1, cupy.float32)
+    xd[1:] = cupy.asarray(x)
+    c.encode(xd[1:], view)
+    np.testing.assert_array_equal(cupy.asnumpy(view), want)
+    out = cupy.zeros(n + 1, cupy.float32)
+    c.decode(view, out[1:], count=n, dtype=np.float32)
+    assert_values_equal(cupy.asnumpy(out[1:]), c.decode(want, count=n, dtype=np.float32), "")
+
+
+def test_gpu_float64_goes_through_float32() -> None:
+    c = TahCompressor(row=256)
+    x = make_data(np.random.default_rng(4), 3000, 256, np.dtype(np.float64))
+    np.testing.assert_array_equal(cupy.asnumpy(c.encode(cupy.asarray(x))), c.encode(x))

@@ -1,0 +1,340 @@
+"""The tah codec (compressors/tah.py) against an independent float64 reference.
+
+The reference parses the payload by FORMAT.md's layout, decodes it with explicit Hadamard
+matrices in float64, and re-derives what encoding must have chosen: each tile's centre
+and step from its min and max, its pivot from its top two magnitudes, its codes, and the
+low tokens from the entropy proxy computed in float64. Plus the bound per tile over the
+whole float32 range, fixed payload sizes and any count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from coccl.compressors import TahCompressor, get_compressor
+from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
+
+from codec_reference import (
+    assert_within_bound,
+    group_errors,
+    hadamard,
+    magnitude_sweep,
+    seed_for,
+)
+
+FLT_MAX = float(np.finfo(np.float32).max)
+F32 = np.dtype(np.float32)
+
+VARIANTS = [
+    {"row": 256},
+    {"row": 256, "pivot": "off"},
+    {"row": 128, "tile": 32, "bits_high": 5, "bits_low": 2, "low_fraction": 0.5},
+    {"row": 384, "tile": 128, "bits_high": 8, "bits_low": 4, "pivot_ratio": 4.0},
+    {"row": 64, "low_fraction": 1.0},
+    {"row": 192, "low_fraction": 0.0},
+]
+
+
+def _id(cfg: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in cfg.items())
+
+
+def activations(rng: np.random.Generator, count: int, row: int) -> np.ndarray:
+    """Gaussian tokens of varied magnitude, with outlier channels in some tokens and a few
+    tiles of one dominant value (the pivot's case)."""
+    x = rng.standard_normal(count)
+    tokens = -(-count // row)
+    x *= np.repeat(10.0 ** rng.uniform(-2, 2, tokens), row)[:count]
+    spikes = rng.random(count) < 0.004
+    x[spikes] *= rng.uniform(20, 200, int(spikes.sum()))
+    return x.astype(np.float32)
+
+
+# ------------------------------------------------------------------- reference
+def parse(c: TahCompressor, payload: np.ndarray, count: int) -> dict:
+    """The parts of a payload, by FORMAT.md: per tile c, step and pivot byte; per token
+    its flag; per element its code."""
+    lay = tah_layout(count, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
+    assert payload.size == lay.nbytes
+    k = lay.tiles
+    flags = np.unpackbits(payload[lay.bitmap_offset :], bitorder="little")[: lay.tokens]
+    assert not flags[lay.full_tokens :].any() and int(flags.sum()) == lay.low_tokens
+    codes = np.zeros(count, np.int64)
+    bits = np.zeros(count, np.int64)
+    off = lay.codes_offset
+    for t in range(lay.tokens):
+        n = min(c.row, count - t * c.row)
+        b = c.bits_low if flags[t] else c.bits_high
+        nb = -(-n * b // 8)
+        raw = np.unpackbits(payload[off : off + nb], bitorder="little")[: n * b]
+        codes[t * c.row : t * c.row + n] = raw.reshape(n, b) @ (1 << np.arange(b))
+        bits[t * c.row : t * c.row + n] = b
+        off += nb
+    assert off == lay.pivot_offset
+    return {
+        "c": payload[: 4 * k].copy().view("<f4").astype(np.float64),
+        "step": payload[4 * k : 8 * k].copy().view("<f4").astype(np.float64),
+        "pivot": payload[lay.pivot_offset : lay.bitmap_offset].astype(np.int64),
+        "flags": flags,
+        "codes": codes,
+        "bits": bits,
+    }
+
+
+def decode_ref(c: TahCompressor, parts: dict, count: int) -> np.ndarray:
+    """FORMAT.md's decoding in float64."""
+    t = c.tile
+    out = np.empty(count)
+    h = hadamard(t)
+    for k in range(parts["c"].size):
+        s = slice(k * t, min(count, (k + 1) * t))
+        qh = (2.0 ** parts["bits"][s.start] - 1) / 2
+        v = parts["c"][k] + (parts["codes"][s] - qh) * parts["step"][k]
+        p = parts["pivot"][k]
+        if p & 0x80:
+            v = h @ v / t
+            j = p & 0x7F
+            v[0], v[j] = v[j], v[0]
+        out[s] = v
+    return out
+
+
+def entropy_proxy(x32: np.ndarray, row: int) -> np.ndarray:
+    """FORMAT.md's token score in float64: log2(S) + M / S from the integer tables."""
+    bits = x32.view(np.uint32).astype(np.int64) & 0x7FFFFFFF
+    out = []
+    for t in range(-(-x32.size // row)):
+        a = bits[t * row : (t + 1) * row]
+        amax = a.max()
+        if amax == 0 or amax >= 0x7F800000:
+            out.append(-16.0)
+            continue
+        lev = np.where(a == 0, 256, np.minimum((amax - a) >> 19, 256))
+        s, m = SCORE_W[lev].sum(), SCORE_WL[lev].sum()
+        out.append(math.log2(s) + m / s - 16.0)
+    return np.array(out)
+
+
+# ----------------------------------------------------------------------- tests
+@pytest.mark.parametrize("cfg", VARIANTS, ids=_id)
+@pytest.mark.parametrize("tokens, extra", [(0, 0), (0, 1), (0, 63), (1, -1), (7, 0), (9, 100)])
+def test_payload_matches_reference(cfg: dict, tokens: int, extra: int, request) -> None:
+    seed = seed_for(request)
+    c = TahCompressor(**cfg)
+    count = tokens * c.row + extra
+    x = activations(np.random.default_rng(seed), count, c.row)
+    payload = c.encode(x)
+    assert payload.size == c.encoded_nbytes(count, F32)
+    y = c.decode(payload, count=count, dtype=np.float32)
+    msg = f"{cfg} count={count} seed={seed}"
+    if count == 0:
+        assert payload.size == 0 and y.size == 0
+        return
+    parts = parse(c, payload, count)
+    ref = decode_ref(c, parts, count)
+    scale = np.repeat([np.abs(ref[i : i + c.tile]).max() for i in range(0, count, c.tile)], c.tile)[
+        :count
+    ]
+    assert (np.abs(y - ref) <= 4e-7 * c.tile * scale).all(), msg
+    x64 = x.astype(np.float64)
+    assert_within_bound(y, x64, c.tile, c.rel_error_bound, c.abs_error_floor, msg)
+    _check_tiles(c, x64, parts, msg)
+    _check_low_tokens(c, x, parts["flags"], msg)
+
+
+def _check_tiles(c: TahCompressor, x64: np.ndarray, parts: dict, msg: str) -> None:
+    """Each tile's pivot decision, centre, step and codes as FORMAT.md derives them."""
+    t, count = c.tile, x64.size
+    mismatched = 0
+    for k in range(parts["c"].size):
+        v = x64[k * t : (k + 1) * t].copy()
+        a = np.sort(np.abs(v))[::-1]
+        second = a[1] if a.size > 1 else 0.0
+        gate = v.size == t and 2.0**-64 <= a[0] < 2.0**64 and c.pivot == "auto"
+        p = parts["pivot"][k]
+        if gate and abs(a[0] - c.pivot_ratio * second) > 1e-6 * a[0]:
+            assert bool(p & 0x80) == (a[0] >= c.pivot_ratio * second), f"{msg} tile {k}"
+        if p & 0x80:
+            j = p & 0x7F
+            assert abs(v[j]) == a[0] and (np.abs(v[:j]) < a[0]).all(), f"{msg} tile {k}"
+            v[0], v[j] = v[j], v[0]
+            v = hadamard(t) @ v
+        else:
+            assert p == 0 or not gate
+        lo, hi = v.min(), v.max()
+        qh = (2.0 ** parts["bits"][k * t] - 1) / 2
+        ck, step = parts["c"][k], parts["step"][k]
+        # float32 rounding (of the transform too, on the pivot path) against float64
+        tol = (2.0**-19 if p & 0x80 else 2.0**-22) * max(abs(lo), abs(hi)) + 2.0**-148
+        assert abs(ck - (lo + hi) / 2) <= tol, f"{msg} tile {k}"
+        r = max(hi - ck, ck - lo)
+        assert r - tol <= step * qh <= r * (1 + 2.0**-22) + tol, f"{msg} tile {k}"
+        if step > 0:
+            q = np.clip(np.rint((v - ck) / step + qh), 0, 2 * qh)
+            diff = np.abs(q - parts["codes"][k * t : k * t + v.size])
+            assert diff.max() <= 1, f"{msg} tile {k}"
+            mismatched += int((diff > 0).sum())
+    assert mismatched <= max(2, count // 1000), msg
+
+
+def _check_low_tokens(c: TahCompressor, x: np.ndarray, flags: np.ndarray, msg: str) -> None:
+    """The low tokens are the full tokens of lowest score (float64 proxy, ties aside)."""
+    lay = tah_layout(x.size, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
+    if lay.low_tokens in (0, lay.full_tokens):
+        return
+    h = entropy_proxy(x, c.row)[: lay.full_tokens]
+    low = flags[: lay.full_tokens].astype(bool)
+    assert h[low].max() <= h[~low].min() + 1e-5, msg
+
+
+def test_token_scores_match_float64_proxy(request) -> None:
+    from coccl.compressors.tah_cpu import token_keys
+
+    seed = seed_for(request)
+    x = activations(np.random.default_rng(seed), 300 * 64, 64)
+    x[64:128] = 0.0  # an all-zero token: score 0
+    keys = token_keys(x, 64)
+    np.testing.assert_array_equal(keys & 0xFFFFFFFF, np.arange(300))
+    score = (keys >> 32) / 2.0**20 - 16.0
+    ref = entropy_proxy(x, 64)
+    assert score[1] == -16.0 and ref[1] == -16.0
+    assert np.abs(score - ref).max() <= 2.0**-18, f"seed={seed}"
+
+
+def test_proxy_ranks_like_tah_quants_entropy(request) -> None:
+    # TAH-Quant's entropy of a token's normalised magnitudes, -sum p log p, in float64,
+    # against the proxy: the orders agree closely on tokens of varied concentration.
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    row = 512
+    x = rng.standard_normal((200, row)) * np.exp(rng.uniform(0, 3, (200, row)) ** 2 / 4)
+    x = x.astype(np.float32)
+    p = np.abs(x.astype(np.float64))
+    p /= p.sum(axis=1, keepdims=True)
+    tah = -(p * np.log2(np.where(p > 0, p, 1))).sum(axis=1)
+    proxy = entropy_proxy(x.ravel(), row)
+    rank = np.argsort(np.argsort(tah)), np.argsort(np.argsort(proxy))
+    rho = np.corrcoef(rank[0], rank[1])[0, 1]
+    assert rho > 0.95, f"rank correlation {rho}; seed={seed}"
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=_id)
+def test_payload_size_is_fixed(cfg: dict) -> None:
+    c = TahCompressor(**cfg)
+    for count in (0, 1, c.row - 1, c.row, 5 * c.row + 3, 20 * c.row):
+        rng = np.random.default_rng(count)
+        sizes = {c.encode(activations(rng, count, c.row)).size for _ in range(3)}
+        sizes.add(c.encode(np.zeros(count, np.float32)).size)
+        assert sizes == {c.encoded_nbytes(count, F32)}
+        full = count // c.row
+        low = math.floor(c.low_fraction * full)
+        tiles = -(-count // c.tile)
+        rem = count - full * c.row
+        code_bits = ((full - low) * c.bits_high + low * c.bits_low) * c.row
+        tokens = -(-count // c.row)
+        expect = 9 * tiles + code_bits // 8 + -(-rem * c.bits_high // 8) + -(-tokens // 8)
+        assert c.encoded_nbytes(count, F32) == expect
+
+
+def test_pivot_tiles_gain_accuracy(request) -> None:
+    # Tiles of one dominant value: with the pivot their small values survive at 3 bits.
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(40 * 64).astype(np.float32)
+    x[::64] = 1000.0 * rng.choice([-1, 1], 40)
+    on, off = TahCompressor(row=64), TahCompressor(row=64, pivot="off")
+    parts = parse(on, on.encode(x), x.size)
+    assert (parts["pivot"] == 0x80).all()  # the dominant value is already first
+    x[5 * 64 + 17], x[5 * 64] = x[5 * 64], x[5 * 64 + 17]
+    parts = parse(on, on.encode(x), x.size)
+    assert parts["pivot"][5] == 0x80 | 17
+    err_on, norm, _ = group_errors(on.decode(on.encode(x), count=x.size, dtype=F32), x, 64)
+    err_off, _, _ = group_errors(off.decode(off.encode(x), count=x.size, dtype=F32), x, 64)
+    assert (err_on < 0.25 * err_off).all(), f"seed={seed}"
+    assert (err_on <= on.rel_error_bound * norm).all()
+
+
+@pytest.mark.parametrize("cfg", VARIANTS[:4], ids=_id)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=str)
+def test_whole_float32_range(cfg: dict, dtype, request) -> None:
+    # Tiles from the smallest subnormal to FLT_MAX (row = tile so that every token is one
+    # sweep group): each within the bound, none non-finite.
+    seed = seed_for(request)
+    c = TahCompressor(**{**cfg, "row": cfg.get("tile", 64)})
+    x64 = magnitude_sweep(np.random.default_rng(seed), c.tile, np.dtype(dtype))
+    x = x64.astype(dtype)
+    acc = np.float64 if dtype == np.float64 else np.float32
+    y = c.decode(c.encode(x), np.zeros(x.size, acc), count=x.size, dtype=dtype)
+    assert np.isfinite(y).all()
+    with np.errstate(over="ignore"):
+        x64 = x64.astype(np.float32).astype(np.float64)  # what the codec sees
+    assert_within_bound(y, x64, c.tile, c.rel_error_bound, c.abs_error_floor, f"seed={seed}")
+
+
+def test_range_overflow_tiles() -> None:
+    # max - min beyond FLT_MAX: the centre/step form keeps every value finite.
+    c = TahCompressor(row=64)
+    x = np.full(3 * 64, FLT_MAX, np.float32)
+    x[1:64:2] = -FLT_MAX
+    x[64:128] = np.linspace(-FLT_MAX, FLT_MAX, 64, dtype=np.float64).astype(np.float32)
+    x[128:] = np.float32(-3e38)
+    x[130] = FLT_MAX
+    y = c.decode(c.encode(x), count=x.size, dtype=np.float32)
+    assert np.isfinite(y).all()
+    assert_within_bound(y, x.astype(np.float64), 64, c.rel_error_bound, c.abs_error_floor, "")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_nonfinite_tile_is_nan_and_only_it(bad: float) -> None:
+    c = TahCompressor(row=256)
+    x = activations(np.random.default_rng(1), 4 * 256 + 50, 256)
+    x[64 + 3] = bad  # tile 1 of token 0
+    x[4 * 256 + 49] = bad  # the short last token's partial tile
+    y = c.decode(c.encode(x), count=x.size, dtype=np.float32)
+    nan = np.zeros(x.size, bool)
+    nan[64:128] = nan[4 * 256 + 0 : 4 * 256 + 50] = True
+    np.testing.assert_array_equal(np.isnan(y), nan)
+
+
+def test_low_tokens_are_the_concentrated_ones() -> None:
+    # Tokens whose mass sits in few channels (TAH-Quant's low-entropy tokens) go low.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((10, 256)).astype(np.float32)
+    x[[2, 7], :8] *= 300.0
+    c = TahCompressor(row=256)
+    flags = parse(c, c.encode(x.ravel()), x.size)["flags"]
+    np.testing.assert_array_equal(np.nonzero(flags)[0], [2, 7])
+
+
+def test_ties_go_to_the_lower_token() -> None:
+    c = TahCompressor(row=64, low_fraction=0.5)
+    x = np.tile(np.linspace(-1, 1, 64, dtype=np.float32), 6)
+    flags = parse(c, c.encode(x), x.size)["flags"]
+    np.testing.assert_array_equal(flags, [1, 1, 1, 0, 0, 0])
+
+
+def test_config_and_errors() -> None:
+    c = get_compressor("tah", row=1024)
+    assert c.get_config() == {
+        "id": "tah",
+        "row": 1024,
+        "tile": 64,
+        "bits_high": 4,
+        "bits_low": 3,
+        "low_fraction": 0.2,
+        "pivot": "auto",
+        "pivot_ratio": 2.0,
+    }
+    assert c.alignment == 1024 and get_compressor("tah").row == 4096
+    assert 0 < c.rel_error_typical < c.rel_error_bound
+    for bad in ({"row": 100}, {"row": 0}, {"tile": 256}, {"bits_high": 9}, {"bits_low": 5},
+                {"low_fraction": 1.5}, {"pivot": "on"}, {"pivot_ratio": 0.5},
+                {"row": 2**21}):  # fmt: skip
+        with pytest.raises(ValueError):
+            TahCompressor(**bad)
+    for bad in ({"row": "64"}, {"tile": 64.0}, {"pivot": True}, {"low_fraction": "0.2"}):
+        with pytest.raises(TypeError):
+            TahCompressor(**bad)
