@@ -153,6 +153,7 @@ def test_convergence_experiment_smoke(tmp_path: Path) -> None:
     assert report["summary"]  # the experiment's part is kept
 
 
+@pytest.mark.launch
 def test_convergence_help_shows_defaults() -> None:
     for command in ("run", "check"):
         proc = subprocess.run(
