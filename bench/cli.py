@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 import coccl
+from coccl import config
 
 from . import launch
 
@@ -95,26 +95,18 @@ def command(
     return register
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
-_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 def parse_size(text: str) -> int:
-    """A byte count with an optional binary suffix, as nccl-tests reads it:
-    ``8``, ``1K`` = 1024, ``64M``, ``1G``, also ``4KiB`` / ``2MB`` (binary too).
+    """argparse type: a byte count with an optional binary suffix, as nccl-tests reads
+    it: ``8``, ``1K`` = 1024, ``64M``, ``1G``, also ``4KiB`` / ``2MB`` (binary too);
+    the same parser as the ``COCCL_*`` sizes (``coccl.config.parse_size``).
 
     Raises:
         argparse.ArgumentTypeError: not a non-negative size.
     """
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid size {text!r}: use a byte count with an optional K, M or G suffix"
-        )
-    value = float(match.group(1)) * _SCALE[match.group(2).lower()]
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: not a whole number of bytes")
-    return int(value)
+    try:
+        return config.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:

@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 
 import coccl
+from coccl.algorithms import ALGORITHMS
 from coccl.compressors import Compressor
 
 from . import bounds, launch, timing
-from .cli import comma_list, command, datatype, parse_size, positive_int
+from .cases import Case, NothingToRun, make_cases, skip_notes
+from .cli import DTYPES, comma_list, command, datatype, parse_size, positive_int
 from .table import (
     MAX_WIDTH,
     Layout,
@@ -43,6 +45,7 @@ from .table import (
 )
 
 OPS = ("sum", "avg", "max", "min", "prod")
+ALL = "all"  # -d all, -o all: every datatype, every op
 SEED = 20240917  # of the rank-seeded input data
 EXIT_USAGE = 2  # as argparse: the request itself cannot run
 EXIT_WRONG = 1  # some output erred beyond its bound (nccl-tests fails such a run too)
@@ -472,6 +475,9 @@ class Sweep:
             return identity_bytes[algorithm]
 
         rows = []
+        if native is not None and ("native", "identity") not in measured:
+            # the baseline the speedups are over, shown as a row of its own
+            rows.append(self.row(count, "native", "identity", native, native, None))
         for (alg, name), m in measured.items():
             ran = ran_algorithm(m)
             sent = None if ran == "native" else sent_by_identity(ran)
@@ -504,6 +510,23 @@ class Sweep:
 
 
 # ---------------------------------------------------------------------- the commands
+def datatype_list(text: str) -> list[np.dtype]:
+    """argparse type: ``-d float32,bfloat16`` -> dtypes; ``all``: every one coccl takes."""
+    names = DTYPES if text.strip() == ALL else comma_list(text)
+    return list(dict.fromkeys(datatype(name) for name in names))
+
+
+def op_list(text: str) -> list[str]:
+    """argparse type: ``-o sum,max`` -> ops; ``all``: every one (``OPS``)."""
+    ops = list(OPS) if text.strip() == ALL else comma_list(text)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"invalid op {','.join(unknown)!r}: choose from {', '.join(OPS)} or all"
+        )
+    return ops
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """nccl-tests' flags, then coccl's. ``--help`` adds each default (cli.py)."""
     add = parser.add_argument
@@ -524,10 +547,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how the ranks' median times combine into a row's: 0 rank 0, 1 average, "
              "2 minimum, 3 maximum (nccl-tests' default is 1; a collective is as fast as "
              "its slowest rank)")
-    add("-d", "--datatype", type=datatype, default=np.dtype(np.float32),
+    add("-d", "--datatype", type=datatype_list, default=[np.dtype(np.float32)],
         help="float32 (float), float16 (half), bfloat16, float64 (double), int8, ..., "
-             "uint64")
-    add("-o", "--op", choices=OPS, default="sum", help="reduction op")
+             "uint64; comma-separated for several, or all (pairs a type cannot run "
+             "are skipped with a note)")
+    add("-o", "--op", type=op_list, default=["sum"],
+        help=f"reduction op ({', '.join(OPS)}); comma-separated for several, or all")
     add("--backend", type=comma_list, default=["auto"],
         help="comma-separated coccl.init backends (auto, mpi, nccl), one sweep each: "
              "the transport of device data")
@@ -563,6 +588,9 @@ def validate(args: argparse.Namespace) -> str | None:
     unknown = [b for b in args.backend if b not in ("auto", "mpi", "nccl")]
     if unknown:
         return f"--backend {','.join(unknown)}: choose from auto, mpi, nccl"
+    unknown = [a for a in args.algorithm if a not in ALGORITHMS]
+    if unknown:
+        return f"--algorithm {','.join(unknown)}: choose from {', '.join(ALGORITHMS)}"
     return None
 
 
@@ -590,39 +618,19 @@ def run(spec: Spec, args: argparse.Namespace) -> int:
 
     mpi = MPI.COMM_WORLD
     rows: list[Row] = []
+    skipped: list[dict[str, str]] = []
     meta: dict[str, Any] = {}
     for backend in args.backend:
-        comm = None
         try:
-            xp, sync, device = _select_device(mpi, args.device)
-            comm = coccl.init(mpi, backend=backend)
-            codecs = _codecs(args.compressor)
-            variants, notes = _variants(args.algorithm, args.compressor)
-            sweep = Sweep(
-                spec,
-                comm,
-                mpi,
-                xp,
-                args.datatype,
-                args.op if spec.reduces else "sum",
-                args.iters,
-                args.warmup_iters,
-                bool(args.check),
-                args.chunk_bytes,
-                sync,
-                timing.AVERAGES[args.average],
-                args.overlap_min,
-                args.overlap_iters,
-            )
-            native_ok = _probe(sweep, variants, codecs)
-            _preflight(mpi, args)
-        except (UsageError, coccl.CocclError) as exc:
-            return _refuse(mpi, comm, str(exc))
+            job = _prepare(spec, args, mpi, backend)
+        except (UsageError, NothingToRun, coccl.CocclError) as exc:
+            return _refuse(mpi, None, str(exc))
+        skipped += [{**skip, "backend": job.comm.backend} for skip in job.skipped]
         try:
-            here = _metadata(sweep, args, device)
-            swept = _sweep(sweep, args, variants, codecs, native_ok, notes, here)
+            here = _metadata(job.cases[0].sweep, args, job.device)
+            swept = _sweep(job.cases, args, job.codecs, job.notes, here)
         finally:
-            comm.close()
+            job.comm.close()
         rows += swept
         if not meta:
             meta = here
@@ -634,9 +642,62 @@ def run(spec: Spec, args: argparse.Namespace) -> int:
             print(f"# plot written to {path}", flush=True)
     if mpi.Get_rank() == 0 and args.json:
         meta["backend"] = ",".join(dict.fromkeys(row.backend for row in rows)) or meta["backend"]
+        meta["skipped"] = skipped
         write_json(args.json, meta, rows)
         print(f"# JSON written to {args.json}", flush=True)
     return EXIT_WRONG if any(row.wrong for row in rows) else 0
+
+
+@dataclass
+class _Job:
+    """One backend's sweep, ready to run."""
+
+    comm: Any  # coccl.Communicator
+    cases: list[Case]  # the (datatype, op) cases, each with the pairs that run
+    skipped: list[dict[str, str]]  # the pairs left out (cases.make_cases)
+    notes: list[str]  # for the preamble
+    device: dict[str, Any]  # _select_device's description
+    codecs: dict[str, Any]  # name -> compressor
+
+
+def _prepare(spec: Spec, args: argparse.Namespace, mpi: Any, backend: str) -> _Job:
+    """One backend's communicator and cases (the communicator closed again if the
+    request cannot run)."""
+    comm = None
+    try:
+        xp, sync, device = _select_device(mpi, args.device)
+        comm = coccl.init(mpi, backend=backend)
+        codecs = _codecs(args.compressor)
+        variants, notes = _variants(args.algorithm, args.compressor)
+        base = Sweep(
+            spec,
+            comm,
+            mpi,
+            xp,
+            args.datatype[0],
+            args.op[0] if spec.reduces else "sum",
+            args.iters,
+            args.warmup_iters,
+            bool(args.check),
+            args.chunk_bytes,
+            sync,
+            timing.AVERAGES[args.average],
+            args.overlap_min,
+            args.overlap_iters,
+        )
+        cases, skips = make_cases(base, args.datatype, args.op, variants, codecs)
+        _preflight(mpi, args)
+    except BaseException:
+        if comm is not None:
+            comm.close()
+        raise
+    notes += skip_notes(skips)
+    notes += [
+        f"{case.label}: no native baseline, no speedup ({case.native_problem})"
+        for case in cases
+        if not case.native_ok
+    ]
+    return _Job(comm, cases, skips, notes, device, codecs)
 
 
 def _per_backend(path: str, backend: str, nbackends: int) -> str:
@@ -648,42 +709,53 @@ def _per_backend(path: str, backend: str, nbackends: int) -> str:
 
 
 def _sweep(
-    sweep: Sweep,
+    cases: list[Case],
     args: argparse.Namespace,
-    variants: list[tuple[str, str]],
     codecs: dict[str, Any],
-    native_ok: bool,
     notes: list[str],
     meta: dict[str, Any],
 ) -> list[Row]:
-    nranks, rank0 = sweep.mpi.Get_size(), sweep.mpi.Get_rank() == 0
+    """Every case of one backend into one table (as nccl-tests' ``-d all``)."""
+    first = cases[0].sweep
+    nranks, rank0 = first.mpi.Get_size(), first.mpi.Get_rank() == 0
     sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
-    counts, skipped = sweep_counts(sweep.spec, sizes, sweep.dtype.itemsize, nranks)
-    if skipped:
-        per_rank = " per rank" if sweep.spec.sharded else ""
-        skipped_text = ", ".join(f"{s} B" for s in skipped)
-        notes.append(f"skipped sizes below one element{per_rank}: {skipped_text}")
+    too_small: dict[str, list[int]] = {}
+    for case in cases:
+        dtype = case.sweep.dtype
+        case.counts, skipped = sweep_counts(first.spec, sizes, dtype.itemsize, nranks)
+        if skipped:
+            too_small[dtype.name] = skipped
+    per_rank = " per rank" if first.spec.sharded else ""
+    for name, skipped in too_small.items():
+        what = f"one {name} element" if len(args.datatype) > 1 else "one element"
+        listed = ", ".join(f"{size} B" for size in skipped)
+        notes.append(f"skipped sizes below {what}{per_rank}: {listed}")
     # Work of a size ~ calls x (bytes + a fixed cost per call): what the progress counts.
-    steps = len(variants) + 1
-    calls = (2 * sweep.iters + sweep.warmup + 2) * steps
-    work = [(count * sweep.dtype.itemsize + 65536) * calls for count in counts]
+    work = []
+    for case in cases:
+        steps = len(case.variants) + 1
+        calls = (2 * first.iters + first.warmup + 2) * steps
+        itemsize = case.sweep.dtype.itemsize
+        work += [(case, count, (count * itemsize + 65536) * calls, steps) for count in case.counts]
     where = "none" if args.no_progress or not rank0 else launch.progress_stream()
     stream = sys.stdout if where == "stdout" else sys.stderr
-    progress = Progress(sum(work), enabled=where != "none", stream=stream)
+    progress = Progress(sum(w[2] for w in work), enabled=where != "none", stream=stream)
     say = _Say(rank0, progress)
-    table = layout(_table_plan(sweep, counts, variants, codecs, native_ok, args.overlap_min))
-    _print_preamble(say, sweep, meta, notes, table)
+    table = layout(_table_plan(cases, codecs, args.overlap_min))
+    _print_preamble(say, first, meta, notes, table)
     rows: list[Row] = []
     done = 0.0
-    for count, step in zip(counts, work, strict=True):
-        label = f"{sweep.spec.name} {human_size(count * sweep.dtype.itemsize)}"
+    several = len(cases) > 1
+    for case, count, step, steps in work:
+        size = human_size(count * case.sweep.dtype.itemsize)
+        label = f"{first.spec.name} {case.label} {size}" if several else f"{first.spec.name} {size}"
         tick = _ticker(progress, done, step / steps, label)
-        for row in sweep.run_size(count, variants, codecs, native_ok, tick):
-            row.backend = sweep.comm.backend
+        for row in case.sweep.run_size(count, case.variants, codecs, case.native_ok, tick):
+            row.backend = first.comm.backend
             rows.append(row)
             say(table.row(row))
         done += step
-    for line in [*auto_notes(rows), *format_summary(rows, sweep.check)]:
+    for line in [*auto_notes(rows), *format_summary(rows, first.check)]:
         say(line)
     return rows
 
@@ -694,40 +766,38 @@ def _sweep(
 _AUTO_ALGORITHMS = ("native", "ring", "two_shot")
 
 
-def _table_plan(
-    sweep: Sweep,
-    counts: list[int],
-    variants: list[tuple[str, str]],
-    codecs: dict[str, Any],
-    native_ok: bool,
-    overlap_min: int,
-) -> TablePlan:
-    """What the sweep's table must hold, from the sweep's sizes and pairs."""
-    max_count = max(counts, default=0)
-    max_size = max_count * sweep.dtype.itemsize
-    lossy = [name for _, name in variants if not codecs[name].lossless]
+def _table_plan(cases: list[Case], codecs: dict[str, Any], overlap_min: int) -> TablePlan:
+    """What the table of a sweep's cases must hold: the largest size and count, the
+    widest type and op, every label of a row (the native row's included)."""
+    first = cases[0].sweep
+    sizes = [count * case.sweep.dtype.itemsize for case in cases for count in case.counts]
     algorithms, compressors = [], []
-    for algorithm, name in variants:
-        labels = [f"auto>{choice}" for choice in _AUTO_ALGORITHMS]
-        algorithms += labels if algorithm == "auto" else [algorithm]
-        compressors.append(name)
-    overlap = (
-        overlap_min > 0
-        and max_size >= overlap_min
-        and any(alg in ("ring", "two_shot", "auto") and not codecs[name].lossless
-                for alg, name in variants)
-    )  # fmt: skip
+    lossy = overlap = baseline = False
+    for case in cases:
+        if case.native_ok:
+            algorithms.append("native")
+            compressors.append("identity")
+            baseline = baseline or any(alg != "native" for alg, _ in case.variants)
+        for algorithm, name in case.variants:
+            labels = [f"auto>{choice}" for choice in _AUTO_ALGORITHMS]
+            algorithms += labels if algorithm == "auto" else [algorithm]
+            compressors.append(name)
+            compressed = not codecs[name].lossless
+            lossy = lossy or compressed
+            schedule = algorithm in ("ring", "two_shot", "auto")
+            overlap = overlap or (schedule and compressed)
+    max_size = max(sizes, default=0)
     return TablePlan(
         max_size=max_size,
-        max_count=max_count,
-        type=sweep.dtype.name,
-        redop=sweep.op if sweep.spec.reduces else "none",
+        max_count=max((count for case in cases for count in case.counts), default=0),
+        type=max((case.sweep.dtype.name for case in cases), key=len),
+        redop=max((case.label.split()[1] for case in cases), key=len),
         algorithms=algorithms,
         compressors=compressors,
-        check=sweep.check,
-        lossy=bool(lossy),
-        baseline=native_ok and any(algorithm != "native" for algorithm, _ in variants),
-        overlap=overlap,
+        check=first.check,
+        lossy=lossy,
+        baseline=baseline,
+        overlap=overlap and overlap_min > 0 and max_size >= overlap_min,
     )
 
 
@@ -797,26 +867,6 @@ def _variants(
     if not variants:
         raise UsageError("no (algorithm, compressor) pair left to run")
     return variants, notes
-
-
-def _probe(sweep: Sweep, variants: list[tuple[str, str]], codecs: dict[str, Any]) -> bool:
-    """Run every pair on an empty buffer, so that an unknown algorithm or an unsupported
-    dtype/op is refused before the sweep starts (coccl refuses before any byte moves,
-    on every rank alike). Returns whether the native baseline runs with this dtype/op."""
-    x = sweep.xp.empty(0, dtype=sweep.dtype)
-
-    def problem(algorithm: str, codec: Any) -> str | None:
-        try:
-            sweep.caller(algorithm, codec, x, None)()
-        except (ValueError, TypeError) as exc:
-            return str(exc)
-        return None
-
-    for algorithm, name in variants:
-        message = problem(algorithm, codecs[name])
-        if message is not None:
-            raise UsageError(f"--algorithm {algorithm} --compressor {name}: {message}")
-    return problem("native", codecs["identity"]) is None
 
 
 def _preflight(mpi: Any, args: argparse.Namespace) -> None:
@@ -907,8 +957,8 @@ def _metadata(sweep: Sweep, args: argparse.Namespace, device: dict[str, Any]) ->
         "launcher": launcher,
         **here,
         "gpu": device["gpu"],
-        "datatype": sweep.dtype.name,
-        "op": sweep.op if sweep.spec.reduces else "none",
+        "datatype": ",".join(dtype.name for dtype in args.datatype),
+        "op": ",".join(args.op) if sweep.spec.reduces else "none",
         "iters": sweep.iters,
         "warmup_iters": sweep.warmup,
         "check": int(sweep.check),
@@ -921,6 +971,7 @@ def _metadata(sweep: Sweep, args: argparse.Namespace, device: dict[str, Any]) ->
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
         "environment": recorded_environment(os.environ),
         "ranks": ranks,
+        "skipped": [],  # filled in at the end, over every backend
     }
 
 

@@ -10,16 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .table import Row
+from .table import Row, series_name, several_cases
 
 LATENCY_MAX_BYTES = 1 << 20
 
 
 def _series(rows: list[Row]) -> dict[str, list[Row]]:
-    """Rows grouped by ``algorithm/compressor``, in order of appearance, by size."""
+    """Rows grouped by ``algorithm/compressor`` (and type and op where they vary), in
+    order of appearance, by size."""
     series: dict[str, list[Row]] = {}
+    several = several_cases(rows)
     for row in rows:
-        series.setdefault(f"{row.algorithm}/{row.compressor}", []).append(row)
+        series.setdefault(series_name(row, several), []).append(row)
     return {name: sorted(rs, key=lambda r: r.size) for name, rs in series.items()}
 
 
@@ -56,9 +58,10 @@ def plot_sweep(path: str | Path, meta: dict[str, Any], rows: list[Row]) -> None:
 
     fig, (bw_ax, lat_ax) = plt.subplots(1, 2, figsize=(13, 5))
     series = _series(rows)
-    has_native_row = any(name.startswith("native/") for name in series)
+    has_native_row = any(rs[0].algorithm == "native" for rs in series.values())
     for name, rs in series.items():
-        style = {"color": "black", "linestyle": "--"} if name.startswith("native/") else {}
+        native = rs[0].algorithm == "native"
+        style = {"color": "black", "linestyle": "--"} if native else {}
         sizes = [r.size for r in rs]
         bw_ax.plot(sizes, [r.busbw for r in rs], marker="o", ms=3, label=name, **style)
         small = [r for r in rs if r.size <= LATENCY_MAX_BYTES]

@@ -161,7 +161,8 @@ class TablePlan:
 
     Attributes:
         max_size, max_count: the largest size and count of the sweep.
-        type, redop: the data type's name and the op (``none`` for AllGather).
+        type, redop: the data type's name and the op (``none`` for AllGather); the
+            longest of each where a sweep has several.
         algorithms, compressors: every label a row may show in the algorithm and codec
             columns (``Row.algorithm_label``, ``Row.compressor_label``), ``auto``'s
             possible choices included.
@@ -183,10 +184,11 @@ class TablePlan:
     overlap: bool = False
 
 
-# The columns that give way, in this order, until a line fits MAX_WIDTH: algbw is derived
-# from what stays (size / time); the in-place figures repeat the out-of-place ones for
-# coccl's schedules, which run the same code on aliased buffers.
-_GIVE_WAY = ("algbw_inplace", "algbw", "busbw_inplace", "time_us_inplace", "ratio", "speedup")
+# The columns that give way, in this order, until a line fits MAX_WIDTH: the in-place
+# bandwidths first (they repeat the out-of-place ones for coccl's schedules, which run the
+# same code on aliased buffers, and the in-place time stays), then algbw (derived from
+# what stays: size / time), then the rest.
+_GIVE_WAY = ("algbw_inplace", "busbw_inplace", "algbw", "time_us_inplace", "ratio", "speedup")
 
 
 @dataclass(frozen=True)
@@ -285,6 +287,17 @@ def layout(plan: TablePlan, max_width: int = MAX_WIDTH) -> Layout:
     return result
 
 
+def several_cases(rows: list[Row]) -> bool:
+    """Whether ``rows`` hold more than one (type, redop) (``-d all``, ``-o all``)."""
+    return len({(row.type, row.redop) for row in rows}) > 1
+
+
+def series_name(row: Row, several: bool) -> str:
+    """``algorithm/compressor``, after ``type redop`` where a sweep has ``several``."""
+    name = f"{row.algorithm}/{row.compressor}"
+    return f"{row.type} {row.redop} {name}" if several else name
+
+
 def format_summary(rows: list[Row], check: bool) -> list[str]:
     """The footer, as nccl-tests': the out-of-bounds count (``OK`` or ``FAILED``) and
     the average out-of-place bus bandwidth of each (algorithm, compressor)."""
@@ -294,8 +307,9 @@ def format_summary(rows: list[Row], check: bool) -> list[str]:
     else:
         verdict = "not checked (-c 0)"
     sums: dict[str, list[float]] = {}
+    several = several_cases(rows)
     for row in rows:
-        sums.setdefault(f"{row.algorithm}/{row.compressor}", []).append(row.busbw)
+        sums.setdefault(series_name(row, several), []).append(row.busbw)
     parts = [f"{name} {sum(v) / len(v):.3f}" for name, v in sums.items()]
     return [
         f"# Out of bounds values : {verdict}",
@@ -309,10 +323,11 @@ def auto_notes(rows: list[Row]) -> list[str]:
     one ``Communicator.describe`` gave, or a pointer to the JSON where it varies."""
     notes: list[str] = []
     runs: dict[str, list[tuple[int, int, str, list[str]]]] = {}
+    several = several_cases(rows)
     for row in rows:
         if row.algorithm != "auto" or row.ran is None:
             continue
-        spans = runs.setdefault(f"{row.algorithm}/{row.compressor}", [])
+        spans = runs.setdefault(series_name(row, several), [])
         what, why = row.ran_label, str(row.ran.get("reason", ""))
         if spans and spans[-1][2] == what:
             first, _, _, reasons = spans[-1]

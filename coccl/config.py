@@ -2,15 +2,23 @@
 
 Values are read when a communicator is created (not at import), so a test or a launcher
 can set them before ``coccl.init``. A malformed value raises ``ValueError`` naming the
-variable. Settings that shape a collective's schedule (chunking, depth, staging limit) must
-be the same on every rank: ``coccl.init`` compares them and refuses a mismatch
-(``SCHEDULE_SETTINGS``).
+variable; sizes take K/M/G suffixes (binary, as ``coccl-bench -b``: ``4M`` = 4194304). A
+``COCCL_*`` name that is no setting (a typo) gets a warning naming the closest one.
+Settings that shape a collective's schedule (chunking, depth, staging limit) must be the
+same on every rank: ``coccl.init`` compares them and refuses a mismatch
+(``SCHEDULE_SETTINGS``). ``COCCL_LOG`` sends the ``coccl`` logger to stderr, each line
+prefixed ``host:pid:rank`` as NCCL_DEBUG's are.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import re
+import socket
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # name -> (default, help). Defaults are the measured ones (bench/NOTES.md says how).
@@ -76,10 +84,18 @@ _VARS: dict[str, tuple[str, str]] = {
     ),
     "COCCL_LOG": (
         "",
-        "a logging level (debug, info, warning) for the 'coccl' logger, written to stderr; "
-        "debug says which path each new call takes and why",
+        "a logging level (debug, info, warning) for the 'coccl' logger, written to stderr "
+        "with host:pid:rank before each line; debug says which path each new call takes "
+        "and why",
     ),
 }
+# The variables given in bytes: a count with an optional K, M or G suffix (parse_size).
+SIZE_VARIABLES = ("COCCL_CHUNK_BYTES", "COCCL_STAGING_LIMIT_BYTES", "COCCL_PLAN_CACHE_BYTES")
+# Names coccl's own tools set for the processes they start (not settings, never warned
+# about): the test launcher's mark, the soak test's length, and every COCCL_BENCH_* name
+# coccl-bench gives its ranks (coccl/bench/launch.py).
+TOOL_VARIABLES = ("COCCL_UNDER_MPIEXEC", "COCCL_SOAK_CALLS")
+TOOL_PREFIXES = ("COCCL_BENCH_",)
 
 # Settings whose value changes which messages a collective sends: every rank must agree.
 SCHEDULE_SETTINGS = (
@@ -96,6 +112,29 @@ LINKS = ("auto", *LINK_CLASSES)
 GATHERS = ("auto", "p2p", "allgather")
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A byte count with an optional binary suffix, as nccl-tests reads it: ``8``,
+    ``1K`` = 1024, ``64M``, ``1.5G``, also ``4KiB`` / ``2MB`` (binary too). The one parser
+    of sizes: ``COCCL_*`` sizes and ``coccl-bench``'s ``-b``/``-e`` flags.
+
+    Raises:
+        ValueError: not a non-negative whole number of bytes.
+    """
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(
+            f"invalid size {text!r}: use a byte count with an optional K, M or G suffix"
+        )
+    value = float(match.group(1)) * _SCALE[match.group(2).lower()]
+    if value != int(value):
+        raise ValueError(f"invalid size {text!r}: not a whole number of bytes")
+    return int(value)
+
+
 def _raw(name: str) -> str:
     """The variable's value; unset or empty means its default."""
     return os.environ.get(name, "").strip() or _VARS[name][0]
@@ -109,6 +148,17 @@ def _int(name: str, minimum: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
     if value < minimum:
         raise ValueError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def _size(name: str, minimum: int) -> int:
+    raw = _raw(name)
+    try:
+        value = parse_size(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}={raw!r}: {exc}") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r} must be >= {minimum} bytes")
     return value
 
 
@@ -157,8 +207,26 @@ def _timeout() -> float:
     return timeout
 
 
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line for each ``COCCL_*`` name in ``environ`` that is neither a setting nor
+    one of coccl's tools' own names, naming the closest setting."""
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("COCCL_") or name in _VARS or name in TOOL_VARIABLES:
+            continue
+        if name.startswith(TOOL_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, list(_VARS), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "coccl's settings: coccl/config.py"
+        lines.append(f"{name} is not a coccl setting and is ignored ({hint})")
+    return lines
+
+
 def settings() -> Settings:
-    """Read and validate every ``COCCL_*`` variable now."""
+    """Read and validate every ``COCCL_*`` variable now; warn (``UserWarning``, once
+    per name) about a ``COCCL_*`` name that is no setting."""
+    for line in unknown_variables(os.environ):
+        warnings.warn(line, UserWarning, stacklevel=2)
     aware = _choice("COCCL_MPI_CUDA_AWARE", ("auto", "0", "1"))
     threads_raw = _raw("COCCL_CPU_THREADS")
     limit_set = bool(_raw("COCCL_STAGING_LIMIT_BYTES"))
@@ -166,16 +234,16 @@ def settings() -> Settings:
     if log_level and not isinstance(logging.getLevelName(log_level.upper()), int):
         raise ValueError(f"COCCL_LOG={log_level!r} is not a logging level (debug, info, ...)")
     return Settings(
-        chunk_bytes=_int("COCCL_CHUNK_BYTES", 1),
+        chunk_bytes=_size("COCCL_CHUNK_BYTES", 1),
         chunk_bytes_set=bool(os.environ.get("COCCL_CHUNK_BYTES", "").strip()),
         pipeline_depth=_int("COCCL_PIPELINE_DEPTH", 1),
-        staging_limit_bytes=_int("COCCL_STAGING_LIMIT_BYTES", 1 << 20) if limit_set else None,
+        staging_limit_bytes=_size("COCCL_STAGING_LIMIT_BYTES", 1 << 20) if limit_set else None,
         timeout_s=_timeout(),
         mpi_cuda_aware=None if aware == "auto" else aware == "1",
         cpu_threads=_int("COCCL_CPU_THREADS", 1) if threads_raw else None,
         forward_from_pinned=_flag("COCCL_FORWARD_FROM_PINNED"),
         graphs=_flag("COCCL_GRAPHS"),
-        plan_cache_bytes=_int("COCCL_PLAN_CACHE_BYTES", 0),
+        plan_cache_bytes=_size("COCCL_PLAN_CACHE_BYTES", 0),
         check_calls=_flag("COCCL_CHECK_CALLS"),
         nccl_gather=_choice("COCCL_NCCL_GATHER", GATHERS),
         link=_choice("COCCL_LINK", LINKS),
@@ -183,14 +251,53 @@ def settings() -> Settings:
     )
 
 
+# The rank a log line names: the launcher's (the process's rank in its world, the same
+# for every communicator it makes), else the one set_log_rank was given.
+_LAUNCHER_RANKS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+_log_rank: int | None = None
+
+
+def set_log_rank(rank: int | None) -> None:
+    """The rank that ``coccl`` log lines name where no launcher said it (called when a
+    communicator is set up; None: unknown again)."""
+    global _log_rank
+    _log_rank = rank
+
+
+def log_rank() -> str:
+    """The rank log lines name: the launcher's (``RANK``, ``PMI_RANK``, ...), else the
+    one given to ``set_log_rank``, else ``-``."""
+    for name in _LAUNCHER_RANKS:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return value
+    return "-" if _log_rank is None else str(_log_rank)
+
+
+class RankFilter(logging.Filter):
+    """Adds ``coccl_where`` = ``host:pid:rank`` (as NCCL_DEBUG prefixes its lines) to
+    every record the handler writes; the pid is read per record (a fork has its own)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        host = socket.gethostname().split(".")[0]
+        record.coccl_where = f"{host}:{os.getpid()}:{log_rank()}"
+        return True
+
+
+LOG_FORMAT = "%(coccl_where)s coccl %(levelname)s %(name)s: %(message)s"
+
+
 def configure_logging(level: str) -> None:
-    """Send the 'coccl' logger's records at ``level`` and above to stderr (COCCL_LOG)."""
+    """Send the 'coccl' logger's records at ``level`` and above to stderr (COCCL_LOG),
+    each line starting ``host:pid:rank``."""
     if not level:
         return
     logger = logging.getLogger("coccl")
     logger.setLevel(level.upper())
     if not any(getattr(h, "coccl_handler", False) for h in logger.handlers):
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("coccl %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        # on the handler, not the logger: a logger's filters skip its children's records
+        handler.addFilter(RankFilter())
         handler.coccl_handler = True  # type: ignore[attr-defined]
         logger.addHandler(handler)

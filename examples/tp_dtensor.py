@@ -55,6 +55,8 @@ from tp_gpt import (  # noqa: E402  (the model and data of the Megatron-style ex
 
 import coccl.torch  # noqa: E402
 
+TINY_MIN_COMPRESS_BYTES = 4096  # --tiny: compress its 32 KiB TP messages
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -71,8 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--min-compress-bytes",
         type=int,
-        default=coccl.torch.DEFAULT_MIN_COMPRESS_BYTES,
-        help="coccl groups run smaller messages exact",
+        default=None,
+        help="coccl groups run smaller messages exact (default: "
+        f"{coccl.torch.DEFAULT_MIN_COMPRESS_BYTES}, coccl's; with --tiny "
+        f"{TINY_MIN_COMPRESS_BYTES}, under its TP messages)",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
@@ -92,6 +96,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tiny:
         args.layers, args.d_model, args.heads, args.seq, args.batch = 2, 64, 4, 32, 4
+    if args.min_compress_bytes is None:
+        # --tiny's TP messages (batch x seq x d_model floats, 32 KiB) are below coccl's
+        # default threshold: lower it, so that the smoke run compresses what it shows
+        default = coccl.torch.DEFAULT_MIN_COMPRESS_BYTES
+        args.min_compress_bytes = TINY_MIN_COMPRESS_BYTES if args.tiny else default
     if args.warmup >= args.steps:
         args.warmup = 0
     return args
@@ -215,6 +224,14 @@ def train(spec: str, index: int, args: argparse.Namespace, device: torch.device)
     return record
 
 
+def uncompressed_lossy(record: dict[str, Any]) -> bool:
+    """Whether a coccl group of a lossy codec ran every call exact (all under
+    min_compress_bytes): the run then showed nothing of its codec."""
+    if record["group"] != "coccl" or coccl.get_compressor(record["compressor"]).lossless:
+        return False
+    return not any(key.endswith(":compressed") for key in record.get("calls", {}))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started_here = not dist.is_initialized()
@@ -243,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
             f"  {record.get('calls', '')}"
         )
         runs.append({"spec": spec, **record})
+        if uncompressed_lossy(record):
+            log(
+                f"[tp_dtensor] {spec}: no call was compressed: every TP message was below "
+                f"--min-compress-bytes {args.min_compress_bytes} (lower it to compress)"
+            )
     cfg = GPTConfig(args.layers, args.d_model, args.heads, args.seq)
     result = {
         "tp": tp,

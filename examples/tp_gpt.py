@@ -12,7 +12,8 @@ held-out validation split.
 
     # tensor parallel, 2 ranks, TACO on the wire
     mpiexec -n 2 python -m mpi4py examples/tp_gpt.py --tp-compressor taco --steps 300
-    # the same 2 ranks simulated in one process (bitwise the run above, on CPU)
+    # the same 2 ranks simulated in one process (bitwise the run above, on CPU: by
+    # default a rank gets cores / 2 torch threads in both)
     python examples/tp_gpt.py --virtual-tp 2 --tp-compressor taco --steps 300
     # the PyTorch-only single-process reference (same seed, data and steps)
     python examples/tp_gpt.py --baseline --steps 300
@@ -289,7 +290,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-batches", type=int, default=8, help="batches per evaluation")
     p.add_argument("--log-every", type=int, default=25, help="steps between val evaluations")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: cores / ranks)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of each rank (0: cores / TP ranks, in a virtual run as in a "
+        "real one, so that the two sum alike)",
+    )
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke configuration")
     p.add_argument("--out", type=Path, help="also write the result JSON here")
     args = p.parse_args(argv)
@@ -328,7 +335,10 @@ def report(result: dict[str, Any], out: Path | None, identical: bool, prog: str)
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     world = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
-    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
+    # torch's CPU sums depend on its thread count: a virtual run of N ranks gives each
+    # rank's matmuls the threads a rank of a real N-rank run gets, so the two agree bitwise
+    tp_ranks = args.virtual_tp or world
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // tp_ranks))
     if args.device == "cuda":
         # Same kernels every step and on every rank: replicas must stay bitwise equal.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -418,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         "lr": args.lr,
         "device": args.device,
+        "threads": torch.get_num_threads(),
         "val_loss": history[-1]["val_loss"] if history else None,
         "train_loss": loss.item(),
         "history": history,

@@ -3,8 +3,20 @@
 tests/mpi/ holds tests that run on several ranks; plain ``pytest`` does not collect them
 directly: tests/test_mpi.py launches them under ``mpiexec -n N python -m mpi4py`` for
 N = 1, 2, 3, 4 (see tests/mpi_launch.py).
+
+A test that starts processes of its own is marked ``launch`` (every ``mpi`` test is, here),
+so that the quick subset, ``pytest -m "not slow and not launch"``, starts none.
 """
 
 import os
 
+import pytest
+
 collect_ignore = [] if os.environ.get("COCCL_UNDER_MPIEXEC") else ["mpi"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """An ``mpi`` test launches mpiexec: it is a ``launch`` test too."""
+    for item in items:
+        if item.get_closest_marker("mpi") and not item.get_closest_marker("launch"):
+            item.add_marker(pytest.mark.launch)

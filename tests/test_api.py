@@ -159,6 +159,7 @@ def test_nccl_wire_types():
     assert wire_type(64, np.int16) == (64, NCCL_UINT8)  # no NCCL int16: bytes
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("variable", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
 def test_a_launcher_that_started_more_ranks_than_mpi_sees_is_an_error(variable):
     """torchrun (or another MPI's mpiexec) starts N processes that each see an MPI world

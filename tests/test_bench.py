@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -159,7 +160,8 @@ def test_subcommands_registered() -> None:
         ]
     )
     assert (args.minbytes, args.maxbytes, args.stepfactor) == (1024, 65536, 4)
-    assert (args.iters, args.warmup_iters, args.check, args.op) == (3, 0, 0, "avg")
+    assert (args.iters, args.warmup_iters, args.check, args.op) == (3, 0, 0, ["avg"])
+    assert args.datatype == [np.dtype(ml_dtypes.bfloat16)]
     assert args.algorithm == ["ring", "two_shot"]
     assert args.compressor == ["identity", "taco"]
     assert (args.chunk_bytes, args.np) == (65536, 2)
@@ -169,6 +171,9 @@ def test_subcommands_registered() -> None:
     "argv",
     [
         ["allreduce", "-o", "xor"],
+        ["allreduce", "-o", "sum,xor"],
+        ["allreduce", "-d", "float32,complex64"],
+        ["allreduce", "--algorithm", "ring,rnig"],
         ["allreduce", "-c", "2"],
         ["allreduce", "-n", "0"],
         ["allreduce", "-b", "1M", "-e", "1K"],
@@ -553,8 +558,8 @@ def test_table_fits_the_terminal() -> None:
 
 
 def test_table_missing_values() -> None:
-    table = layout(fake_plan())  # algbw gives way: speedup is the last column
-    assert table.hidden == ("algbw_inplace", "algbw") and titles(table)[-1] == "speedup"
+    table = layout(fake_plan())  # in-place bandwidths give way: speedup is the last column
+    assert table.hidden == ("algbw_inplace", "busbw_inplace") and titles(table)[-1] == "speedup"
     line = table.row(fake_row(ratio=None, rel_err=None, wrong=None, speedup=None))
     assert line.split()[-4:] == ["N/A", "N/A", "N/A", "N/A"]
     assert "123456789" in table.row(fake_row(time_us=123456789.0))
@@ -715,14 +720,19 @@ def test_allreduce_end_to_end(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads((tmp_path / "tmp.json").read_text())
-    check_record(record, "allreduce", 2, {("ring", "identity"), ("two_shot", "identity")})
-    assert [r["size"] for r in record["rows"][::2]] == [1 << k for k in range(10, 17)]
+    # the native baseline the speedups are over is a row of its own, first at each size
+    variants = {("native", "identity"), ("ring", "identity"), ("two_shot", "identity")}
+    check_record(record, "allreduce", 2, variants)
+    assert [r["size"] for r in record["rows"][::3]] == [1 << k for k in range(10, 17)]
+    assert all(r["algorithm"] == "native" for r in record["rows"][::3])
+    assert all(r["speedup"] == 1.0 for r in record["rows"][::3])
+    assert record["skipped"] == [] and record["datatype"] == "float32" and record["op"] == "sum"
     assert (tmp_path / "tmp.png").read_bytes()[:4] == b"\x89PNG"
     lines = proc.stdout.splitlines()
     assert any("out-of-place" in line for line in lines)
     assert "# Out of bounds values : 0 OK" in lines
     table = [line for line in lines if not line.startswith("#")]
-    assert len(table) == 14  # rank 0 prints, once
+    assert len(table) == 21  # rank 0 prints, once
     assert all(len(line) <= MAX_WIDTH for line in table)
 
 

@@ -202,6 +202,7 @@ def test_codec_cpu_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 BROKEN_CODEC = Path(__file__).parent / "scripts" / "broken_codec_bench.py"
 
 
+@pytest.mark.launch
 def test_codec_check_fails_a_broken_codec(tmp_path: Path) -> None:
     script = BROKEN_CODEC
     args = ["codec", "--counts", "1000", "-d", "float32", "-n", "1", "-w", "0"]
@@ -246,6 +247,7 @@ def test_codec_gpu_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--device gpu needs" in capsys.readouterr().err
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("subcommand", ["codec", "fidelity"])
 def test_unknown_compressor_exit_code(subcommand: str) -> None:
     proc = subprocess.run(

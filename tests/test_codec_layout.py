@@ -71,6 +71,7 @@ def test_codec_modules_import_without_a_circle() -> None:
             visit(module, [])
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("module", ["layout", "cpu_kernels", "_dispatch", "int8", "taco"])
 def test_each_module_imports_first(module: str) -> None:
     # A fresh interpreter whose first import is this module (and through it the package).

@@ -71,6 +71,7 @@ def test_nccl_native_refuses_int16(ncomm):
     assert int(y.sum()) == 8
 
 
+@pytest.mark.launch
 def test_two_ranks_on_one_gpu_is_a_clear_error(tmp_path):
     import cupy as cp
 

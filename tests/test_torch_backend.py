@@ -86,6 +86,7 @@ def test_premul_sum_mapping():
     assert coccl.torch._reduce_op(op) == expected
 
 
+@pytest.mark.launch
 def test_world_of_one(tmp_path: Path):
     """A lone process (no launcher) becomes a coccl world of one; creating it leaves
     torch's intra-op thread count alone (numba's OpenMP start would reset it)."""
@@ -127,6 +128,7 @@ def run_cases(cmd: list[str], logdir: Path) -> None:
     assert code == 0, "\n".join([out[-5000:], *logs])
 
 
+@pytest.mark.launch
 def test_cases_under_torchrun(tmp_path: Path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     run_cases([*torchrun, "--nproc-per-node", "2"], tmp_path)
@@ -142,14 +144,15 @@ def test_cases_under_mpiexec(tmp_path: Path):
 EXAMPLE = ROOT / "examples" / "tp_dtensor.py"
 
 
-def run_example(cmd: list[str], groups: str, tmp_path: Path) -> dict:
+def run_example(cmd: list[str], groups: str, tmp_path: Path, *extra: str) -> dict:
     out = tmp_path / "result.json"
     args = ["--tiny", "--steps", "3", "--warmup", "1", "--threads", "1", "--groups", groups]
     proc = subprocess.run(
-        [*cmd, str(EXAMPLE), *args, "--min-compress-bytes", "0", "--out", str(out)],
+        [*cmd, str(EXAMPLE), *args, *extra, "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, f"{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    assert "no call was compressed" not in proc.stderr
     result = json.loads(out.read_text())
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == result  # the same JSON
     runs = {r["spec"]: r for r in result["runs"]}
@@ -163,7 +166,10 @@ def run_example(cmd: list[str], groups: str, tmp_path: Path) -> dict:
     return runs
 
 
+@pytest.mark.launch
 def test_example_under_torchrun(tmp_path: Path):
+    """--tiny as the README runs it: its TP messages are below coccl's default
+    min_compress_bytes, so --tiny lowers it, and taco compresses every TP AllReduce."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     runs = run_example([*torchrun, "--nproc-per-node", "2"], "plain,identity,taco", tmp_path)
     taco = runs["taco"]
@@ -174,4 +180,39 @@ def test_example_under_torchrun(tmp_path: Path):
 
 @pytest.mark.mpi
 def test_example_under_mpiexec(tmp_path: Path):
-    run_example([*mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py"], "plain,identity", tmp_path)
+    mpi = [*mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py"]
+    run_example(mpi, "plain,identity", tmp_path, "--min-compress-bytes", "0")
+
+
+def load_dtensor_example():
+    """examples/tp_dtensor.py as a module (it imports its sibling tp_gpt.py)."""
+    import importlib  # noqa: PLC0415
+
+    folder = str(EXAMPLE.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module("tp_dtensor")
+
+
+def test_tiny_example_compresses_its_tp_messages():
+    """--tiny's TP messages (batch x seq x d_model float32) are below coccl's default
+    min_compress_bytes; --tiny lowers it under them unless the flag is given."""
+    example = load_dtensor_example()
+    tiny = example.parse_args(["--tiny"])
+    message = tiny.batch * tiny.seq * tiny.d_model * 4
+    assert message < coccl.torch.DEFAULT_MIN_COMPRESS_BYTES
+    assert tiny.min_compress_bytes == example.TINY_MIN_COMPRESS_BYTES <= message
+    assert example.parse_args([]).min_compress_bytes == coccl.torch.DEFAULT_MIN_COMPRESS_BYTES
+    assert example.parse_args(["--tiny", "--min-compress-bytes", "1"]).min_compress_bytes == 1
+
+
+def test_a_lossy_group_that_compressed_nothing_is_named():
+    example = load_dtensor_example()
+    taco = coccl.get_compressor("taco").get_config()
+    exact = {"group": "coccl", "compressor": taco, "calls": {"allreduce:exact": 160}}
+    assert example.uncompressed_lossy(exact)
+    both = {**exact, "calls": {"allreduce:exact": 2, "allreduce:compressed": 158}}
+    assert not example.uncompressed_lossy(both)
+    identity = {"group": "coccl", "compressor": {"id": "identity"}, "calls": exact["calls"]}
+    assert not example.uncompressed_lossy(identity)
+    assert not example.uncompressed_lossy({"group": "plain", "backend": "gloo"})
