@@ -102,6 +102,25 @@ tp)
   step "TP GPT smoke on the GPU: 2 ranks sharing it over MPI"
   timeout 150 mpiexec --oversubscribe -n 2 python3 -m mpi4py examples/tp_gpt.py --device cuda --backend mpi \
     --steps 60 --tp-compressor taco --tp-algorithm two_shot --log-every 20 2>&1 | tail -6 ;;
+codecs2)
+  # The int, tah, mx and taco_fp codecs' GPU kernels against the CPU's, bit for bit, then
+  # the taco/int8 kernels' own GPU tests.
+  step pytest gpu codecs: int, tah, mx, taco_fp, then taco and int8
+  timeout ${CODEC_TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/test_codec_gpu_int.py \
+    tests/test_codec_gpu_tah.py tests/test_codec_gpu_mx.py tests/test_codec_gpu.py \
+    2>&1 | tee "$OUT/pytest_codecs2.txt" | grep -v "^SKIPPED" | tail -40 ;;
+codecbench2)
+  # The new codecs' kernels beside taco and int8 and the device copy, checked against the CPU.
+  step codec kernels: int, tah, mx, taco_fp beside taco and int8
+  timeout ${CODEC_BENCH_TIMEOUT:-200} python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+    -d bfloat16 -n 10 --compressor taco,int8,int,int:bits=8,int:bits=4,hadamard=32,int:bits=6,group_size=32,tah:row=4096,mx,mx:element=e3m2,mx:element=e2m1,block=16,scale=e4m3,taco_fp,taco_fp:element=e3m2 \
+    --json "$JSONDIR/codec2.json" 2>&1 | tee "$OUT/codec2_log.txt" | tail -60 ;;
+tpstep)
+  # One GPU: a TP block's compute, the codecs' cost on its messages, the TP=2 prediction.
+  step tp-step on one GPU, predictions per link
+  timeout ${TPSTEP_TIMEOUT:-200} python3 -m coccl.bench.cli tp-step --np 1 --device gpu --model gpt-6.7b,gpt-2.7b \
+    --seq 2048,4096 --compressor identity,taco,int8 --json "$JSONDIR/tp-step-predict.json" 2>&1 \
+    | tee "$OUT/tpstep_log.txt" | tail -40 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
