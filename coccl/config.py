@@ -88,6 +88,11 @@ _VARS: dict[str, tuple[str, str]] = {
         "with host:pid:rank before each line; debug says which path each new call takes "
         "and why",
     ),
+    "COCCL_LOCAL_SIZE": (
+        "",
+        "ranks per node for the two-level (hierarchical) schedules, the same on every rank "
+        "(unset: the ranks that share a host); lets one machine emulate several nodes",
+    ),
 }
 # The variables given in bytes: a count with an optional K, M or G suffix (parse_size).
 SIZE_VARIABLES = ("COCCL_CHUNK_BYTES", "COCCL_STAGING_LIMIT_BYTES", "COCCL_PLAN_CACHE_BYTES")
@@ -194,6 +199,7 @@ class Settings:
     nccl_gather: str
     link: str
     log_level: str
+    local_size: int | None  # None: nodes from the hosts
 
 
 def _timeout() -> float:
@@ -248,6 +254,7 @@ def settings() -> Settings:
         nccl_gather=_choice("COCCL_NCCL_GATHER", GATHERS),
         link=_choice("COCCL_LINK", LINKS),
         log_level=log_level,
+        local_size=_int("COCCL_LOCAL_SIZE", 1) if _raw("COCCL_LOCAL_SIZE") else None,
     )
 
 
