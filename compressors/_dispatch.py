@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.arrays import BFLOAT16
+from coccl.core.arrays import BFLOAT16
 
 
 def _kernels(a: Any) -> ModuleType:
