@@ -12,6 +12,7 @@ from typing import Any
 
 from . import native, ring, two_shot
 from .auto import Choice, choose
+from .footprint import Footprint, hop_kernel
 from .plan import Plan
 
 ALGORITHMS = ("auto", "ring", "two_shot", "native")
@@ -43,13 +44,32 @@ def schedule(algorithm: str, collective: str) -> Schedule:
     return _SCHEDULES[algorithm][collective]
 
 
+# The modules of coccl's own schedules: each declares its footprint and fused-hop use.
+_MODULES = {"ring": ring, "two_shot": two_shot}
+
+
+def footprint(algorithm: str, collective: str, n: int) -> Footprint:
+    """The memory one round of ``algorithm``'s ``collective`` holds on ``n`` ranks."""
+    return _MODULES[algorithm].footprint(collective, n)
+
+
+def fuses_hop(algorithm: str, collective: str, n: int) -> bool:
+    """Whether ``algorithm``'s ``collective`` on ``n`` ranks reduces only with the codec's
+    fused hop (where the codec has one), holding no accumulator."""
+    return _MODULES[algorithm].fuses_hop(collective, n)
+
+
 __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
     "Choice",
+    "Footprint",
     "Plan",
     "check_algorithm",
     "choose",
+    "footprint",
+    "fuses_hop",
+    "hop_kernel",
     "native",
     "schedule",
 ]

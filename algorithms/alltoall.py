@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.pipeline import Round
+from coccl.core.rounds import Round
 
 from .p2p import receive_chunk
 from .plan import Plan, Span

@@ -10,7 +10,7 @@ The rule (README, "Algorithms"):
 * one rank: native.
 
 The table is keyed by where the bytes go: ``(transport, link)`` with the link classes of
-``coccl.nccl_transport.LINKS`` for NCCL, ``"staged"`` for device data over MPI through
+``coccl.transports.nccl.DETECTED_LINKS`` for NCCL, ``"staged"`` for device data over MPI through
 pinned host memory, ``"host"`` for host data. An entry is the smallest message size (input
 bytes) from which coccl's schedule beat native at every larger size measured, or None
 where it never did. bench/NOTES.md ("auto") has the measurements and commands behind each

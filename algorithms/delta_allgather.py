@@ -2,7 +2,7 @@
 weight differences; ZeRO's parameter gather of slowly changing weights).
 
 ``replica`` holds ``size`` slots of ``x.size`` elements, the state the caller keeps
-between calls (``coccl.DeltaState``): every rank's last gathered values. Each rank
+between calls (a caller-kept delta state): every rank's last gathered values. Each rank
 encodes ``d = x - replica[own slot]`` (in the accumulate type), sends it to every rank,
 and every rank, the owner too, adds ``decode(d)`` into that slot. So
 
@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from coccl.compressors import get_compressor
-from coccl.pipeline import Round
+from coccl.core.rounds import Round
 
 from . import two_shot
 from .alltoall import buffers_overlap

@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from coccl.compressors import Compressor
-from coccl.pipeline import Round
-from coccl.reduction import finalize
+from coccl.core.reduction import finalize
+from coccl.core.rounds import Round
 
 from . import ring, two_shot
 from .plan import Plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coccl.transport import NativeCollectives
+from coccl.core.transport import NativeCollectives
 
 
 def run(

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
-from coccl.pipeline import Round
+from coccl.core.rounds import Round
 
 from .plan import Plan, Span
 from .steps import encodes, new_round, payload_of, run_all, send_own

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from coccl.arrays import accumulate_dtype
 from coccl.compressors import Compressor
-from coccl.pipeline import TAG_MODULUS
-from coccl.pool import Block, BufferPool
-from coccl.reduction import combine, finalize
+from coccl.core.arrays import accumulate_dtype
+from coccl.core.pool import Block, BufferPool
+from coccl.core.reduction import combine, finalize
+from coccl.core.rounds import TAG_MODULUS
 
 Span = tuple[int, int]
 

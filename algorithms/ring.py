@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from coccl.pipeline import Round
+from coccl.core.rounds import Round
 
+from .footprint import Footprint
 from .plan import Plan, Span, aligned_shards, even_shards
 from .steps import (
     Pending,
@@ -32,6 +33,25 @@ from .steps import (
     send_own,
     waves,
 )
+
+
+def footprint(collective: str, n: int) -> Footprint:
+    """A round holds one payload in and one out; an AllReduce's chunk passes through
+    ``2 (n - 1)`` steps (``n - 1`` for either half), staged AllGather payloads stay pinned
+    while they wait to be forwarded, and the last ReduceScatter step holds a second
+    accumulator."""
+    steps = 2 * (n - 1) if collective == "allreduce" else n - 1
+    kept = max(0, n - 2) if collective != "reduce_scatter" else 0
+    return Footprint(
+        messages=2, steps=steps, waiting=steps - 1, staged_kept=kept, second_accumulator=True
+    )
+
+
+def fuses_hop(collective: str, n: int) -> bool:
+    """Whether every reduction is the codec's fused hop, so no accumulator is held: an
+    AllReduce on several ranks (every hop, the last one included, is that kernel; one
+    rank reduces locally into an accumulator)."""
+    return collective == "allreduce" and n > 1
 
 
 def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any) -> None:

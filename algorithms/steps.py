@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from coccl.pipeline import Round
-from coccl.pool import Block
+from coccl.core.pool import Block
+from coccl.core.rounds import Round
 
 from .plan import Plan, Span
 

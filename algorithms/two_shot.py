@@ -26,8 +26,9 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from coccl.pipeline import Round
+from coccl.core.rounds import Round
 
+from .footprint import Footprint
 from .plan import Plan, Span, aligned_shards, even_shards
 from .steps import (
     Pending,
@@ -41,6 +42,19 @@ from .steps import (
     send_own,
     waves,
 )
+
+
+def footprint(collective: str, n: int) -> Footprint:
+    """A round sends a payload to and receives one from each of the ``n - 1`` others,
+    in two steps (the ReduceScatter and the AllGather), with one payload waiting between
+    them."""
+    return Footprint(messages=2 * max(1, n - 1), steps=2, waiting=1)
+
+
+def fuses_hop(collective: str, n: int) -> bool:
+    """Whether every reduction is the codec's fused hop, so no accumulator is held: an
+    AllReduce on two ranks (its one reduction is that hop)."""
+    return collective == "allreduce" and n == 2
 
 
 def _peers(plan: Plan) -> list[int]:

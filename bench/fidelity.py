@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.arrays import FLOAT_DTYPES
+from coccl.core.arrays import FLOAT_DTYPES
 
 from .cli import command, positive_int
 from .codec import (

@@ -25,8 +25,7 @@ from . import tp_predict
 from .cli import datatype
 from .codec import HostDevice, gpu_device
 from .tp_model import AllReduceTimer, TPStack, allreduces_per_step
-from .tp_shapes import MODELS, ModelShape
-from .tp_step import SEED, Context
+from .tp_shapes import MODELS, SEED, Context, ModelShape
 
 
 @dataclass

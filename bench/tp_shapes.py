@@ -4,6 +4,7 @@ command's flags are parsed, and ``--np`` relaunches, without importing it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -59,3 +60,28 @@ MODELS: dict[str, ModelShape] = {
         ),  # fmt: skip
     )
 }
+
+
+SEED = 20240917  # of the weights, the input and the output gradient
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this rank runs."""
+
+    mpi: Any
+    rank: int
+    world: int
+    tp: int
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    def sync(self) -> None:
+        import torch  # noqa: PLC0415
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -28,7 +28,6 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,8 @@ from . import launch, tp_predict
 from .cli import command, positive_int
 from .codec import check_writable, codec_specs, provenance_line, record_header
 from .codec import write_record as write_json
-from .tp_shapes import MODELS
+from .tp_shapes import MODELS, Context
 
-SEED = 20240917  # of the weights, the input and the output gradient
 EXIT_USAGE = 2
 DTYPES = ("float32", "bfloat16", "float16")
 TIMING = (
@@ -112,28 +110,6 @@ def validate(args: argparse.Namespace) -> str | None:
         if problem:
             return problem
     return None
-
-
-@dataclass(frozen=True)
-class Context:
-    """Where this rank runs."""
-
-    mpi: Any
-    rank: int
-    world: int
-    tp: int
-    device: Any  # torch.device
-    dtype: Any  # torch.dtype
-
-    @property
-    def tp_rank(self) -> int:
-        return self.rank % self.tp
-
-    def sync(self) -> None:
-        import torch  # noqa: PLC0415
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
 
 @command(

@@ -28,7 +28,7 @@ _VARS: dict[str, tuple[str, str]] = {
         "pipeline chunk size in bytes of input data; each chunk is one payload on the wire "
         "(unset: 4 MiB for host data; device data staged through pinned host memory: "
         "8 MiB, or, for compressed data, 4M elements once each rank's shard holds four of "
-        "them; device data over NCCL: see coccl/sizing.py)",
+        "them; device data over NCCL: see coccl.communicator.sizing)",
     ),
     "COCCL_PIPELINE_DEPTH": ("4", "how many chunk rounds may be in flight at once (>= 1)"),
     "COCCL_STAGING_LIMIT_BYTES": (
@@ -58,8 +58,8 @@ _VARS: dict[str, tuple[str, str]] = {
         "1",
         "over NCCL: '1' records a collective's whole schedule as a CUDA graph after its "
         "first call and replays it (with a lossy codec on the caller's buffers, at every "
-        "size; otherwise through copies, below coccl/sizing.py's REPLAY_MAX_BYTES: 128 MiB "
-        "on NVLink, 64 MiB on other links); '0' always runs it from the host",
+        "size; otherwise through copies, below coccl.communicator.sizing's REPLAY_MAX_BYTES: "
+        "128 MiB on NVLink, 64 MiB on other links); '0' always runs it from the host",
     ),
     "COCCL_PLAN_CACHE_BYTES": (
         "4294967296",
@@ -75,7 +75,7 @@ _VARS: dict[str, tuple[str, str]] = {
         "auto",
         "over NCCL, the AllGather phase of a compressed two-shot AllReduce: p2p (grouped "
         "sends and receives), allgather (one ncclAllGather of payload slots), or auto (the "
-        "faster one measured on the link, algorithms/auto.py)",
+        "faster one measured on the link, coccl.algorithms.auto)",
     ),
     "COCCL_LINK": (
         "auto",
@@ -98,7 +98,7 @@ _VARS: dict[str, tuple[str, str]] = {
 SIZE_VARIABLES = ("COCCL_CHUNK_BYTES", "COCCL_STAGING_LIMIT_BYTES", "COCCL_PLAN_CACHE_BYTES")
 # Names coccl's own tools set for the processes they start (not settings, never warned
 # about): the test launcher's mark, the soak test's length, and every COCCL_BENCH_* name
-# coccl-bench gives its ranks (coccl/bench/launch.py).
+# coccl-bench gives its ranks (coccl.bench.launch).
 TOOL_VARIABLES = ("COCCL_UNDER_MPIEXEC", "COCCL_SOAK_CALLS")
 TOOL_PREFIXES = ("COCCL_BENCH_",)
 
@@ -111,7 +111,7 @@ SCHEDULE_SETTINGS = (
     "graphs",
     "nccl_gather",
 )
-# The classes of link NCCL can use between ranks, fastest first (coccl.nccl_transport).
+# The classes of link NCCL can use between ranks, fastest first (coccl.transports.nccl).
 LINK_CLASSES = ("nvlink", "pcie", "shm", "socket", "net")
 LINKS = ("auto", *LINK_CLASSES)
 GATHERS = ("auto", "p2p", "allgather")
@@ -188,7 +188,7 @@ class Settings:
     chunk_bytes: int
     chunk_bytes_set: bool  # COCCL_CHUNK_BYTES given explicitly
     pipeline_depth: int
-    staging_limit_bytes: int | None  # None: unset, coccl/sizing.py's default per route
+    staging_limit_bytes: int | None  # None: unset, coccl.communicator.sizing's default
     timeout_s: float  # may be inf
     mpi_cuda_aware: bool | None  # None: ask the MPI library
     cpu_threads: int | None
@@ -308,3 +308,26 @@ def configure_logging(level: str) -> None:
         handler.addFilter(RankFilter())
         handler.coccl_handler = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
+
+
+# The variable behind each of SCHEDULE_SETTINGS, for messages that name it.
+SETTING_VARIABLES = {
+    "chunk_bytes": "COCCL_CHUNK_BYTES",
+    "chunk_bytes_set": "COCCL_CHUNK_BYTES (set or not)",
+    "pipeline_depth": "COCCL_PIPELINE_DEPTH",
+    "staging_limit_bytes": "COCCL_STAGING_LIMIT_BYTES",
+    "graphs": "COCCL_GRAPHS",
+    "nccl_gather": "COCCL_NCCL_GATHER",
+}
+# Launchers' variables that give the job's rank count: a 1-rank MPI world under one of
+# them is a launch mistake (mpi4py built against another MPI, torchrun without mpiexec).
+LAUNCHER_SIZES = (
+    ("WORLD_SIZE", "torchrun / torch.distributed"),
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"),
+    ("PMI_SIZE", "MPICH's mpiexec (Hydra)"),
+    ("PMIX_SIZE", "a PMIx launcher"),
+    ("SLURM_STEP_NUM_TASKS", "Slurm's srun"),
+)
+# Launchers' variables that give this process's rank under mpiexec (coccl.torch reads
+# torch's environment from MPI when one of them is set).
+MPI_LAUNCHER_RANKS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.arrays import BFLOAT16
+from coccl.core.arrays import BFLOAT16
 
 # Kernel families: a function name's prefix up to ":" picks the (CPU, GPU) modules of
 # another codec family; a name without one is int8/taco's (``cpu_kernels``/``gpu_kernels``).

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from coccl.arrays import FLOAT_DTYPES, as_flat, dtype_name
+from coccl.core.arrays import FLOAT_DTYPES, as_flat, dtype_name, require_writeable
 
 SUM_OPS = frozenset({"sum", "avg"})
 ALL_OPS = frozenset({"sum", "avg", "max", "min", "prod"})
@@ -187,7 +187,7 @@ class Compressor(abc.ABC):
         else:
             dst = as_flat(out, "out")
             _check_payload(dst, nbytes, src, "out")
-            _check_writeable(dst, "out")
+            require_writeable(dst.obj, "out")
             payload, obj = dst.data, dst.obj
         if self.stochastic:
             self.encode_into(src.data, payload, dtype, salt=salt)
@@ -241,7 +241,7 @@ class Compressor(abc.ABC):
             dst = as_flat(out, "out")
             if dst.size != count:
                 raise ValueError(f"out has {dst.size} elements, expected count={count}")
-            _check_writeable(dst, "out")
+            require_writeable(dst.obj, "out")
             if dst.xp is not src.xp:
                 raise ValueError("out and buf must be on the same kind of device")
             if dst.dtype != dtype and dst.dtype not in (np.float32, np.float64):
@@ -266,13 +266,6 @@ def _check_count(count: Any) -> int:
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
         raise ValueError(f"count must be a non-negative integer, got {count!r}")
     return int(count)
-
-
-def _check_writeable(a: Any, name: str) -> None:
-    # A read-only numpy array (e.g. flags.writeable=False, or a view of a bytes object)
-    # would otherwise fail deep inside a numba kernel; device arrays are always writeable.
-    if isinstance(a.data, np.ndarray) and not a.data.flags.writeable:
-        raise ValueError(f"{name} is read-only; pass a writeable array")
 
 
 def _check_payload(p: Any, nbytes: int, like: Any, name: str) -> None:

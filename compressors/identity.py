@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.arrays import ALL_DTYPES
+from coccl.core.arrays import ALL_DTYPES
 
 from .base import ALL_OPS, Compressor, register_compressor
 

@@ -15,7 +15,7 @@ import pytest
 
 from coccl.algorithms import Plan
 from coccl.compressors import Compressor, get_compressor
-from coccl.pool import host_pool
+from coccl.core.pool import host_pool
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)

@@ -1,6 +1,6 @@
 """An in-process stand-in for a transport: runs N ranks' schedules in one process.
 
-Each rank's schedule is an iterator of pipeline ``Round``s (``coccl.pipeline``). The
+Each rank's schedule is an iterator of pipeline ``Round``s (``coccl.core.rounds``). The
 simulator plays the polling engine's rules on every rank at once, with a window of
 ``depth`` admitted rounds per rank:
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.pipeline import Round
+from coccl.core.rounds import Round
 
 
 def _bytes(buf: Any) -> np.ndarray:

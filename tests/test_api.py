@@ -150,8 +150,8 @@ def test_public_names():
 
 def test_nccl_wire_types():
     """Uncompressed payloads travel in their own NCCL type (bfloat16 too), others as bytes."""
-    from coccl.arrays import BFLOAT16
-    from coccl.nccl_transport import NCCL_UINT8, wire_type
+    from coccl.core.arrays import BFLOAT16
+    from coccl.transports.nccl import NCCL_UINT8, wire_type
 
     assert wire_type(64, np.float32) == (16, 7)
     assert wire_type(64, BFLOAT16) == (32, 9)

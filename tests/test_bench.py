@@ -278,7 +278,7 @@ PUBLIC_MODULES = {
     "coccl.compressors",
     "coccl.bench.cli",
     "coccl.bench.table",
-    "coccl.sizing",
+    "coccl.communicator.sizing",
 }
 
 

@@ -7,10 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from coccl.graph_rebase import (
+from coccl.engine.graph_rebase import (
+    CapturedBuffer as Span,
+)
+from coccl.engine.graph_rebase import (
     NotRebasable,
     Rebase,
-    Span,
     WatchedTransport,
     overlaps,
     pointer_sites,

@@ -26,8 +26,8 @@ from schedule_cases import (  # noqa: F401  (one_numba_thread: an autouse fixtur
 from schedule_sim import run_ranks
 
 from coccl.algorithms.hierarchical import HierarchicalPlan, allreduce, reduce_scatter
-from coccl.arrays import accumulate_dtype
 from coccl.compressors import get_compressor
+from coccl.core.arrays import accumulate_dtype
 
 # (ranks, local_size): one rank, one rank a node, one node, and 2 x 2
 LAYOUTS = [(1, 1), (2, 1), (3, 3), (4, 2), (4, 4)]

@@ -10,8 +10,9 @@ import pytest
 from mpi4py import MPI
 
 import coccl
+from coccl.communicator.agreement import disagreement
+from coccl.communicator.plans import CallPlan, PlanCache
 from coccl.compressors import Compressor
-from coccl.plans import CallPlan, PlanCache, disagreement
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def test_a_plan_beyond_the_bound_runs_without_graph():
 
 
 def test_plan_cache_bounds_the_number_of_plans(monkeypatch):
-    monkeypatch.setattr("coccl.plans.MAX_PLANS", 3)
+    monkeypatch.setattr("coccl.communicator.plans.MAX_PLANS", 3)
     cache = PlanCache(graph_bytes_limit=100)
     for key in "abcd":
         cache.add(key, _plan(0))

@@ -12,12 +12,8 @@ import pytest
 
 import coccl
 from coccl import algorithms
-from coccl.compressors import get_compressor
-from coccl.overlap import WireOnlyCodec
-from coccl.pipeline import Round
-from coccl.polling import DONE, EventHandle, advance, landed_buffers, may_send, run_polling
-from coccl.pool import BufferPool, host_pool, size_class
-from coccl.sizing import (
+from coccl.communicator.overlap import WireOnlyCodec
+from coccl.communicator.sizing import (
     nccl_chunk_bytes,
     needs_accumulator,
     replays,
@@ -25,7 +21,11 @@ from coccl.sizing import (
     staging_limit,
     window_bytes,
 )
-from coccl.streamed import run_streamed
+from coccl.compressors import get_compressor
+from coccl.core.pool import BufferPool, host_pool, size_class
+from coccl.core.rounds import Round
+from coccl.engine.polling import DONE, EventHandle, advance, landed_buffers, may_send, run_polling
+from coccl.engine.streamed import run_streamed
 
 INF = float("inf")
 

@@ -15,7 +15,7 @@ from schedule_cases import (  # noqa: F401  (one_numba_thread: an autouse fixtur
 from schedule_sim import run_ranks
 
 from coccl import algorithms
-from coccl.pipeline import Round
+from coccl.core.rounds import Round
 
 
 @pytest.mark.parametrize("seed", [None, 1])

@@ -12,8 +12,8 @@ import pytest
 
 from coccl import algorithms
 from coccl.compressors import get_compressor
-from coccl.pipeline import Round
-from coccl.pool import host_pool
+from coccl.core.pool import host_pool
+from coccl.core.rounds import Round
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

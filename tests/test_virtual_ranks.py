@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from coccl.algorithms.plan import aligned_shards
-from coccl.arrays import accumulate_dtype
 from coccl.compressors import Compressor, get_compressor
+from coccl.core.arrays import accumulate_dtype
 from coccl.virtual_ranks import simulate_allreduce
 
 from gpu import GPU

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from coccl import get_compressor
 from coccl.algorithms import choose
-from coccl.sizing import replays
+from coccl.communicator.sizing import replays
 
 out, raw = Path(sys.argv[1]), Path(sys.argv[2])
 LINKS = {"nvlink": "nvlink", "shm": "shm", "socket": "socket"}

@@ -1,15 +1,15 @@
 """One call plan's CUDA graph: the whole pipelined schedule over NCCL, recorded once and
 replayed in one launch.
 
-A collective over NCCL costs the host 100-175 us of Python per chunk round (launches,
-events, NCCL groups), more than the transfer itself over NVLink. Recorded with CUDA stream
-capture (coccl/streamed.py runs the same code eagerly or under capture: it never waits on
+A collective over NCCL costs the host Python work per chunk round (launches, events,
+NCCL groups), more than the transfer itself over NVLink (bench/NOTES.md). Recorded with CUDA stream
+capture (coccl.engine.streamed runs the same code eagerly or under capture: it never waits on
 the host), the schedule's kernels, NCCL groups and cross-stream dependencies become one
 graph, and a call costs a few launches.
 
 NCCL treats a captured operation as collective: every rank must replay the graph derived
 from the same capture, at the same call. So the decision is made per plan, identically on
-every rank (coccl/plans.py): a plan's first call runs eagerly (it also makes NCCL connect
+every rank (coccl.communicator.plans): a plan's first call runs eagerly (it also makes NCCL connect
 the peers, which it must do before capturing point-to-point operations), the second
 captures and replays, later ones replay; if capture fails on any rank, every rank keeps
 running that plan eagerly.
@@ -17,11 +17,11 @@ running that plan eagerly.
 The graph is captured on buffers of its own, since the caller's addresses change from call
 to call and rank to rank. With a lossy codec its NCCL operations only move payloads the
 graph owns, and only its codec kernels read the input and write the output: before a
-replay on other buffers, those kernels are pointed at the caller's (coccl/graph_rebase.py),
+replay on other buffers, those kernels are pointed at the caller's (coccl.engine.graph_rebase),
 and the call runs on them directly. Otherwise (the identity codec, whose messages are the
 caller's data, or a graph whose nodes cannot be rebased) a call copies its input in and
 the result out, two device-to-device copies outside the graph; such plans are not replayed
-from coccl/sizing.py's REPLAY_MAX_BYTES up, where the device outlasts the host's
+from coccl.communicator.sizing's REPLAY_MAX_BYTES up, where the device outlasts the host's
 enqueueing and the copies would cost more than the replay saves. Everything the graph
 touches (the schedule's pool, any temporary allocated during capture, and the buffers of
 its own while it copies) is owned here until the plan is evicted.
@@ -33,13 +33,13 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from coccl.device import DeviceContext
+from coccl.core.pool import BufferPool, device_pool
+from coccl.core.rounds import Round
+from coccl.core.transport import StreamedTransport
+from coccl.engine.device import DeviceContext
+from coccl.engine.graph_rebase import CapturedBuffer, NotRebasable, Rebase, WatchedTransport
+from coccl.engine.streamed import run_streamed
 from coccl.errors import CocclError
-from coccl.graph_rebase import NotRebasable, Rebase, Span, WatchedTransport
-from coccl.pipeline import Round
-from coccl.pool import BufferPool, device_pool
-from coccl.streamed import run_streamed
-from coccl.transport import StreamedTransport
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,9 @@ class CallGraph:
             self.pool = device_pool(ctx.device)
             x = self._in[: self.in_nbytes].view(self.dtype)
             out = self._out[: self.out_nbytes].view(self.dtype)
-            spans = [Span(0, self._in.data.ptr, self.in_nbytes)]
+            spans = [CapturedBuffer(0, self._in.data.ptr, self.in_nbytes)]
             if not self.in_place:
-                spans.append(Span(1, self._out.data.ptr, self.out_nbytes))
+                spans.append(CapturedBuffer(1, self._out.data.ptr, self.out_nbytes))
             watched = WatchedTransport(transport, spans)
             origin = ctx.capture
             error: BaseException | None = None
@@ -147,7 +147,7 @@ class CallGraph:
             if self.follow:
                 self._follow(spans, watched.touched)
 
-    def _follow(self, spans: list[Span], touched: str) -> None:
+    def _follow(self, spans: list[CapturedBuffer], touched: str) -> None:
         """Find the nodes that hold the captured buffers' addresses; then the graph's own
         buffers are no longer needed (every replay points it at the caller's first)."""
         if touched:

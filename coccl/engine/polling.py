@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from coccl.core.rounds import Round
+from coccl.core.transport import PollingTransport
 from coccl.errors import CocclError
-from coccl.pipeline import Round
-from coccl.transport import PollingTransport
 
 
 class _Done:

@@ -3,7 +3,7 @@ inside a torch.distributed job (torchrun, or mpiexec with ``coccl.torch``) witho
 
 * ``StoreBootstrap`` does coccl's rare out-of-band exchanges (settings, plan agreement,
   NCCL's unique id) through torch's key-value store, every wait bounded by a timeout.
-* ``GlooTransport`` is a ``PollingTransport`` (coccl/transport.py) over a Gloo process
+* ``GlooTransport`` is a ``PollingTransport`` (coccl.core.transport) over a Gloo process
   group: nonblocking sends and receives of the pipeline's uint8 host buffers, and Gloo's
   own collectives as the ``native`` baseline.
 
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from coccl.arrays import BFLOAT16, is_device_array
+from coccl.core.arrays import BFLOAT16, is_device_array
+from coccl.core.reduction import finalize
 from coccl.errors import CocclError
-from coccl.reduction import finalize
 
 # The longest wait torch's store takes (a timedelta cannot be infinite).
 _FOREVER_S = 10.0**7
@@ -54,7 +54,7 @@ def as_timedelta(seconds: float) -> timedelta:
 
 
 class StoreBootstrap:
-    """coccl's bootstrap exchanges (``coccl.bootstrap.Bootstrap``) through a torch
+    """coccl's bootstrap exchanges (``coccl.transports.bootstrap.Bootstrap``) through a torch
     ``Store``: each ``allgather`` is a numbered round of keys, one per rank.
 
     Args:

@@ -1,7 +1,7 @@
 """The interfaces between the pipeline engines and the transports that move bytes.
 
 A transport moves contiguous ``uint8`` buffers between ranks; it knows no schedule. There
-are two kinds, one per engine (coccl/pipeline.py):
+are two kinds, one per engine (coccl.core.rounds):
 
 * a ``PollingTransport`` (MPI) starts nonblocking messages and reports their completion
   when tested; the host thread drives the pipeline by polling them;

@@ -153,6 +153,19 @@ def _module_of(x: Any) -> str:
     return type(x).__module__.split(".")[0]
 
 
+def array_kind(x: Any) -> str:
+    """The framework of a caller's array: "numpy", "torch", "cupy", "numba" (any other
+    ``__cuda_array_interface__``) or "other"."""
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    module = _module_of(x)
+    if module in ("torch", "cupy"):
+        return module
+    if hasattr(x, "__cuda_array_interface__"):
+        return "numba"
+    return "other"
+
+
 def _numpy_flat(x: np.ndarray, name: str) -> Flat:
     _require_contiguous(x.flags.c_contiguous, name)
     check_dtype(x.dtype, name)

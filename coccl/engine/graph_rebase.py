@@ -1,6 +1,6 @@
 """Pointing an instantiated CUDA graph at the caller's buffers, without capturing again.
 
-A plan's graph (coccl/graphs.py) is captured on buffers of its own. Its codec kernels (and
+A plan's graph (coccl.engine.graphs) is captured on buffers of its own. Its codec kernels (and
 any copy or memset) read the input and write the output at those buffers' addresses; its
 NCCL operations, for a lossy codec, only ever see payload buffers the graph owns. So before
 a replay whose input or output address differs from the last one, the nodes holding those
@@ -39,7 +39,7 @@ class NotRebasable(Exception):
 
 
 @dataclass(frozen=True)
-class Span:
+class CapturedBuffer:
     """A captured buffer: its role's index (0 input, 1 output), address and size."""
 
     role: int
@@ -50,7 +50,7 @@ class Span:
         return self.base <= address < self.base + self.nbytes
 
 
-def role_of(address: int, spans: Sequence[Span]) -> int | None:
+def role_of(address: int, spans: Sequence[CapturedBuffer]) -> int | None:
     """The role of the captured buffer holding ``address`` (None: none does)."""
     for span in spans:
         if span.holds(address):
@@ -58,7 +58,7 @@ def role_of(address: int, spans: Sequence[Span]) -> int | None:
     return None
 
 
-def overlaps(address: int, nbytes: int, spans: Sequence[Span]) -> bool:
+def overlaps(address: int, nbytes: int, spans: Sequence[CapturedBuffer]) -> bool:
     """Whether ``nbytes`` from ``address`` share a byte with a captured buffer."""
     return any(address < s.base + s.nbytes and s.base < address + nbytes for s in spans)
 
@@ -70,7 +70,7 @@ def pointer_words(data: bytes) -> Iterator[tuple[int, int]]:
 
 
 def pointer_sites(
-    params: Sequence[bytes], spans: Sequence[Span]
+    params: Sequence[bytes], spans: Sequence[CapturedBuffer]
 ) -> list[tuple[int, int, int, int]]:
     """(parameter, byte offset, role, value) of every word of ``params`` that points into
     a span."""
@@ -235,7 +235,7 @@ class _CopySite:
         _check(self.setter, rc)
 
 
-def _kernel_site(node: int, spans: Sequence[Span]) -> _KernelSite | None:
+def _kernel_site(node: int, spans: Sequence[CapturedBuffer]) -> _KernelSite | None:
     params = _KernelParams()
     _call("cuGraphKernelNodeGetParams_v2", ctypes.c_void_p(node), ctypes.byref(params))
     sizes = _param_sizes(params.func) if params.kernelParams else None
@@ -250,7 +250,7 @@ def _kernel_site(node: int, spans: Sequence[Span]) -> _KernelSite | None:
     return _KernelSite(node, params, values, sites) if sites else None
 
 
-def _memcpy_site(node: int, spans: Sequence[Span]) -> _CopySite | None:
+def _memcpy_site(node: int, spans: Sequence[CapturedBuffer]) -> _CopySite | None:
     params = _Memcpy3D()
     _call("cuGraphMemcpyNodeGetParams", ctypes.c_void_p(node), ctypes.byref(params))
     fields = []
@@ -264,7 +264,7 @@ def _memcpy_site(node: int, spans: Sequence[Span]) -> _CopySite | None:
     return _CopySite(node, params, fields, "cuGraphExecMemcpyNodeSetParams") if fields else None
 
 
-def _memset_site(node: int, spans: Sequence[Span]) -> _CopySite | None:
+def _memset_site(node: int, spans: Sequence[CapturedBuffer]) -> _CopySite | None:
     params = _MemsetParams()
     _call("cuGraphMemsetNodeGetParams", ctypes.c_void_p(node), ctypes.byref(params))
     role = role_of(params.dst, spans)
@@ -284,7 +284,7 @@ class Rebase:
         NotRebasable: a node's addresses cannot be read or moved (the reason says which).
     """
 
-    def __init__(self, graph: int, graph_exec: int, spans: Sequence[Span]) -> None:
+    def __init__(self, graph: int, graph_exec: int, spans: Sequence[CapturedBuffer]) -> None:
         self.graph_exec = graph_exec
         self.captured = [s.base for s in sorted(spans, key=lambda s: s.role)]
         self.current = list(self.captured)
@@ -323,7 +323,7 @@ class WatchedTransport:
     """A stream-ordered transport that records, while a schedule is captured, whether any
     operation it enqueues touches the captured buffers (``touched`` says which)."""
 
-    def __init__(self, inner: Any, spans: Sequence[Span]) -> None:
+    def __init__(self, inner: Any, spans: Sequence[CapturedBuffer]) -> None:
         self.inner, self.spans = inner, spans
         self.touched = ""
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from coccl.arrays import accumulate_dtype
+from coccl import algorithms
 from coccl.compressors import Compressor
-from coccl.pool import size_class
+from coccl.core.arrays import accumulate_dtype
+from coccl.core.pool import size_class
 
 # Below this chunk size, CPU compute runs on the polling thread itself: a worker thread's
 # wake-up would cost more than the overlap it buys.
@@ -32,7 +33,7 @@ STAGED_LARGE_CHUNK_ELEMS = 4 << 20
 # NCCL, where few, large messages are fastest (see nccl_chunk_bytes) and an H200 has 141 GB.
 STAGING_LIMIT_BYTES = 256 << 20
 NCCL_STAGING_LIMIT_BYTES = 1 << 30
-# Over NCCL a plan whose graph copies the caller's buffers (coccl/graphs.py) is replayed
+# Over NCCL a plan whose graph copies the caller's buffers (coccl.engine.graphs) is replayed
 # below these message sizes (bytes per rank, by link class) and runs eagerly from them on.
 # Such a replay saves the host's enqueueing of every round but copies the input in and the
 # result out; an eager call costs about max(host, device) time, since the host never waits
@@ -72,39 +73,27 @@ def window_bytes(
 ) -> int:
     """An upper bound on the pool bytes a pipeline window of ``depth`` rounds holds, on
     ``n`` ranks with chunks of ``chunk_elems`` elements. Per round: its payloads (their
-    pinned copies too when ``staged``), an accumulator and a result payload; the payloads
-    waiting between a chunk's steps, about one per step per round of depth (a chunk's
-    next step runs ``depth`` waves later; ``staged``, a ring AllGather payload waiting to
-    be forwarded keeps its pinned copy too); and a ring's last ReduceScatter step, which
-    holds a second accumulator, once per pass of the window over the steps.
-    ``accumulates`` False: the schedule holds no accumulator (an AllReduce summing with
-    the codec's fused hop, ``needs_accumulator``).
+    pinned copies too when ``staged``), an accumulator and a result payload, and the
+    payloads waiting between a chunk's steps, as the schedule declares them
+    (``algorithms.footprint``). ``accumulates`` False: the schedule holds no accumulator
+    (an AllReduce summing with the codec's fused hop, ``needs_accumulator``).
     bench/NOTES.md compares this bound with measured peaks."""
     payload = size_class(codec.encoded_nbytes(chunk_elems, dtype))
     acc = size_class(chunk_elems * accumulate_dtype(dtype).itemsize) if accumulates else 0
-    if algorithm == "ring":
-        messages = 2
-        steps = 2 * (n - 1) if collective == "allreduce" else n - 1
-        waiting = steps - 1
-    else:
-        messages, steps, waiting = 2 * max(1, n - 1), 2, 1
-    per_round = (messages + 1 + waiting) * payload + acc
+    fp = algorithms.footprint(algorithm, collective, n)
+    per_round = (fp.messages + 1 + fp.waiting) * payload + acc
     if staged:
-        per_round += messages * payload  # pinned host copies of every message
-        if algorithm == "ring" and collective != "reduce_scatter":
-            per_round += max(0, n - 2) * payload  # kept for the forwards
-    second_accs = depth // max(1, steps) + 1 if algorithm == "ring" else 0
+        per_round += fp.messages * payload  # pinned host copies of every message
+        per_round += fp.staged_kept * payload  # kept for the forwards
+    second_accs = depth // max(1, fp.steps) + 1 if fp.second_accumulator else 0
     return depth * per_round + second_accs * acc
 
 
 def needs_accumulator(algorithm: str, collective: str, op: str, fused_hop: bool, n: int) -> bool:
-    """Whether a schedule holds float32 accumulators: all but an AllReduce that sums with
-    the codec's fused hop, the ring's on several ranks (algorithms/ring.py: every hop, the
-    last one included, is that kernel; one rank reduces locally into an accumulator) and
-    two-shot's on two (algorithms/two_shot.py: its one reduction is that hop)."""
-    hops = collective == "allreduce" and (
-        (algorithm == "ring" and n > 1) or (algorithm == "two_shot" and n == 2)
-    )
+    """Whether a schedule holds float32 accumulators: all but one that sums only with the
+    codec's fused hop (``fused_hop``: the codec has one for the call's data), as the
+    schedule declares (``algorithms.fuses_hop``)."""
+    hops = algorithms.fuses_hop(algorithm, collective, n)
     return not (hops and op == "sum" and fused_hop)
 
 
@@ -123,9 +112,9 @@ def nccl_chunk_bytes(
     elements: the whole shard, halved until one round's window fits ``limit``, never
     below ``floor`` bytes (COCCL_CHUNK_BYTES).
 
-    Few, large messages are fastest over NCCL: its point-to-point reaches ~160 GB/s with
-    8 MiB messages and ~240-290 GB/s from 32 MiB on NVLink (2 H200s), while the codec
-    kernels run ~15x faster than NVLink moves bytes, so cutting a shard to overlap them
+    Few, large messages are fastest over NCCL: its point-to-point bandwidth keeps rising
+    with the message size well past the sizes a pipeline would cut, while the codec
+    kernels run much faster than the link moves bytes, so cutting a shard to overlap them
     with the wire gains less than the smaller messages lose (bench/NOTES.md)."""
     itemsize = np.dtype(dtype).itemsize
     elems = -(-max(1, shard) // codec.alignment) * codec.alignment
@@ -159,7 +148,7 @@ def chunk_elems(chunk_bytes: int, itemsize: int, alignment: int) -> int:
 def local_cpu_threads(local_ranks: int, requested: int | None) -> int:
     """Threads for the CPU codec kernels: COCCL_CPU_THREADS, else this node's cores divided
     among its ranks. Oversubscribed numba threads spin against each other and against
-    MPI's polling (seen: 100x slower collectives with 4 ranks on 2 cores)."""
+    MPI's polling, which slows collectives by orders of magnitude (bench/NOTES.md)."""
     if requested is not None:
         return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -226,5 +215,5 @@ def replay_max_bytes(link: str) -> int:
 def replays(link: str, nbytes: int, follows: bool = False) -> bool:
     """Whether a plan over NCCL on ``link`` whose input holds ``nbytes`` is replayed from a
     CUDA graph: at every size if the graph follows the caller's buffers (``follows``: a
-    lossy codec's, coccl/graphs.py), below ``replay_max_bytes`` if it copies them."""
+    lossy codec's, coccl.engine.graphs), below ``replay_max_bytes`` if it copies them."""
     return follows or nbytes < replay_max_bytes(link)

@@ -12,7 +12,7 @@ retires, its pool blocks go back to the pool at once (the next round the schedul
 may take them), and the compute stream waits for the retired round's completion event
 before anything that follows. Every later round starts on the compute stream or waits for
 it, so no buffer is rewritten while an earlier round still uses it. Because nothing
-waits on the host, the same code runs eagerly or under CUDA stream capture (coccl/graphs.py),
+waits on the host, the same code runs eagerly or under CUDA stream capture (coccl.engine.graphs),
 where those waits become the graph's edges.
 """
 
@@ -22,12 +22,12 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from coccl.pipeline import Round
-from coccl.transport import StreamedTransport
+from coccl.core.rounds import Round
+from coccl.core.transport import StreamedTransport
 
 
 class Streams(Protocol):
-    """The device streams the engine runs on (coccl/device.py's DeviceContext)."""
+    """The device streams the engine runs on (coccl.engine.device's DeviceContext)."""
 
     compute: Any
     comm: Any

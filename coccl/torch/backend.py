@@ -30,7 +30,7 @@ dtypes coccl does not carry (bool, complex) forward to the inner group.
 Under torchrun no MPI is initialized: coccl's bootstrap runs over torch's store and host
 bytes over Gloo (building a group imports nothing that initializes MPI).
 
-Data: CPU tensors travel over a private Gloo group (``coccl.torch_transport``); CUDA
+Data: CPU tensors travel over a private Gloo group (``coccl.torch.gloo_transport``); CUDA
 tensors over coccl's NCCL transport when every rank has a GPU of its own and CuPy (the
 Communicator's ``backend="auto"``), else a CUDA collective raises. A CUDA call is ordered on
 the caller's current stream, as torch's NCCL is; ``Work.wait()`` makes the current stream
@@ -48,8 +48,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
-import socket
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,7 +61,8 @@ import torch.distributed.distributed_c10d as c10d
 from coccl import algorithms
 from coccl.compressors import Compressor, get_compressor
 from coccl.config import settings
-from coccl.torch_transport import GlooTransport, StoreBootstrap, as_timedelta
+from coccl.core.options import check_chunk_bytes
+from coccl.torch.gloo_transport import GlooTransport, StoreBootstrap, as_timedelta
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +70,6 @@ BACKEND = "coccl"
 COLLECTIVES = algorithms.COLLECTIVES
 DEVICE_BACKENDS = ("auto", "nccl", "none")
 DEFAULT_MIN_COMPRESS_BYTES = 64 << 10
-# Set in every process that an MPI launcher (Open MPI, MPICH's Hydra, PMIx) starts.
-_MPI_LAUNCHER_RANKS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 # torch dtypes a coccl Communicator carries (others forward to the inner group).
 _CARRIED = frozenset(
     {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
@@ -120,12 +117,7 @@ class CocclOptions:
         algorithms.check_algorithm(self.algorithm)
         if self.algorithm == "native" and not codec.lossless:
             raise ValueError(f"algorithm 'native' takes compressor='identity', not {codec!r}")
-        if self.chunk_bytes is not None and (
-            isinstance(self.chunk_bytes, bool)
-            or not isinstance(self.chunk_bytes, int)
-            or self.chunk_bytes < 1
-        ):
-            raise ValueError(f"chunk_bytes must be a positive integer, got {self.chunk_bytes!r}")
+        check_chunk_bytes(self.chunk_bytes)
         if isinstance(self.min_compress_bytes, bool) or not isinstance(
             self.min_compress_bytes, int
         ):
@@ -558,71 +550,11 @@ def register_backend() -> None:
 register_backend()
 
 
-# --------------------------------------------------------------------- launch
-def init_process_group(backend: str = BACKEND, **kwargs: Any) -> None:
-    """``torch.distributed.init_process_group`` under torchrun, mpiexec or alone.
-
-    Under torchrun (``RANK`` and ``WORLD_SIZE`` set) torch's environment is used as is.
-    Under mpiexec this fills ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``LOCAL_WORLD_SIZE`` from MPI and ``MASTER_ADDR``/``MASTER_PORT`` (unless set) from
-    rank 0, so a script written for torchrun runs as it is; MPI is used for nothing else.
-    A lone process becomes a world of one. Explicit ``rank``/``world_size``/``store``/
-    ``init_method`` arguments are passed through untouched.
-
-    Args:
-        backend: the default group's backend (``"coccl"``, or e.g. ``"gloo"`` and coccl
-            only for groups made with ``new_group(backend="coccl")``).
-        **kwargs: ``torch.distributed.init_process_group``'s other arguments
-            (``pg_options=CocclOptions(...)`` for a coccl default group, ``timeout``...).
-    """
-    explicit = any(k in kwargs for k in ("rank", "world_size", "store", "init_method"))
-    if not explicit and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        os.environ.update(_launch_env())
-    dist.init_process_group(backend=backend, **kwargs)
-
-
-def _launch_env() -> dict[str, str]:
-    """torchrun's variables for this process, from mpiexec's MPI world or a world of one."""
-    env = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in os.environ}
-    if not any(k in os.environ for k in _MPI_LAUNCHER_RANKS):
-        env.setdefault("MASTER_ADDR", "127.0.0.1")
-        env.setdefault("MASTER_PORT", str(_free_port()))
-        return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                **env}  # fmt: skip
-    from mpi4py import MPI  # noqa: PLC0415
-
-    world = MPI.COMM_WORLD
-    node = world.Split_type(MPI.COMM_TYPE_SHARED)
-    hosts = world.allgather(socket.gethostname())
-    if "MASTER_ADDR" not in env:
-        one_host = len(set(hosts)) == 1
-        address = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
-        env["MASTER_ADDR"] = world.bcast(address if world.Get_rank() == 0 else None)
-    if "MASTER_PORT" not in env:
-        env["MASTER_PORT"] = world.bcast(str(_free_port()) if world.Get_rank() == 0 else None)
-    env.update(
-        RANK=str(world.Get_rank()),
-        WORLD_SIZE=str(world.Get_size()),
-        LOCAL_RANK=str(node.Get_rank()),
-        LOCAL_WORLD_SIZE=str(node.Get_size()),
-    )
-    node.Free()
-    return env
-
-
-def _free_port() -> int:
-    """A TCP port that is free now (for torch's store on rank 0)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 __all__ = [
     "BACKEND",
     "CocclOptions",
     "CocclProcessGroup",
     "CocclWork",
-    "init_process_group",
     "options",
     "register_backend",
 ]

@@ -13,8 +13,8 @@ At most ``depth`` rounds are in flight at once, which bounds the staging memory 
 chunk size and depth, never by the message size. While round i's payload is on the wire,
 round i+1's ``pre`` runs and round i-1's ``post``: that is the overlap.
 
-Two engines run rounds: ``coccl.polling.run_polling`` over a transport whose messages
-complete asynchronously (MPI: the host polls), and ``coccl.streamed.run_streamed`` over a
+Two engines run rounds: ``coccl.engine.polling.run_polling`` over a transport whose messages
+complete asynchronously (MPI: the host polls), and ``coccl.engine.streamed.run_streamed`` over a
 stream-ordered one (NCCL: everything is enqueued on device streams, and can be captured
 as a CUDA graph). Every rank generates the same rounds in the same order; a round's tag is
 its position in that order, so out-of-order completion can never pair the wrong messages.
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coccl.pool import Block
+from coccl.core.pool import Block
 
 TAG_MODULUS = 32768  # MPI guarantees tags up to 32767
 

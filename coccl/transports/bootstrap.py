@@ -45,8 +45,8 @@ def node_ranks(boot: Bootstrap, timeout_s: float) -> tuple[int, int]:
 
 def wait_request(request: Any, deadline: float, describe: Any) -> None:
     """Poll an MPI request until it completes, or raise CocclError(``describe()``) past
-    ``deadline``. Spin first (a small collective completes in microseconds; yielding the
-    core on every poll made one take ~150 us on 2 cores) for 50 us, then yield the core
+    ``deadline``. Spin first (a small collective completes in microseconds, and yielding
+    the core on every poll makes it many times slower) for 50 us, then yield the core
     now and then, then sleep: a peer still computing must not be starved of a shared core."""
     start = time.monotonic()
     spins = 0

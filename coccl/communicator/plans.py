@@ -82,7 +82,7 @@ class CallPlan:
     @property
     def graph_follows(self) -> bool:
         """Whether the plan's graph is to run on each call's buffers rather than copy them
-        (coccl/graphs.py): a lossy codec's messages are payloads the graph owns."""
+        (``coccl.engine.graphs``): a lossy codec's messages are payloads the graph owns."""
         return not self.codec.lossless
 
     @property
@@ -141,22 +141,6 @@ class CallPlan:
         }
 
 
-def disagreement(collective: str, theirs: list[Any]) -> str | None:
-    """Why the ranks' entries differ (None if they do not). An entry is a plan's
-    fingerprint, or ``("error", message)`` for a rank that refused the call."""
-    errors = [(r, e[1]) for r, e in enumerate(theirs) if isinstance(e, tuple)]
-    if errors:
-        rank, message = errors[0]
-        return f"rank {rank} refused this {collective}: {message}"
-    if all(f == theirs[0] for f in theirs):
-        return None
-    keys = [k for k in theirs[0] if any(f.get(k) != theirs[0].get(k) for f in theirs)]
-    detail = "; ".join(
-        f"{k}: " + ", ".join(f"rank {r} {f.get(k)!r}" for r, f in enumerate(theirs)) for k in keys
-    )
-    return f"the ranks do not make the same {collective} call ({detail})"
-
-
 class PlanCache:
     """Plans by signature, least recently used first, with a bound on graph memory."""
 
@@ -203,6 +187,17 @@ class PlanCache:
         for victim in evicted:
             log.debug("plan evicted: %s of %d elements", victim.label, victim.count)
         return evicted
+
+    def drop_graph(self, plan: CallPlan, reason: str) -> None:
+        """``plan`` runs without a graph after all (``reason``): its charge is returned."""
+        self.graph_bytes -= plan.graph_bytes
+        plan.graph_bytes = 0
+        plan.graph_reason = reason
+
+    def refund(self, plan: CallPlan, nbytes: int) -> None:
+        """``plan``'s graph holds ``nbytes`` less than it was charged for."""
+        self.graph_bytes -= nbytes
+        plan.graph_bytes -= nbytes
 
     def clear(self) -> list[CallPlan]:
         plans = list(self._plans.values())

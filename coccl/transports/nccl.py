@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from coccl.arrays import BFLOAT16, cupy_or_none, dtype_name
-from coccl.bootstrap import Bootstrap
 from coccl.config import LINK_CLASSES
+from coccl.core.arrays import BFLOAT16, cupy_or_none, dtype_name
 from coccl.errors import CocclError
+from coccl.transports.bootstrap import Bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 NCCL_UINT8 = 1
 # Link classes, fastest first ("self": one rank); a communicator's link is the slowest
 # between any two ranks.
-LINKS = ("self", *LINK_CLASSES)
+DETECTED_LINKS = ("self", *LINK_CLASSES)
 
 
 def nccl_dtype(dtype: Any) -> int:
@@ -162,7 +162,7 @@ def detect_link(boot: Bootstrap, device_id: int, setting: str, timeout_s: float)
     else:
         link = _peer_link(device_id, [d for h, d in facts if h == host and d != device_id])
     links = boot.allgather(link, timeout_s, "agreeing on the link")
-    return max(links, key=LINKS.index)
+    return max(links, key=DETECTED_LINKS.index)
 
 
 def _peer_link(device_id: int, peers: list[int]) -> str:

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from coccl.arrays import FLOAT_DTYPES, array_module, is_device_array
-from coccl.bootstrap import wait_request
+from coccl.core.arrays import FLOAT_DTYPES, array_module, is_device_array
+from coccl.core.pool import Block, BufferPool, pinned_pool
+from coccl.core.reduction import finalize
 from coccl.errors import CocclError
-from coccl.pool import Block, BufferPool, pinned_pool
-from coccl.reduction import finalize
+from coccl.transports.bootstrap import wait_request
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 _MPI_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

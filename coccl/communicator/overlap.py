@@ -12,57 +12,69 @@ plan (schedule, chunks, depth, buffers), run eagerly from the host:
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from coccl.algorithms import COLLECTIVES
+from coccl.communicator.plans import CallPlan
 from coccl.compressors import Compressor
+from coccl.core.arrays import array_kind
 
 
-def profile(
-    comm: Any,
-    collective: str,
-    x: Any,
-    *,
-    algorithm: str,
-    compressor: Any,
-    chunk_bytes: int | None = None,
-    iters: int = 5,
-    op: str = "sum",
-) -> dict[str, float]:
-    """``Communicator.overlap_profile``: the three runs, interleaved (pipelined,
-    codec-only, transport-only, pipelined, ...) so that a drift of the machine's speed
-    weighs on the three alike; medians of ``iters`` runs after one warm-up round, the
-    slowest rank's. Collective: every rank must call it."""
+class HostRunner(Protocol):
+    """The runner's one call the profiler drives (``Runner.run_from_host``)."""
+
+    rank: int
+    size: int
+
+    def run_from_host(self, plan: CallPlan, x: Any, transport: Any = None) -> Any: ...
+
+
+def check_arguments(collective: str, algorithm: str, iters: int) -> None:
+    """ValueError for a profile that cannot run (checked before anything else)."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}")
     if algorithm not in ("ring", "two_shot"):
         raise ValueError("overlap_profile takes algorithm='ring' or 'two_shot'")
     if not isinstance(iters, int) or isinstance(iters, bool) or iters < 1:
         raise ValueError(f"iters must be a positive integer, got {iters!r}")
-    comm._check_usable()
-    from coccl.communicator import Call  # noqa: PLC0415
 
-    plan = comm._plan(Call(collective, x, op, algorithm, compressor, chunk_bytes))
-    runs = {
-        "pipelined": {},
-        "codec_only": {"transport": NullTransport(comm.rank, comm.size)},
-        "transport_only": {"codec": WireOnlyCodec(plan.codec)},
+
+def profile(
+    runner: HostRunner,
+    plan: CallPlan,
+    x: Any,
+    iters: int,
+    *,
+    barrier: Callable[[], None],
+    slowest: Callable[[list[float]], list[list[float]]],
+) -> dict[str, float]:
+    """``Communicator.overlap_profile``: the three runs of ``plan`` on ``x``, interleaved
+    (pipelined, codec-only, transport-only, pipelined, ...) so that a drift of the
+    machine's speed weighs on the three alike; medians of ``iters`` runs after one
+    warm-up round, the slowest rank's (``slowest`` gathers every rank's medians).
+    Collective: every rank must call it."""
+    runs: dict[str, tuple[CallPlan, Any]] = {
+        "pipelined": (plan, None),
+        "codec_only": (plan, NullTransport(runner.rank, runner.size)),
+        "transport_only": (dataclasses.replace(plan, codec=WireOnlyCodec(plan.codec)), None),
     }
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(iters + 1):  # the first round warms up
-        for name, stand_ins in runs.items():
-            comm.barrier()
+        for name, (run_plan, transport) in runs.items():
+            barrier()
             start = time.perf_counter()
-            result = comm._run_with(plan, x, **stand_ins)
+            result = runner.run_from_host(run_plan, x, transport)
             _synchronize(result)
             if i:
                 samples[name].append(time.perf_counter() - start)
     medians = [float(np.median(samples[name])) for name in runs]
-    slowest = comm._boot.allgather(medians, comm._settings.timeout_s, "overlap profile")
-    times = {f"{name}_s": max(m[k] for m in slowest) for k, name in enumerate(runs)}
+    per_rank = slowest(medians)
+    times = {f"{name}_s": max(m[k] for m in per_rank) for k, name in enumerate(runs)}
     longest_half = max(times["codec_only_s"], times["transport_only_s"])
     times["overlap_efficiency"] = longest_half / times["pipelined_s"]
     return times
@@ -70,9 +82,10 @@ def profile(
 
 def _synchronize(x: Any) -> None:
     """Wait for the device work of a call that returned ``x`` (no-op for host data)."""
-    if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] == "numpy":
+    kind = array_kind(x)
+    if kind == "numpy":
         return
-    if type(x).__module__.split(".")[0] == "torch":
+    if kind == "torch":
         if x.device.type == "cuda":
             import torch  # noqa: PLC0415
 
@@ -159,4 +172,4 @@ def _no_hop(own: Any, payload: Any, out: Any, decoded: Any = None) -> None:
     pass
 
 
-__all__ = ["NullTransport", "WireOnlyCodec", "profile"]
+__all__ = ["HostRunner", "NullTransport", "WireOnlyCodec", "check_arguments", "profile"]

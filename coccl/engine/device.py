@@ -5,7 +5,7 @@ and orders them against the caller's stream with events: the streams wait for wh
 the caller enqueued before the call (the input may still be being produced), and the
 caller's stream waits for coccl's last work before it may read the output. So a call
 behaves as if it ran on the caller's stream: the current stream of the array's own
-framework (``coccl.arrays.caller_stream``).
+framework (``coccl.core.arrays.caller_stream``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from coccl.pool import BufferPool, device_pool
+from coccl.core.pool import BufferPool, device_pool
 
 
 @dataclass
@@ -26,7 +26,7 @@ class DeviceContext:
             ends on.
         comm: NCCL groups (and staged copies).
         post: decodes after a round's receives (a round's ``post``).
-        capture: the origin stream of CUDA graph captures (coccl/graphs.py).
+        capture: the origin stream of CUDA graph captures (coccl.engine.graphs).
         pool: pooled device buffers of eagerly run schedules.
     """
 

@@ -1,0 +1,80 @@
+"""Agreement between ranks: that every rank makes the same call, and that every rank
+has the same schedule-shaping settings. Both raise on every rank, naming what differs,
+before any byte of the call moves."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from coccl.communicator.sizing import local_cpu_threads
+from coccl.config import SCHEDULE_SETTINGS, SETTING_VARIABLES, Settings
+from coccl.errors import CocclError
+from coccl.transports.bootstrap import Bootstrap
+
+
+def agree_on_call(
+    boot: Bootstrap,
+    timeout_s: float,
+    collective: str,
+    entry: Any,
+    error: BaseException | None,
+    on_failure: Callable[[BaseException], None],
+) -> None:
+    """Compare this rank's entry with every rank's; raise on every rank if any rank
+    refused the call (``error``) or the ranks disagree. One small exchange of digests
+    when they agree; the entries themselves, to name the difference, when they do not.
+    A failed exchange is passed to ``on_failure`` (the communicator breaks) and raised."""
+    what = f"checking that every rank makes the same {collective} call"
+    digest = hashlib.sha1(repr(entry).encode()).hexdigest()
+    try:
+        digests = boot.allgather(digest, timeout_s, what)
+        entries = None
+        if any(d != digests[0] for d in digests):
+            entries = boot.allgather(entry, timeout_s, what)
+    except CocclError as exc:
+        on_failure(exc)
+        raise
+    if error is not None:
+        raise error
+    if entries is None:
+        return
+    problem = disagreement(collective, entries)
+    if problem is not None:
+        raise CocclError(problem)
+
+
+def disagreement(collective: str, theirs: list[Any]) -> str | None:
+    """Why the ranks' entries differ (None if they do not). An entry is a plan's
+    fingerprint, or ``("error", message)`` for a rank that refused the call."""
+    errors = [(r, e[1]) for r, e in enumerate(theirs) if isinstance(e, tuple)]
+    if errors:
+        rank, message = errors[0]
+        return f"rank {rank} refused this {collective}: {message}"
+    if all(f == theirs[0] for f in theirs):
+        return None
+    keys = [k for k in theirs[0] if any(f.get(k) != theirs[0].get(k) for f in theirs)]
+    detail = "; ".join(
+        f"{k}: " + ", ".join(f"rank {r} {f.get(k)!r}" for r, f in enumerate(theirs)) for k in keys
+    )
+    return f"the ranks do not make the same {collective} call ({detail})"
+
+
+def agree_settings(boot: Bootstrap, conf: Settings, local_size: int) -> tuple[int, bool]:
+    """Check that every rank has the same schedule-shaping settings (CocclError naming
+    the variable and each rank's value otherwise); return this rank's codec threads and
+    whether host data is pipelined, decided alike on every rank: only if every rank has
+    a spare core for its codec thread (COCCL_CPU_THREADS or cores per local rank >= 2)."""
+    threads = local_cpu_threads(local_size, conf.cpu_threads)
+    mine = {name: getattr(conf, name) for name in SCHEDULE_SETTINGS}
+    entries = boot.allgather((mine, threads), conf.timeout_s, "comparing COCCL_* settings")
+    for name in SCHEDULE_SETTINGS:
+        values = [e[0][name] for e in entries]
+        if any(v != values[0] for v in values):
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            raise CocclError(
+                f"{SETTING_VARIABLES[name]} differs between ranks ({per_rank}); settings "
+                "that shape a collective's schedule must be the same on every rank"
+            )
+    return threads, min(t for _, t in entries) >= 2

@@ -1,0 +1,59 @@
+"""What each collective is, as the planner and the runner need it: whether it reduces
+(takes ``op``), how many elements its output holds, the shape of a new result, and the
+count it requires. A new collective is one entry of ``KINDS``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _no_count_rule(count: int, n: int) -> None:
+    return None
+
+
+def _multiple_of_ranks(count: int, n: int) -> None:
+    if count % n:
+        raise ValueError(
+            f"reduce_scatter needs a multiple of the rank count ({n}) elements, x has {count}"
+        )
+
+
+def _scattered_shape(shape: tuple[int, ...], n: int) -> tuple[int, ...]:
+    if shape and shape[0] % n == 0:
+        return (shape[0] // n, *shape[1:])
+    return (int(np.prod(shape)) // n,)
+
+
+def _gathered_shape(shape: tuple[int, ...], n: int) -> tuple[int, ...]:
+    return (n * shape[0], *shape[1:]) if shape else (n,)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One collective's shape rules on ``n`` ranks.
+
+    Attributes:
+        name: the collective (``algorithms.COLLECTIVES``).
+        reduces: whether it combines values with ``op`` (the codec must support the op).
+        out_count: output elements for ``count`` input elements.
+        result_shape: the shape of a new result for an input of ``shape``.
+        check_count: raises ValueError for an input count the collective cannot take.
+    """
+
+    name: str
+    reduces: bool
+    out_count: Callable[[int, int], int]
+    result_shape: Callable[[tuple[int, ...], int], tuple[int, ...]]
+    check_count: Callable[[int, int], None] = _no_count_rule
+
+
+KINDS: dict[str, Kind] = {
+    "allreduce": Kind("allreduce", True, lambda count, n: count, lambda shape, n: shape),
+    "reduce_scatter": Kind(
+        "reduce_scatter", True, lambda count, n: count // n, _scattered_shape, _multiple_of_ranks
+    ),
+    "allgather": Kind("allgather", False, lambda count, n: count * n, _gathered_shape),
+}
