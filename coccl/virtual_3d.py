@@ -239,9 +239,10 @@ class VirtualDPGroup:
                 if j != k and m:
                     acc += roundtrip(grads[j][..., part], self.reduce_codec)
             if op == "avg":
-                # a true division by a tensor (torch rewrites a division by a host scalar
-                # as a product with its reciprocal on the GPU): numpy's acc /= float32(n)
-                acc /= torch.tensor(float(n), dtype=acc.dtype, device=acc.device)
+                # a true division by a device tensor, as numpy's acc /= float32(n) (torch
+                # turns a division by a host scalar into a product with its reciprocal on
+                # the GPU); torch.full is a fill kernel, so a CUDA graph can capture it
+                acc /= torch.full((), n, dtype=acc.dtype, device=acc.device)
             out.append(acc)
         return out
 

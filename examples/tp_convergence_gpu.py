@@ -209,6 +209,8 @@ def train(
     checkpoint: Path | None,
     stop: Callable[[], bool],
     log: Callable[[str], None],
+    build: Callable[..., tuple[Any, Any, Callable[[], Any]]] | None = None,
+    arm_fields: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Train one run; its result, or None when ``stop()`` asked for a checkpoint.
 
@@ -216,23 +218,30 @@ def train(
     captured in a CUDA graph after ``setup.eager_steps`` eager steps when
     ``setup.cuda_graph`` allows it (autocast runs without its cast cache either way, as
     graphs need, so both modes compute the same).
+
+    ``build(model, group, device, lr, x, y, autocast)`` turns the full model into
+    ``(model, optimizer, step)`` (default :func:`plain_build`; another harness passes its
+    own, e.g. a 3D-parallel one); ``arm_fields`` replaces the arm's algorithm and
+    compressor in the result.
     """
     import torch  # noqa: PLC0415
-    import torch.nn.functional as F  # noqa: N812, PLC0415
     import tp_gpt  # noqa: PLC0415
 
     from coccl.tensor_parallel import is_tp_sharded  # noqa: PLC0415
 
     corpus = stdlib_corpus.load_stdlib_corpus()
     cfg = tp_gpt.GPTConfig(setup.layers, setup.d_model, setup.heads, setup.seq)
+    x = torch.zeros(setup.batch, setup.seq, dtype=torch.long, device=device)
+    y = torch.zeros_like(x)
+
+    def autocast() -> Any:
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+
     torch.manual_seed(job.seed)
     model = tp_gpt.GPT(cfg)  # the full weights: every arm of a seed starts from them
     params = sum(p.numel() for p in model.parameters())
-    if group is not None:
-        model = tp_gpt.parallelize(model, group)
-    model.to(device)
     lr = torch.tensor(setup.lr, device=device)  # a tensor: a captured step reads it
-    opt = tp_gpt.make_optimizer(model, lr, fused=True, capturable=True)
+    model, opt, step_fn = (build or plain_build)(model, group, device, lr, x, y, autocast)
     windows = stdlib_corpus.train_windows(
         corpus.train, setup.seq, setup.batch, setup.steps, job.seed
     )
@@ -240,8 +249,6 @@ def train(
     val = torch.from_numpy(
         stdlib_corpus.val_windows(corpus.val, setup.seq, setup.batch, setup.final_eval_batches)
     ).to(device)
-    x = torch.zeros(setup.batch, setup.seq, dtype=torch.long, device=device)
-    y = torch.zeros_like(x)
     losses = torch.zeros(setup.steps, device=device)  # every step's training loss
     history: list[dict[str, float]] = []
     start, resumed_at = 0, None
@@ -256,16 +263,6 @@ def train(
         resumed_at = start
         log(f"[{job.name}] resumed at step {start}")
 
-    def autocast() -> Any:
-        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
-
-    def step_fn() -> Any:
-        with autocast():
-            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
     @torch.no_grad()
     def evaluate(batches: int) -> float:
         """Mean loss over ``batches`` of the validation batches, spread over all of them."""
@@ -275,7 +272,9 @@ def train(
         for b in range(0, stride * batches, stride):
             with autocast():
                 logits = model(val[b, :, :-1].long())
-                total += F.cross_entropy(logits.flatten(0, 1), val[b, :, 1:].long().flatten())
+                total += torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), val[b, :, 1:].long().flatten()
+                )
         model.train()
         return total.item() / batches
 
@@ -347,13 +346,13 @@ def train(
     for name, p in model.named_parameters():
         if not is_tp_sharded(p):
             replicated.update(name.encode() + p.detach().cpu().numpy().tobytes())
-    arm = ARMS[job.arm]
+    if arm_fields is None:
+        arm_fields = {"algorithm": ARMS[job.arm].algorithm, "compressor": ARMS[job.arm].compressor}
     return {
         "arm": job.arm,
         "seed": job.seed,
         "tp": job.tp,
-        "algorithm": arm.algorithm,
-        "compressor": arm.compressor,
+        **arm_fields,
         "params": params,
         "tokens": setup.steps * setup.batch * setup.seq,
         "val_loss": val_loss,
@@ -370,6 +369,29 @@ def train(
         "setup": asdict(setup),
         "corpus": corpus.info,
     }
+
+
+def plain_build(
+    model: Any, group: Any, device: Any, lr: Any, x: Any, y: Any, autocast: Callable[[], Any]
+) -> tuple[Any, Any, Callable[[], Any]]:
+    """The model on ``device`` (its TP shards over ``group`` unless None), its AdamW and
+    the training step on the batch ``x``, ``y``: the loss, its backward, the update."""
+    import torch.nn.functional as F  # noqa: N812, PLC0415
+    import tp_gpt  # noqa: PLC0415
+
+    if group is not None:
+        model = tp_gpt.parallelize(model, group)
+    model.to(device)
+    opt = tp_gpt.make_optimizer(model, lr, fused=True, capturable=True)
+
+    def step_fn() -> Any:
+        with autocast():
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return model, opt, step_fn
 
 
 def _device_name(device: Any) -> str:
@@ -571,10 +593,18 @@ class Worker:
 
 
 def start_workers(
-    jobs: list[Job], devices: list[str], per_device: int, setup: Setup, work: Path, env: dict
+    jobs: list[Job],
+    devices: list[str],
+    per_device: int,
+    setup: Setup,
+    work: Path,
+    env: dict,
+    script: Path = SCRIPT,
+    extra: tuple[str, ...] = (),
 ) -> list[Worker]:
     """Spread ``jobs`` (longest first) over ``per_device`` worker processes per device,
-    round robin, and start them."""
+    round robin, and start them (``script``'s ``worker`` command, with ``extra``
+    arguments)."""
     slots = len(devices) * per_device
     workers = []
     for i in range(min(slots, len(jobs))):
@@ -586,8 +616,9 @@ def start_workers(
         log = work / f"worker-{i}.log"
         cmd = [
             sys.executable,
-            str(SCRIPT),
+            str(script),
             "worker",
+            *extra,
             "--jobs",
             ",".join(j.name for j in mine),
             "--setup",
@@ -614,10 +645,17 @@ def projected_s(worker: Worker, work: Path, setup: Setup) -> float | None:
     return ((setup.steps - step) + max(0, left) * setup.steps) / max(rate, 1e-9)
 
 
-def wait_for(workers: list[Worker], work: Path, setup: Setup, deadline: float, log: Any) -> bool:
-    """Wait for the workers, reporting progress and a projection every 30 s; at
-    ``deadline`` ask them to stop at a checkpoint. Returns whether every worker
-    finished."""
+def wait_for(
+    workers: list[Worker],
+    work: Path,
+    setup: Setup,
+    deadline: float,
+    log: Any,
+    progress: Callable[[], None] | None = None,
+) -> bool:
+    """Wait for the workers, reporting progress and a projection every 30 s (and calling
+    ``progress``, e.g. to write the partial results); at ``deadline`` ask them to stop at
+    a checkpoint. Returns whether every worker finished."""
     began, last_report = time.perf_counter(), 0.0
     stopped, kill_at = False, math.inf
     while any(w.proc.poll() is None for w in workers):
@@ -634,6 +672,8 @@ def wait_for(workers: list[Worker], work: Path, setup: Setup, deadline: float, l
                 f"[run] {now - began:5.0f} s: {done}/{total} runs done, "
                 f"{len(running)} workers running{eta}"
             )
+            if progress is not None:
+                progress()
         if not stopped and now >= deadline:
             stopped = True
             log("[run] time limit: asking the workers to stop at a checkpoint")
@@ -881,9 +921,17 @@ def _fmt_delta(delta: Any, ci: Any) -> str:
     return f"{_fmt(delta, '+.3f')} [{_fmt(ci[0], '+.3f')}, {_fmt(ci[1], '+.3f')}]"
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot(
+    report: dict[str, Any],
+    path: Path,
+    *,
+    reference_tp: int = 1,
+    panel: str = "TP = {tp} (virtual ranks)",
+    title: str = "coccl TP convergence",
+) -> None:
     """Validation loss against steps (mean over seeds) per arm, one panel per TP size,
-    and below it each arm's paired gap to the plain model, in percent."""
+    and below it each arm's paired gap to the reference arm ``uncompressed`` (its runs at
+    ``reference_tp``), in percent; ``panel`` and ``title`` name the panels and figure."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -900,13 +948,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
             if r["arm"] == arm and r["tp"] == tp
         }
 
-    base = curves("uncompressed", 1)
+    base = curves("uncompressed", reference_tp)
     fig, axes = plt.subplots(2, len(tps), figsize=(7 * len(tps), 9), squeeze=False)
     for col, tp in enumerate(tps):
         ax, gap = axes[0][col], axes[1][col]
         shown: list[float] = []  # the curves past their first point, for the y range
         for arm in report["arms"]:
-            c = base if ARMS[arm].compressor is None else curves(arm, tp)
+            c = base if arm == "uncompressed" else curves(arm, tp)
             if not c:
                 continue
             steps = sorted(set.intersection(*(set(v) for v in c.values())))
@@ -932,7 +980,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set(
             xlabel="step",
             ylabel="validation loss (nats/byte, mean over seeds)",
-            title=f"TP = {tp} (virtual ranks): {params:.1f} M params, {m['layers']} layers, "
+            title=f"{panel.format(tp=tp)}: {params:.1f} M params, {m['layers']} layers, "
             f"d = {m['d_model']}",
         )
         gap.axhline(0.0, color="k", lw=1)
@@ -944,9 +992,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
             a.grid(alpha=0.3)
             a.legend(fontsize=8)
     gpus = ", ".join(report["gpu"]) or "?"
-    fig.suptitle(
-        f"coccl TP convergence, {len(report['seeds'])} seeds per arm ({gpus})", fontsize=10
-    )
+    fig.suptitle(f"{title}, {len(report['seeds'])} seeds per arm ({gpus})", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
