@@ -762,7 +762,6 @@ def build_report(
     argv: list[str],
 ) -> dict[str, Any]:
     """The JSON: runs, per-arm summary with paired deltas, target, provenance."""
-    commit, dirty = git_commit()
     rows = [
         {k: v for k, v in r.items() if k not in ("train_losses", "setup", "corpus")}
         for r in results
@@ -824,13 +823,7 @@ def build_report(
             "(coccl.tensor_parallel.VirtualTPGroup: bitwise a real coccl TP run) against "
             "the plain model, per wire codec, schedule and TP size"
         ),
-        "command": shlex.join(["python", "examples/tp_convergence_gpu.py", *argv]),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "worktree_dirty": dirty,
-        "compressors_sha256": codec_sources_digest(),
-        "gpu": sorted({r["device"] for r in results}),
-        "versions": first.get("versions"),
+        **provenance("examples/tp_convergence_gpu.py", argv, results),
         "setup": asdict(setup),
         "model": {
             "layers": setup.layers,
@@ -865,6 +858,21 @@ def build_report(
             f"95% interval below +{TARGET_CI_BELOW_PCT}%",
             **target,
         },
+    }
+
+
+def provenance(script: str, argv: list[str], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a report comes from: the command, date, commit, codec sources, GPUs and
+    versions of its runs."""
+    commit, dirty = git_commit()
+    return {
+        "command": shlex.join(["python", script, *argv]),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "worktree_dirty": dirty,
+        "compressors_sha256": codec_sources_digest(),
+        "gpu": sorted({r["device"] for r in results}),
+        "versions": results[0].get("versions") if results else None,
     }
 
 
@@ -1114,6 +1122,36 @@ def estimate_main(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------- CLI
+def add_runner_options(
+    run: argparse.ArgumentParser, jobs_per_gpu: int, time_limit_s: float, work_dir: Path
+) -> None:
+    """The runner's options (GPUs, workers, MPS, CUDA graphs, time limit, work folder),
+    with these defaults: every harness built on this runner takes them."""
+    run.add_argument("--gpus", default="", help="GPU indices to use (empty: all visible)")
+    run.add_argument(
+        "--jobs-per-gpu",
+        type=int,
+        default=jobs_per_gpu,
+        help="worker processes per GPU (0: all runs at once)",
+    )
+    run.add_argument("--mps", choices=["auto", "on", "off"], default="auto", help="CUDA MPS daemon")
+    run.add_argument(
+        "--cuda-graph", choices=["auto", "on", "off"], default="auto", help="capture the step"
+    )
+    run.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=time_limit_s,
+        help="stop (with checkpoints) after this",
+    )
+    run.add_argument(
+        "--work-dir",
+        type=Path,
+        default=work_dir,
+        help="per-run results and checkpoints (a rerun resumes from them)",
+    )
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=fmt)
@@ -1128,23 +1166,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--only", default="", help="TP=arm+arm,...: at that TP size run only those arms"
     )
     run.add_argument("--steps", type=int, default=FULL.steps, help="training steps")
-    run.add_argument("--gpus", default="", help="GPU indices to use (empty: all visible)")
-    run.add_argument(
-        "--jobs-per-gpu", type=int, default=0, help="worker processes per GPU (0: all runs at once)"
-    )
-    run.add_argument("--mps", choices=["auto", "on", "off"], default="auto", help="CUDA MPS daemon")
-    run.add_argument(
-        "--cuda-graph", choices=["auto", "on", "off"], default="auto", help="capture the step"
-    )
-    run.add_argument(
-        "--time-limit-s", type=float, default=480.0, help="stop (with checkpoints) after this"
-    )
-    run.add_argument(
-        "--work-dir",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "coccl-tp-convergence-gpu",
-        help="per-run results and checkpoints (a rerun resumes from them)",
-    )
+    add_runner_options(run, 0, 480.0, Path(tempfile.gettempdir()) / "coccl-tp-convergence-gpu")
     run.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON")
     run.add_argument("--png", type=Path, default=None, help="the plot (None: beside --out)")
 

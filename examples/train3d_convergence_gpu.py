@@ -66,10 +66,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import json
 import math
-import shlex
 import signal
 import sys
 import tempfile
@@ -85,7 +83,6 @@ if str(HERE) not in sys.path:
 
 import convergence_stats as stats  # noqa: E402
 import tp_convergence_gpu as tpc  # noqa: E402
-from run_convergence import codec_sources_digest, git_commit  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUT = ROOT / "bench" / "results" / "tp3d-convergence-gpu.json"
@@ -319,7 +316,6 @@ def collect(
     work: Path = args.work_dir
     done = [j for j in jobs if tpc._finished(work / f"{j.name}.json", setup)]
     results = [json.loads((work / f"{j.name}.json").read_text()) for j in done]
-    commit, dirty = git_commit()
     first = results[0] if results else {}
     summary = summarize(results, arms)
     t = summary.get(TARGET_ARM, {})
@@ -333,13 +329,7 @@ def collect(
             "coccl.virtual_3d.PPBoundary and VirtualDPGroup), per recipe, against the same "
             "3D run with every codec exact"
         ),
-        "command": shlex.join(["python", "examples/train3d_convergence_gpu.py", *args.argv]),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "worktree_dirty": dirty,
-        "compressors_sha256": codec_sources_digest(),
-        "gpu": sorted({r["device"] for r in results}),
-        "versions": first.get("versions"),
+        **tpc.provenance("examples/train3d_convergence_gpu.py", args.argv, results),
         "setup": asdict(setup),
         "layout": {"tp": TP, "pp": PP, "dp": DP, "tp_algorithm": "two_shot"},
         "model": {"layers": setup.layers, "d_model": setup.d_model, "heads": setup.heads,
@@ -429,27 +419,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--steps", type=int, default=0, help="training steps (0: the setup's)")
     run.add_argument("--arms", default=",".join(ARM_NAMES), help="comma-separated arms")
     run.add_argument("--seeds", default="0,1,2,3,4", help="seeds (weights and data order)")
-    run.add_argument("--gpus", default="", help="GPU indices to use (empty: all visible)")
-    run.add_argument(
-        "--jobs-per-gpu", type=int, default=7, help="worker processes per GPU (0: all at once)"
-    )
-    run.add_argument("--mps", choices=["auto", "on", "off"], default="auto", help="CUDA MPS")
-    run.add_argument(
-        "--cuda-graph", choices=["auto", "on", "off"], default="auto", help="capture the step"
-    )
-    run.add_argument(
-        "--time-limit-s", type=float, default=450.0, help="stop (with checkpoints) after this"
-    )
+    tpc.add_runner_options(run, 7, 450.0, Path(tempfile.gettempdir()) / "coccl-tp3d-convergence")
     run.add_argument(
         "--dp-reduce", choices=["intra", "inter"], default="intra", help="SDP4Bit's DP recipe"
     )
     run.add_argument(
         "--stand-ins", action="store_true", help="int8 for the int and tah codecs (smoke)"
     )
-    run.add_argument(
-        "--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "coccl-tp3d-convergence",
-        help="per-run results and checkpoints (a rerun resumes from them)",
-    )  # fmt: skip
     run.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON (PNG beside it)")
     worker = sub.add_parser("worker", help="(internal) runs in one process", formatter_class=fmt)
     worker.add_argument("--jobs", required=True, help="comma-separated run names")
