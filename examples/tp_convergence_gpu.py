@@ -416,7 +416,7 @@ def _versions() -> dict[str, str | None]:
     }
 
 
-def _configure_torch(setup: Setup, threads: int = 1) -> Any:
+def configure_torch(setup: Setup, threads: int = 1) -> Any:
     """Threads, determinism and the device of a training process."""
     if setup.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -446,7 +446,7 @@ def worker_main(args: argparse.Namespace) -> int:
     from coccl.tensor_parallel import VirtualTPGroup  # noqa: PLC0415
 
     setup = Setup(**json.loads(args.setup))
-    device = _configure_torch(setup)
+    device = configure_torch(setup)
     stopping = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(now=True))
     work = args.work_dir
@@ -454,7 +454,7 @@ def worker_main(args: argparse.Namespace) -> int:
         arm, tp, seed = _parse_job(name)
         job = Job(arm, tp, seed)
         out = work / f"{job.name}.json"
-        if _finished(out, setup):
+        if finished(out, setup):
             continue
         a = ARMS[arm]
         group = None if a.compressor is None else VirtualTPGroup(tp, a.algorithm, a.compressor)
@@ -469,7 +469,7 @@ def worker_main(args: argparse.Namespace) -> int:
         )
         if result is None:
             return INTERRUPTED
-        _write_json(out, result)
+        write_json(out, result)
         (work / f"{job.name}.ckpt").unlink(missing_ok=True)
     return 0
 
@@ -479,7 +479,7 @@ def _parse_job(name: str) -> tuple[str, int, int]:
     return arm, int(tp.removeprefix("tp")), int(seed.removeprefix("seed"))
 
 
-def _finished(path: Path, setup: Setup) -> bool:
+def finished(path: Path, setup: Setup) -> bool:
     """Whether ``path`` holds a finished run of this very setup (so a rerun skips it)."""
     if not path.exists():
         return False
@@ -494,7 +494,7 @@ def rank_main(args: argparse.Namespace) -> int:
     from coccl.tensor_parallel import TPGroup  # noqa: PLC0415
 
     setup = Setup(**json.loads(args.setup))
-    device = _configure_torch(setup)
+    device = configure_torch(setup)
     arm, tp, seed = _parse_job(args.job)
     world = MPI.COMM_WORLD
     if world.Get_size() != tp:
@@ -517,7 +517,7 @@ def rank_main(args: argparse.Namespace) -> int:
     digests = world.allgather(result["replicated_sha256"])
     if world.Get_rank() == 0:
         identical = all(d == digests[0] for d in digests)
-        _write_json(args.out, {**result, "backend": backend, "replicated_identical": identical})
+        write_json(args.out, {**result, "backend": backend, "replicated_identical": identical})
     return 0
 
 
@@ -641,7 +641,7 @@ def projected_s(worker: Worker, work: Path, setup: Setup) -> float | None:
         return None
     _, rest = lines[-1][1:].split("]", 1)
     step, rate = int(rest.split()[1]), float(rest.split()[-2])
-    left = sum(not _finished(work / f"{j.name}.json", setup) for j in worker.jobs) - 1
+    left = sum(not finished(work / f"{j.name}.json", setup) for j in worker.jobs) - 1
     return ((setup.steps - step) + max(0, left) * setup.steps) / max(rate, 1e-9)
 
 
@@ -663,7 +663,7 @@ def wait_for(
         now = time.perf_counter()
         if now - last_report >= 30:
             last_report = now
-            done = sum(_finished(work / f"{j.name}.json", setup) for w in workers for j in w.jobs)
+            done = sum(finished(work / f"{j.name}.json", setup) for w in workers for j in w.jobs)
             total = sum(len(w.jobs) for w in workers)
             running = [w for w in workers if w.proc.poll() is None]
             left = [p for p in (projected_s(w, work, setup) for w in running) if p is not None]
@@ -711,7 +711,7 @@ def run_main(args: argparse.Namespace) -> int:
     per_device = args.jobs_per_gpu or -(-len(jobs) // len(devices))
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs if not _finished(work / f"{j.name}.json", setup)]
+    todo = [j for j in jobs if not finished(work / f"{j.name}.json", setup)]
     log(
         f"[run] {len(jobs)} runs ({len(jobs) - len(todo)} already in {work}), "
         f"{len(devices)} device(s) x {per_device} workers; setup {asdict(setup)}"
@@ -730,9 +730,9 @@ def run_main(args: argparse.Namespace) -> int:
     results = [
         json.loads((work / f"{j.name}.json").read_text())
         for j in jobs
-        if _finished(work / f"{j.name}.json", setup)
+        if finished(work / f"{j.name}.json", setup)
     ]
-    missing = [j.name for j in jobs if not _finished(work / f"{j.name}.json", setup)]
+    missing = [j.name for j in jobs if not finished(work / f"{j.name}.json", setup)]
     report = build_report(results, setup, arms, tps, seeds, mps, argv=args.argv)
     report["incomplete"] = missing
     report["wall_s"] = time.perf_counter() - began
@@ -741,7 +741,7 @@ def run_main(args: argparse.Namespace) -> int:
         previous = json.loads(out.read_text())
         if "real_vs_sim" in previous:
             report["real_vs_sim"] = previous["real_vs_sim"]
-    _write_json(out, report)
+    write_json(out, report)
     if results:
         plot(report, args.png or out.with_suffix(".png"))
     print_summary(report, log)
@@ -891,7 +891,7 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -1064,7 +1064,7 @@ def check_main(args: argparse.Namespace) -> int:
     out: Path = args.out
     report = json.loads(out.read_text()) if out.exists() else {}
     report["real_vs_sim"] = section
-    _write_json(out, report)
+    write_json(out, report)
     verdict = "bitwise identical" if section["bitwise_equal"] else "DIFFERENT"
     print(
         f"[check] {job.name} real ({section['backend']}) vs simulated over {setup.steps} steps: "

@@ -212,7 +212,7 @@ def arm_fields(arm: Arm3D, dp_reduce: str, stand_ins: bool) -> dict[str, Any]:
 def worker_main(args: argparse.Namespace) -> int:
     """Run ``args.jobs`` one after another in this process."""
     setup = tpc.Setup(**json.loads(args.setup))
-    device = tpc._configure_torch(setup)
+    device = tpc.configure_torch(setup)
     stopping = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(now=True))
     work: Path = args.work_dir
@@ -220,7 +220,7 @@ def worker_main(args: argparse.Namespace) -> int:
         arm_name, _, seed = name.rpartition("-seed")
         job = tpc.Job(arm_name.removesuffix(f"-tp{TP}"), TP, int(seed))
         out = work / f"{job.name}.json"
-        if tpc._finished(out, setup):
+        if tpc.finished(out, setup):
             continue
         arm = make_arm(job.arm, setup.d_model, args.dp_reduce, args.stand_ins)
         result = tpc.train(
@@ -236,7 +236,7 @@ def worker_main(args: argparse.Namespace) -> int:
         )
         if result is None:
             return tpc.INTERRUPTED
-        tpc._write_json(out, result)
+        tpc.write_json(out, result)
         (work / f"{job.name}.ckpt").unlink(missing_ok=True)
     return 0
 
@@ -270,7 +270,7 @@ def run_main(args: argparse.Namespace) -> int:
     per_device = args.jobs_per_gpu or -(-len(jobs) // len(devices))
     work: Path = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs if not tpc._finished(work / f"{j.name}.json", setup)]
+    todo = [j for j in jobs if not tpc.finished(work / f"{j.name}.json", setup)]
     log(f"[run] {len(jobs)} runs ({len(jobs) - len(todo)} already in {work}), "
         f"{len(devices)} device(s) x {per_device} workers; setup {asdict(setup)}")  # fmt: skip
     extra = ("--dp-reduce", args.dp_reduce) + (("--stand-ins",) if args.stand_ins else ())
@@ -280,7 +280,7 @@ def run_main(args: argparse.Namespace) -> int:
 
         def write(final: bool = False) -> dict[str, Any]:
             report = collect(jobs, setup, arms, seeds, mps, args, time.perf_counter() - began)
-            tpc._write_json(args.out, report)
+            tpc.write_json(args.out, report)
             if final and report["runs"]:
                 tpc.plot(
                     report, args.out.with_suffix(".png"), reference_tp=TP,
@@ -314,7 +314,7 @@ def collect(
 ) -> dict[str, Any]:  # fmt: skip
     """The report of the runs finished so far (the others listed as incomplete)."""
     work: Path = args.work_dir
-    done = [j for j in jobs if tpc._finished(work / f"{j.name}.json", setup)]
+    done = [j for j in jobs if tpc.finished(work / f"{j.name}.json", setup)]
     results = [json.loads((work / f"{j.name}.json").read_text()) for j in done]
     first = results[0] if results else {}
     summary = summarize(results, arms)
