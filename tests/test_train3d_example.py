@@ -79,3 +79,30 @@ def test_compressed_arm_replicas_follow_masters_within_one_step() -> None:
     for b in opt.buffers:
         gap = (b.replica - b.master).abs().max().item()
         assert 0 < gap < 1e-2  # lossy, and one weight difference's error, not the weights'
+
+
+@pytest.mark.parametrize("arm", ["uncompressed", "taco3d"])
+def test_graph_and_eager_3d_steps_agree_on_gpu(arm: str) -> None:
+    """The captured 3D step (TP, PP and DP codecs, the delta AllGather) computes what its
+    eager step computes, and on the GPU the step does get captured."""
+    from gpu import GPU  # noqa: PLC0415
+
+    if not (GPU and torch.cuda.is_available()):
+        pytest.skip("needs CuPy and a CUDA GPU")
+    import dataclasses  # noqa: PLC0415
+
+    import tp_convergence_gpu as tpc  # noqa: PLC0415
+    import train3d_convergence_gpu as t3d  # noqa: PLC0415
+
+    setup = dataclasses.replace(tpc.SMOKE, device="cuda", steps=10, eval_every=5, batch=8)
+    job = tpc.Job(arm, t3d.TP, 0)
+    results = {}
+    for mode in ("off", "on"):
+        a = t3d.make_arm(arm, setup.d_model)
+        results[mode] = tpc.train(
+            job, dataclasses.replace(setup, cuda_graph=mode), a, torch.device("cuda"), None,
+            lambda: False, print, build=t3d.build_3d, arm_fields=t3d.arm_fields(a, "intra", False),
+        )  # fmt: skip
+    assert results["on"]["cuda_graph"] is True and results["off"]["cuda_graph"] is False
+    assert results["on"]["train_losses"] == results["off"]["train_losses"]
+    assert results["on"]["val_loss"] == results["off"]["val_loss"]
