@@ -209,6 +209,8 @@ def train(
     checkpoint: Path | None,
     stop: Callable[[], bool],
     log: Callable[[str], None],
+    build: Callable[..., tuple[Any, Any, Callable[[], Any]]] | None = None,
+    arm_fields: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Train one run; its result, or None when ``stop()`` asked for a checkpoint.
 
@@ -216,23 +218,30 @@ def train(
     captured in a CUDA graph after ``setup.eager_steps`` eager steps when
     ``setup.cuda_graph`` allows it (autocast runs without its cast cache either way, as
     graphs need, so both modes compute the same).
+
+    ``build(model, group, device, lr, x, y, autocast)`` turns the full model into
+    ``(model, optimizer, step)`` (default :func:`plain_build`; another harness passes its
+    own, e.g. a 3D-parallel one); ``arm_fields`` replaces the arm's algorithm and
+    compressor in the result.
     """
     import torch  # noqa: PLC0415
-    import torch.nn.functional as F  # noqa: N812, PLC0415
     import tp_gpt  # noqa: PLC0415
 
     from coccl.tensor_parallel import is_tp_sharded  # noqa: PLC0415
 
     corpus = stdlib_corpus.load_stdlib_corpus()
     cfg = tp_gpt.GPTConfig(setup.layers, setup.d_model, setup.heads, setup.seq)
+    x = torch.zeros(setup.batch, setup.seq, dtype=torch.long, device=device)
+    y = torch.zeros_like(x)
+
+    def autocast() -> Any:
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+
     torch.manual_seed(job.seed)
     model = tp_gpt.GPT(cfg)  # the full weights: every arm of a seed starts from them
     params = sum(p.numel() for p in model.parameters())
-    if group is not None:
-        model = tp_gpt.parallelize(model, group)
-    model.to(device)
     lr = torch.tensor(setup.lr, device=device)  # a tensor: a captured step reads it
-    opt = tp_gpt.make_optimizer(model, lr, fused=True, capturable=True)
+    model, opt, step_fn = (build or plain_build)(model, group, device, lr, x, y, autocast)
     windows = stdlib_corpus.train_windows(
         corpus.train, setup.seq, setup.batch, setup.steps, job.seed
     )
@@ -240,8 +249,6 @@ def train(
     val = torch.from_numpy(
         stdlib_corpus.val_windows(corpus.val, setup.seq, setup.batch, setup.final_eval_batches)
     ).to(device)
-    x = torch.zeros(setup.batch, setup.seq, dtype=torch.long, device=device)
-    y = torch.zeros_like(x)
     losses = torch.zeros(setup.steps, device=device)  # every step's training loss
     history: list[dict[str, float]] = []
     start, resumed_at = 0, None
@@ -256,16 +263,6 @@ def train(
         resumed_at = start
         log(f"[{job.name}] resumed at step {start}")
 
-    def autocast() -> Any:
-        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
-
-    def step_fn() -> Any:
-        with autocast():
-            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
     @torch.no_grad()
     def evaluate(batches: int) -> float:
         """Mean loss over ``batches`` of the validation batches, spread over all of them."""
@@ -275,7 +272,9 @@ def train(
         for b in range(0, stride * batches, stride):
             with autocast():
                 logits = model(val[b, :, :-1].long())
-                total += F.cross_entropy(logits.flatten(0, 1), val[b, :, 1:].long().flatten())
+                total += torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), val[b, :, 1:].long().flatten()
+                )
         model.train()
         return total.item() / batches
 
@@ -347,13 +346,13 @@ def train(
     for name, p in model.named_parameters():
         if not is_tp_sharded(p):
             replicated.update(name.encode() + p.detach().cpu().numpy().tobytes())
-    arm = ARMS[job.arm]
+    if arm_fields is None:
+        arm_fields = {"algorithm": ARMS[job.arm].algorithm, "compressor": ARMS[job.arm].compressor}
     return {
         "arm": job.arm,
         "seed": job.seed,
         "tp": job.tp,
-        "algorithm": arm.algorithm,
-        "compressor": arm.compressor,
+        **arm_fields,
         "params": params,
         "tokens": setup.steps * setup.batch * setup.seq,
         "val_loss": val_loss,
@@ -370,6 +369,29 @@ def train(
         "setup": asdict(setup),
         "corpus": corpus.info,
     }
+
+
+def plain_build(
+    model: Any, group: Any, device: Any, lr: Any, x: Any, y: Any, autocast: Callable[[], Any]
+) -> tuple[Any, Any, Callable[[], Any]]:
+    """The model on ``device`` (its TP shards over ``group`` unless None), its AdamW and
+    the training step on the batch ``x``, ``y``: the loss, its backward, the update."""
+    import torch.nn.functional as F  # noqa: N812, PLC0415
+    import tp_gpt  # noqa: PLC0415
+
+    if group is not None:
+        model = tp_gpt.parallelize(model, group)
+    model.to(device)
+    opt = tp_gpt.make_optimizer(model, lr, fused=True, capturable=True)
+
+    def step_fn() -> Any:
+        with autocast():
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return model, opt, step_fn
 
 
 def _device_name(device: Any) -> str:
@@ -394,7 +416,7 @@ def _versions() -> dict[str, str | None]:
     }
 
 
-def _configure_torch(setup: Setup, threads: int = 1) -> Any:
+def configure_torch(setup: Setup, threads: int = 1) -> Any:
     """Threads, determinism and the device of a training process."""
     if setup.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -424,7 +446,7 @@ def worker_main(args: argparse.Namespace) -> int:
     from coccl.tensor_parallel import VirtualTPGroup  # noqa: PLC0415
 
     setup = Setup(**json.loads(args.setup))
-    device = _configure_torch(setup)
+    device = configure_torch(setup)
     stopping = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.update(now=True))
     work = args.work_dir
@@ -432,7 +454,7 @@ def worker_main(args: argparse.Namespace) -> int:
         arm, tp, seed = _parse_job(name)
         job = Job(arm, tp, seed)
         out = work / f"{job.name}.json"
-        if _finished(out, setup):
+        if finished(out, setup):
             continue
         a = ARMS[arm]
         group = None if a.compressor is None else VirtualTPGroup(tp, a.algorithm, a.compressor)
@@ -447,7 +469,7 @@ def worker_main(args: argparse.Namespace) -> int:
         )
         if result is None:
             return INTERRUPTED
-        _write_json(out, result)
+        write_json(out, result)
         (work / f"{job.name}.ckpt").unlink(missing_ok=True)
     return 0
 
@@ -457,7 +479,7 @@ def _parse_job(name: str) -> tuple[str, int, int]:
     return arm, int(tp.removeprefix("tp")), int(seed.removeprefix("seed"))
 
 
-def _finished(path: Path, setup: Setup) -> bool:
+def finished(path: Path, setup: Setup) -> bool:
     """Whether ``path`` holds a finished run of this very setup (so a rerun skips it)."""
     if not path.exists():
         return False
@@ -472,7 +494,7 @@ def rank_main(args: argparse.Namespace) -> int:
     from coccl.tensor_parallel import TPGroup  # noqa: PLC0415
 
     setup = Setup(**json.loads(args.setup))
-    device = _configure_torch(setup)
+    device = configure_torch(setup)
     arm, tp, seed = _parse_job(args.job)
     world = MPI.COMM_WORLD
     if world.Get_size() != tp:
@@ -495,7 +517,7 @@ def rank_main(args: argparse.Namespace) -> int:
     digests = world.allgather(result["replicated_sha256"])
     if world.Get_rank() == 0:
         identical = all(d == digests[0] for d in digests)
-        _write_json(args.out, {**result, "backend": backend, "replicated_identical": identical})
+        write_json(args.out, {**result, "backend": backend, "replicated_identical": identical})
     return 0
 
 
@@ -571,10 +593,18 @@ class Worker:
 
 
 def start_workers(
-    jobs: list[Job], devices: list[str], per_device: int, setup: Setup, work: Path, env: dict
+    jobs: list[Job],
+    devices: list[str],
+    per_device: int,
+    setup: Setup,
+    work: Path,
+    env: dict,
+    script: Path = SCRIPT,
+    extra: tuple[str, ...] = (),
 ) -> list[Worker]:
     """Spread ``jobs`` (longest first) over ``per_device`` worker processes per device,
-    round robin, and start them."""
+    round robin, and start them (``script``'s ``worker`` command, with ``extra``
+    arguments)."""
     slots = len(devices) * per_device
     workers = []
     for i in range(min(slots, len(jobs))):
@@ -586,8 +616,9 @@ def start_workers(
         log = work / f"worker-{i}.log"
         cmd = [
             sys.executable,
-            str(SCRIPT),
+            str(script),
             "worker",
+            *extra,
             "--jobs",
             ",".join(j.name for j in mine),
             "--setup",
@@ -610,14 +641,21 @@ def projected_s(worker: Worker, work: Path, setup: Setup) -> float | None:
         return None
     _, rest = lines[-1][1:].split("]", 1)
     step, rate = int(rest.split()[1]), float(rest.split()[-2])
-    left = sum(not _finished(work / f"{j.name}.json", setup) for j in worker.jobs) - 1
+    left = sum(not finished(work / f"{j.name}.json", setup) for j in worker.jobs) - 1
     return ((setup.steps - step) + max(0, left) * setup.steps) / max(rate, 1e-9)
 
 
-def wait_for(workers: list[Worker], work: Path, setup: Setup, deadline: float, log: Any) -> bool:
-    """Wait for the workers, reporting progress and a projection every 30 s; at
-    ``deadline`` ask them to stop at a checkpoint. Returns whether every worker
-    finished."""
+def wait_for(
+    workers: list[Worker],
+    work: Path,
+    setup: Setup,
+    deadline: float,
+    log: Any,
+    progress: Callable[[], None] | None = None,
+) -> bool:
+    """Wait for the workers, reporting progress and a projection every 30 s (and calling
+    ``progress``, e.g. to write the partial results); at ``deadline`` ask them to stop at
+    a checkpoint. Returns whether every worker finished."""
     began, last_report = time.perf_counter(), 0.0
     stopped, kill_at = False, math.inf
     while any(w.proc.poll() is None for w in workers):
@@ -625,7 +663,7 @@ def wait_for(workers: list[Worker], work: Path, setup: Setup, deadline: float, l
         now = time.perf_counter()
         if now - last_report >= 30:
             last_report = now
-            done = sum(_finished(work / f"{j.name}.json", setup) for w in workers for j in w.jobs)
+            done = sum(finished(work / f"{j.name}.json", setup) for w in workers for j in w.jobs)
             total = sum(len(w.jobs) for w in workers)
             running = [w for w in workers if w.proc.poll() is None]
             left = [p for p in (projected_s(w, work, setup) for w in running) if p is not None]
@@ -634,6 +672,8 @@ def wait_for(workers: list[Worker], work: Path, setup: Setup, deadline: float, l
                 f"[run] {now - began:5.0f} s: {done}/{total} runs done, "
                 f"{len(running)} workers running{eta}"
             )
+            if progress is not None:
+                progress()
         if not stopped and now >= deadline:
             stopped = True
             log("[run] time limit: asking the workers to stop at a checkpoint")
@@ -671,7 +711,7 @@ def run_main(args: argparse.Namespace) -> int:
     per_device = args.jobs_per_gpu or -(-len(jobs) // len(devices))
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs if not _finished(work / f"{j.name}.json", setup)]
+    todo = [j for j in jobs if not finished(work / f"{j.name}.json", setup)]
     log(
         f"[run] {len(jobs)} runs ({len(jobs) - len(todo)} already in {work}), "
         f"{len(devices)} device(s) x {per_device} workers; setup {asdict(setup)}"
@@ -690,9 +730,9 @@ def run_main(args: argparse.Namespace) -> int:
     results = [
         json.loads((work / f"{j.name}.json").read_text())
         for j in jobs
-        if _finished(work / f"{j.name}.json", setup)
+        if finished(work / f"{j.name}.json", setup)
     ]
-    missing = [j.name for j in jobs if not _finished(work / f"{j.name}.json", setup)]
+    missing = [j.name for j in jobs if not finished(work / f"{j.name}.json", setup)]
     report = build_report(results, setup, arms, tps, seeds, mps, argv=args.argv)
     report["incomplete"] = missing
     report["wall_s"] = time.perf_counter() - began
@@ -701,7 +741,7 @@ def run_main(args: argparse.Namespace) -> int:
         previous = json.loads(out.read_text())
         if "real_vs_sim" in previous:
             report["real_vs_sim"] = previous["real_vs_sim"]
-    _write_json(out, report)
+    write_json(out, report)
     if results:
         plot(report, args.png or out.with_suffix(".png"))
     print_summary(report, log)
@@ -722,7 +762,6 @@ def build_report(
     argv: list[str],
 ) -> dict[str, Any]:
     """The JSON: runs, per-arm summary with paired deltas, target, provenance."""
-    commit, dirty = git_commit()
     rows = [
         {k: v for k, v in r.items() if k not in ("train_losses", "setup", "corpus")}
         for r in results
@@ -784,13 +823,7 @@ def build_report(
             "(coccl.tensor_parallel.VirtualTPGroup: bitwise a real coccl TP run) against "
             "the plain model, per wire codec, schedule and TP size"
         ),
-        "command": shlex.join(["python", "examples/tp_convergence_gpu.py", *argv]),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "worktree_dirty": dirty,
-        "compressors_sha256": codec_sources_digest(),
-        "gpu": sorted({r["device"] for r in results}),
-        "versions": first.get("versions"),
+        **provenance("examples/tp_convergence_gpu.py", argv, results),
         "setup": asdict(setup),
         "model": {
             "layers": setup.layers,
@@ -828,6 +861,21 @@ def build_report(
     }
 
 
+def provenance(script: str, argv: list[str], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a report comes from: the command, date, commit, codec sources, GPUs and
+    versions of its runs."""
+    commit, dirty = git_commit()
+    return {
+        "command": shlex.join(["python", script, *argv]),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "worktree_dirty": dirty,
+        "compressors_sha256": codec_sources_digest(),
+        "gpu": sorted({r["device"] for r in results}),
+        "versions": results[0].get("versions") if results else None,
+    }
+
+
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
@@ -843,7 +891,7 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -881,9 +929,17 @@ def _fmt_delta(delta: Any, ci: Any) -> str:
     return f"{_fmt(delta, '+.3f')} [{_fmt(ci[0], '+.3f')}, {_fmt(ci[1], '+.3f')}]"
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot(
+    report: dict[str, Any],
+    path: Path,
+    *,
+    reference_tp: int = 1,
+    panel: str = "TP = {tp} (virtual ranks)",
+    title: str = "coccl TP convergence",
+) -> None:
     """Validation loss against steps (mean over seeds) per arm, one panel per TP size,
-    and below it each arm's paired gap to the plain model, in percent."""
+    and below it each arm's paired gap to the reference arm ``uncompressed`` (its runs at
+    ``reference_tp``), in percent; ``panel`` and ``title`` name the panels and figure."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -900,13 +956,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
             if r["arm"] == arm and r["tp"] == tp
         }
 
-    base = curves("uncompressed", 1)
+    base = curves("uncompressed", reference_tp)
     fig, axes = plt.subplots(2, len(tps), figsize=(7 * len(tps), 9), squeeze=False)
     for col, tp in enumerate(tps):
         ax, gap = axes[0][col], axes[1][col]
         shown: list[float] = []  # the curves past their first point, for the y range
         for arm in report["arms"]:
-            c = base if ARMS[arm].compressor is None else curves(arm, tp)
+            c = base if arm == "uncompressed" else curves(arm, tp)
             if not c:
                 continue
             steps = sorted(set.intersection(*(set(v) for v in c.values())))
@@ -932,7 +988,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set(
             xlabel="step",
             ylabel="validation loss (nats/byte, mean over seeds)",
-            title=f"TP = {tp} (virtual ranks): {params:.1f} M params, {m['layers']} layers, "
+            title=f"{panel.format(tp=tp)}: {params:.1f} M params, {m['layers']} layers, "
             f"d = {m['d_model']}",
         )
         gap.axhline(0.0, color="k", lw=1)
@@ -944,9 +1000,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
             a.grid(alpha=0.3)
             a.legend(fontsize=8)
     gpus = ", ".join(report["gpu"]) or "?"
-    fig.suptitle(
-        f"coccl TP convergence, {len(report['seeds'])} seeds per arm ({gpus})", fontsize=10
-    )
+    fig.suptitle(f"{title}, {len(report['seeds'])} seeds per arm ({gpus})", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -1010,7 +1064,7 @@ def check_main(args: argparse.Namespace) -> int:
     out: Path = args.out
     report = json.loads(out.read_text()) if out.exists() else {}
     report["real_vs_sim"] = section
-    _write_json(out, report)
+    write_json(out, report)
     verdict = "bitwise identical" if section["bitwise_equal"] else "DIFFERENT"
     print(
         f"[check] {job.name} real ({section['backend']}) vs simulated over {setup.steps} steps: "
@@ -1068,6 +1122,36 @@ def estimate_main(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------- CLI
+def add_runner_options(
+    run: argparse.ArgumentParser, jobs_per_gpu: int, time_limit_s: float, work_dir: Path
+) -> None:
+    """The runner's options (GPUs, workers, MPS, CUDA graphs, time limit, work folder),
+    with these defaults: every harness built on this runner takes them."""
+    run.add_argument("--gpus", default="", help="GPU indices to use (empty: all visible)")
+    run.add_argument(
+        "--jobs-per-gpu",
+        type=int,
+        default=jobs_per_gpu,
+        help="worker processes per GPU (0: all runs at once)",
+    )
+    run.add_argument("--mps", choices=["auto", "on", "off"], default="auto", help="CUDA MPS daemon")
+    run.add_argument(
+        "--cuda-graph", choices=["auto", "on", "off"], default="auto", help="capture the step"
+    )
+    run.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=time_limit_s,
+        help="stop (with checkpoints) after this",
+    )
+    run.add_argument(
+        "--work-dir",
+        type=Path,
+        default=work_dir,
+        help="per-run results and checkpoints (a rerun resumes from them)",
+    )
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=fmt)
@@ -1082,23 +1166,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--only", default="", help="TP=arm+arm,...: at that TP size run only those arms"
     )
     run.add_argument("--steps", type=int, default=FULL.steps, help="training steps")
-    run.add_argument("--gpus", default="", help="GPU indices to use (empty: all visible)")
-    run.add_argument(
-        "--jobs-per-gpu", type=int, default=0, help="worker processes per GPU (0: all runs at once)"
-    )
-    run.add_argument("--mps", choices=["auto", "on", "off"], default="auto", help="CUDA MPS daemon")
-    run.add_argument(
-        "--cuda-graph", choices=["auto", "on", "off"], default="auto", help="capture the step"
-    )
-    run.add_argument(
-        "--time-limit-s", type=float, default=480.0, help="stop (with checkpoints) after this"
-    )
-    run.add_argument(
-        "--work-dir",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "coccl-tp-convergence-gpu",
-        help="per-run results and checkpoints (a rerun resumes from them)",
-    )
+    add_runner_options(run, 0, 480.0, Path(tempfile.gettempdir()) / "coccl-tp-convergence-gpu")
     run.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON")
     run.add_argument("--png", type=Path, default=None, help="the plot (None: beside --out)")
 
