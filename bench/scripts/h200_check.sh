@@ -121,6 +121,21 @@ tpstep)
   timeout ${TPSTEP_TIMEOUT:-200} python3 -m coccl.bench.cli tp-step --np 1 --device gpu --model gpt-6.7b,gpt-2.7b \
     --seq 2048,4096 --compressor identity,taco,int8 --json "$JSONDIR/tp-step-predict.json" 2>&1 \
     | tee "$OUT/tpstep_log.txt" | tail -40 ;;
+mxtests)
+  # The mx/taco_fp GPU kernels against the CPU's, stopping at the first difference.
+  step pytest gpu mx and taco_fp
+  timeout 120 python3 -m pytest -q -x --tb=short -p no:cacheprovider tests/test_codec_gpu_mx.py \
+    2>&1 | tee "$OUT/pytest_mx.txt" | grep -v "^SKIPPED" | tail -40 ;;
+layers)
+  # After the move into layers: one-rank NCCL, graph rebasing, NCCL graphs and torch streams
+  # on one rank, staged MPI collectives on 2 and 4 ranks sharing the GPU, the 3D step's capture.
+  step pytest gpu: one-rank NCCL, graph rebasing
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_nccl.py tests/test_graph_rebase.py \
+    tests/test_train3d_example.py 2>&1 | tee "$OUT/pytest_layers1.txt" | grep -v "^SKIPPED" | tail -8
+  step pytest gpu: NCCL and torch streams on one rank, staged MPI on 2 and 4 ranks
+  timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
+    -k "(nccl and 1]) or (test_torch_backend_gpu and 1]) or (test_gpu_collectives and (2] or 4]))" \
+    2>&1 | tee "$OUT/pytest_layers2.txt" | grep -v "^SKIPPED" | tail -12 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
