@@ -445,7 +445,8 @@ def test_parallelize_module_matches_gloo(device):
     before = ours.stats().get("allreduce:exact", 0)
     mesh = DeviceMesh.from_group(ours, device.type, mesh_dim_names=("tp_coccl",))
     out, params = _tp_step(mesh, device)
-    assert ours.stats().get("allreduce:exact", 0) > before  # the TP AllReduces ran on coccl
+    if dist.get_world_size() > 1:  # DTensor issues no collective over a mesh of one rank
+        assert ours.stats().get("allreduce:exact", 0) > before  # the TP AllReduces ran on coccl
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     for p, q in zip(params, params_ref, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
