@@ -160,7 +160,8 @@ def _mx_encode_kernel(
 
 
 def _tensor_scale(x32: np.ndarray, block: int, qmax: float) -> np.float32:
-    """FORMAT.md's per-payload scale ``S = max(amax / (448 * qmax), 2^-126)``."""
+    """FORMAT.md's per-payload scale ``S = max(amax / (448 * qmax), 2^-126)``, ``amax``
+    the largest ``|x|`` of the finite blocks (0 without one: an empty or all-NaN payload)."""
     part = np.zeros(_nblocks(-(-x32.size // block)), dtype=np.uint32)
     _finite_amax_kernel(x32, block, part)
     s = part.max().view(np.float32) / np.float32(448.0 * qmax)
@@ -175,27 +176,26 @@ def mx_encode(x: np.ndarray, payload: np.ndarray, *, element: str, block: int, s
     layout = mx_layout(x32.size, block, f.bits, two_level)
     _check_payload(payload, layout.nbytes)
     k = layout.blocks
-    if k == 0:
-        return
     s_glob = np.float32(1.0)
     with _LAUNCH_LOCK:
-        if two_level:
+        if two_level:  # count 0 too: no finite block, S = 2^-126 (the 4 bytes are the payload)
             s_glob = _tensor_scale(x32, block, f.qmax)
-        _mx_encode_kernel(
-            x32,
-            payload[: layout.scale_offset],
-            payload[layout.scale_offset : layout.scale_offset + k],
-            block,
-            f.bits,
-            f.ebits,
-            f.mbits,
-            f.bias,
-            np.uint32(f.qmax_bits),
-            f.emax,
-            two_level,
-            s_glob,
-            _nblocks(k),
-        )
+        if k:
+            _mx_encode_kernel(
+                x32,
+                payload[: layout.scale_offset],
+                payload[layout.scale_offset : layout.scale_offset + k],
+                block,
+                f.bits,
+                f.ebits,
+                f.mbits,
+                f.bias,
+                np.uint32(f.qmax_bits),
+                f.emax,
+                two_level,
+                s_glob,
+                _nblocks(k),
+            )
     if two_level:
         _put_f32(payload, layout.tensor_offset, np.array([s_glob], np.float32))
 

@@ -5,8 +5,16 @@ arguments, on flat contiguous CuPy arrays (float32, float16, bfloat16; accumulat
 float32), producing payloads and decoded values bitwise identical to the CPU kernels'.
 The CUDA source is ``mx_kernels.cu`` beside this file; each variant is compiled on first
 use through ``gpu_build.compile_function`` and runs on CuPy's current stream of the
-arrays' device. ``scale="e4m3"`` encodes in two launches (the payload's largest finite
-``|x|`` into a 4-byte device scratch, then the blocks); everything else in one.
+arrays' device. ``scale="e4m3"`` encodes in three launches: per CUDA block the largest
+finite ``|x|`` into the payload's code area, then from those the per-payload scale ``S``
+into the payload's S slot, then the blocks (which overwrite the code area and read ``S``);
+an empty payload gets ``S`` by the second launch alone. Everything else is one launch
+(none for an empty payload).
+
+The kernels allocate nothing per call and never synchronise with the host: every launch
+reads ``x`` or the payload and writes only the payload or ``out``, in stream order on the
+current stream. So an encode or decode can be captured into a CUDA graph, and calls on
+concurrent streams share no memory (as long as their own arrays are distinct).
 
 Importing this module touches neither CuPy nor the GPU.
 """
@@ -27,6 +35,7 @@ from .gpu_build import (
     compile_function,
     cupy_module,
     element_type,
+    overlap,
     sm_count,
 )
 from .layout import GROUP_SIZES, num_groups
@@ -43,8 +52,8 @@ __all__ = [
 _SOURCE_PATH = Path(__file__).with_name("mx_kernels.cu")
 _ELEM = {"e2m1": 0, "e3m2": 1, "e2m3": 2}
 _SCALE = {"e8m0": 0, "e4m3": 1}
-_OP_MX_ENC, _OP_MX_DEC, _OP_MX_AMAX, _OP_TFP_ENC, _OP_TFP_DEC = 1, 2, 3, 4, 5
-_THREADS = 128  # one thread per block (group)
+_OP_MX_ENC, _OP_MX_DEC, _OP_MX_PARTS, _OP_TFP_ENC, _OP_TFP_DEC, _OP_MX_S = 1, 2, 3, 4, 5, 6
+_THREADS = 128  # one thread per block (group); a power of two (the reductions)
 _BLOCKS_PER_SM = 32
 _last_kernel: list[Any] = [None]
 
@@ -55,16 +64,17 @@ def mx_encode(x: Any, payload: Any, *, element: str, block: int, scale: str) -> 
     defs, count = _mx_variant(cp, x, "x", element, block, scale)
     f = minifloat.get_format(element)
     check_payload(cp, payload, mx_layout(count, block, f.bits, bool(defs["SC"])).nbytes, x)
-    if count == 0:
-        return
+    if overlap(x, payload):  # the e4m3 partials land in the payload before x is read whole
+        raise ValueError("x and payload must not overlap")
+    k = num_groups(count, block)
     with cp.cuda.Device(x.data.device_id):
-        aux = payload  # unused with e8m0
-        if defs["SC"]:
-            # The payload's absmax, as float32 bits (atomicMax from 0). A 4-byte
-            # allocation from CuPy's pool per call: not inside a CUDA graph capture.
-            aux = cp.zeros(1, dtype=cp.uint32)
-            _launch(cp, {**defs, "OP": _OP_MX_AMAX}, x, payload, aux, count, block)
-        _launch(cp, {**defs, "OP": _OP_MX_ENC}, x, payload, aux, count, block)
+        if defs["SC"]:  # count 0 too: the payload is S alone (2^-126, no finite block)
+            parts = _grid(cp, k) if k else 0  # at most ceil(K / THREADS): see the .cu
+            if parts:
+                _launch(cp, {**defs, "OP": _OP_MX_PARTS}, x, payload, count, k, parts)
+            _launch(cp, {**defs, "OP": _OP_MX_S}, payload, payload, parts, k, 1)
+        if k:
+            _launch(cp, {**defs, "OP": _OP_MX_ENC}, x, payload, count, k, _grid(cp, k))
 
 
 def mx_decode(
@@ -80,8 +90,9 @@ def mx_decode(
     if count == 0:
         return
     defs.update(OP=_OP_MX_DEC, ACC=int(bool(accumulate)))
+    k = num_groups(count, block)
     with cp.cuda.Device(out.data.device_id):
-        _launch(cp, defs, payload, out, payload, count, block)
+        _launch(cp, defs, payload, out, count, k, _grid(cp, k))
 
 
 def taco_fp_encode(x: Any, payload: Any, *, group_size: int, element: str) -> None:
@@ -92,8 +103,9 @@ def taco_fp_encode(x: Any, payload: Any, *, group_size: int, element: str) -> No
     check_payload(cp, payload, taco_fp_layout(count, group_size, f.bits).nbytes, x)
     if count == 0:
         return
+    k = num_groups(count, group_size)
     with cp.cuda.Device(x.data.device_id):
-        _launch(cp, {**defs, "OP": _OP_TFP_ENC}, x, payload, payload, count, group_size)
+        _launch(cp, {**defs, "OP": _OP_TFP_ENC}, x, payload, count, k, _grid(cp, k))
 
 
 def taco_fp_decode(
@@ -109,8 +121,9 @@ def taco_fp_decode(
     if count == 0:
         return
     defs.update(OP=_OP_TFP_DEC, ACC=int(bool(accumulate)))
+    k = num_groups(count, group_size)
     with cp.cuda.Device(out.data.device_id):
-        _launch(cp, defs, payload, out, payload, count, group_size)
+        _launch(cp, defs, payload, out, count, k, _grid(cp, k))
 
 
 # ------------------------------------------------------------------ validation
@@ -149,14 +162,18 @@ def _inv_sqrt_bits(g: int) -> str:
 
 
 # ---------------------------------------------------------------------- launch
+def _grid(cp: Any, k: int) -> int:
+    """CUDA blocks for ``k`` >= 1 blocks (groups), one thread each, grid-stride."""
+    return max(1, min(-(-k // _THREADS), sm_count(cp) * _BLOCKS_PER_SM))
+
+
 def _launch(
-    cp: Any, defs: dict[str, Any], src: Any, dst: Any, aux: Any, count: int, size: int
+    cp: Any, defs: dict[str, Any], src: Any, dst: Any, count: int, k: int, blocks: int
 ) -> None:
-    """One thread per block (group) of ``size`` elements, grid-stride, current stream."""
+    """``coccl_mx(src, dst, count, k)`` of variant ``defs`` on ``blocks`` CUDA blocks of
+    ``_THREADS`` threads, on the current stream."""
     kern = compile_function(_SOURCE_PATH, {**defs, "THREADS": _THREADS}, name="coccl_mx")
-    k = num_groups(count, size)
-    blocks = max(1, min(-(-k // _THREADS), sm_count(cp) * _BLOCKS_PER_SM))
-    kern((blocks,), (_THREADS,), (src, dst, aux, np.int64(count), np.int64(k)))
+    kern((blocks,), (_THREADS,), (src, dst, np.int64(count), np.int64(k)))
     _last_kernel[0] = kern
 
 

@@ -3,18 +3,28 @@
 //
 // Compiled once per variant by compressors/mx_gpu.py (NVRTC through cupy.RawModule) with
 // -D defines; every variant defines one kernel,
-// `coccl_mx(const void* src, void* dst, unsigned* aux, long long count, long long K)`:
+// `coccl_mx(const void* src, void* dst, long long count, long long K)`, K the number of
+// blocks (groups) of the payload:
 //
-//   OP     1 mx encode, 2 mx decode, 3 mx payload absmax (scale e4m3: the largest |x| of
-//          the finite blocks, atomicMax'ed into aux[0] as float32 bits, which must start
-//          at 0; encode then reads it), 4 taco_fp encode, 5 taco_fp decode
+//   OP     1 mx encode, 2 mx decode, 4 taco_fp encode, 5 taco_fp decode; and the two steps
+//          before an mx encode with scale e4m3, which leave the per-payload scale S in the
+//          payload's own S slot, where the encode (OP 1) reads it:
+//          3 partials: CUDA block b writes the largest |x| of the finite mx blocks it
+//            covers, as float32 bits, to bytes [4b, 4b + 4) of the payload's code area
+//            (dst; the encode overwrites them; 4 * gridDim.x <= K * BPB as long as the
+//            grid is at most ceil(K / THREADS) blocks)
+//          6 scale: one CUDA block reads the `count` partials from the code area of the
+//            payload dst (src unused; 0 partials for an empty payload) and writes
+//            S = max(amax / (448 * qmax), 2^-126) to the S slot
+//          So no step needs memory beyond x and the payload: nothing is allocated per call
+//          and nothing is shared between calls (CUDA graph capture, concurrent streams).
 //   ELEM   element format: 0 e2m1, 1 e3m2, 2 e2m3
 //   BS     mx block size (16, 32) or taco_fp group size (32..512, a power of two)
 //   SC     mx scale: 0 e8m0, 1 e4m3 (with the float32 per-payload scale)
 //   XT     element type of x (encode) or out (decode): 0 float32, 1 float16, 2 bfloat16
 //   ACC    decode: add into a float32 out (1) or overwrite (0)
 //   CINV_BITS  taco_fp: bits of (float)(1/sqrt(G)) computed in double
-//   THREADS    threads per block
+//   THREADS    threads per CUDA block (a power of two)
 //
 // One thread per block (group), grid-stride. Arithmetic: IEEE float32, RNE, no FMA and no
 // flush of subnormals: CuPy compiles with -ftz=true, so every float operation is inline
@@ -22,7 +32,8 @@
 // conversions to FP4/FP6/E4M3 are integer arithmetic on the float32 bits (the same
 // algorithm as minifloat.bits_to_code). Compiled with -DMX_HOST as plain C++ (g++
 // -ffp-contract=off), the same source runs on the host through `mx_host_launch`, which is
-// how the tests check it against the numba kernels on machines without a GPU.
+// how the tests check it against the numba kernels on machines without a GPU (OP 3 and 6
+// through `mx_host_reduce`, which runs a grid of a given size thread by thread).
 
 #ifndef OP
 #error "OP must be defined"
@@ -47,6 +58,10 @@
 #endif
 #ifndef THREADS
 #define THREADS 256
+#endif
+
+#if (THREADS & (THREADS - 1)) != 0
+#error "THREADS must be a power of two"
 #endif
 
 typedef unsigned int u32;
@@ -111,7 +126,6 @@ DEV u32 f2h(float f) {  // RNE with subnormals and overflow to Inf, NaN -> 0x7ff
   float t = f_add(f_mul(as_f(a), as_f(0x4b800000u)), as_f(0x4b400000u));
   return sign | (as_u(t) - 0x4b400000u);
 }
-DEV void atomic_umax(u32* p, u32 v) { if (v > *p) *p = v; }
 #else
 #define DEV __device__ __forceinline__
 DEV float as_f(u32 u) { return __uint_as_float(u); }
@@ -132,7 +146,6 @@ DEV u32 f2h(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return (u32)h;
 }
-DEV void atomic_umax(u32* p, u32 v) { atomicMax(p, v); }
 #endif
 
 // ------------------------------------------------------------ elements in and out
@@ -276,28 +289,75 @@ DEV int floor_log2_bits(u32 a) {  // a > 0, finite
 }
 
 // ====================================================================== mx
-#if OP == 1 || OP == 2 || OP == 3
+#if OP == 1 || OP == 2 || OP == 3 || OP == 6
 #define SCALE_OFF(K) ((K) * BPB)
 #define TENSOR_OFF(K) ((K) * BPB + (K))
+#endif
+
+#if OP == 3 || OP == 6
+DEV u32 umax(u32 a, u32 b) { return a > b ? a : b; }
+
+// The largest of red[0..THREADS), by a tree of halvings (max is exact: any order).
+#ifdef MX_HOST
+DEV u32 reduce_max(u32* red, int t) {
+  (void)t;
+  for (int h = THREADS / 2; h > 0; h >>= 1)
+    for (int i = 0; i < h; ++i) red[i] = umax(red[i], red[i + h]);
+  return red[0];
+}
+#else
+DEV u32 reduce_max(u32* red, int t) {
+  for (int h = THREADS / 2; h > 0; h >>= 1) {
+    __syncthreads();
+    if (t < h) red[t] = umax(red[t], red[t + h]);
+  }
+  __syncthreads();
+  return red[0];
+}
+#endif
+#endif
+
+#if OP == 3
+// Thread i of `stride`: the largest |x| (bits) of its finite blocks i, i + stride, ...
+DEV u32 thread_part(const void* src, const u8* pay, i64 count, i64 K, i64 i, i64 stride) {
+  (void)pay;
+  u32 m = 0, xb[BS];
+  for (i64 k = i; k < K; k += stride) {
+    const u32 a = load_block(src, k * BS, count, xb);
+    if (a < BITS_INF) m = umax(m, a);
+  }
+  return m;
+}
+
+DEV void block_finish(u8* pay, i64 K, i64 b, u32 m) {
+  (void)K;
+  st32(pay + 4 * b, m);  // partial b, in the code area
+}
+#endif
+
+#if OP == 6
+// Thread i of `stride`: the largest of partials i, i + stride, ... (count of them).
+DEV u32 thread_part(const void* src, const u8* pay, i64 count, i64 K, i64 i, i64 stride) {
+  (void)src;
+  (void)K;
+  u32 m = 0;
+  for (i64 j = i; j < count; j += stride) m = umax(m, ld32(pay + 4 * j));
+  return m;
+}
 
 DEV float tensor_scale(u32 amax_bits) {  // S = max(amax / (448 * qmax), 2^-126)
   const float s = f_div(as_f(amax_bits), f_mul(as_f(BITS_448), as_f(QMAX_BITS)));
   return as_u(s) < BITS_MIN_NORMAL ? as_f(BITS_MIN_NORMAL) : s;
 }
-#endif
 
-#if OP == 3
-DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 k) {
-  (void)dst;
-  (void)K;
-  u32 xb[BS];
-  const u32 amax = load_block(src, k * BS, count, xb);
-  if (amax < BITS_INF) atomic_umax(aux, amax);
+DEV void block_finish(u8* pay, i64 K, i64 b, u32 m) {
+  (void)b;
+  st32(pay + TENSOR_OFF(K), as_u(tensor_scale(m)));
 }
 #endif
 
 #if OP == 1
-DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 k) {
+DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
   u8* pay = (u8*)dst;
   u32 xb[BS], c[BS];
   const u32 amax = load_block(src, k * BS, count, xb);
@@ -307,13 +367,12 @@ DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 
     sc = SC ? E4M3_NAN : E8M0_NAN;
   } else {
 #if SC
-    const float s = tensor_scale(aux[0]);
+    // S, written by OP 6 before this launch; no thread writes the S slot here.
+    const float s = as_f(ld32(pay + TENSOR_OFF(K)));
     sc = to_code(as_u(f_div(f_div(as_f(amax), s), as_f(QMAX_BITS))), 4, 3, 7, BITS_448);
     const float den = f_mul(e4m3_value(sc), s);
     for (int i = 0; i < BS; ++i) c[i] = sc == 0 ? 0u : elem_code(as_u(f_div(as_f(xb[i]), den)));
-    if (k == 0) st32(pay + TENSOR_OFF(K), as_u(s));
 #else
-    (void)aux;
     int e = amax == 0 ? -127 : floor_log2_bits(amax) - EMAX;
     e = e < -127 ? -127 : (e > 127 ? 127 : e);
     const float inv = pow2(-e);
@@ -327,8 +386,7 @@ DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 
 #endif
 
 #if OP == 2
-DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 k) {
-  (void)aux;
+DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
   const u8* pay = (const u8*)src;
   float v[BS];
   unpack_values(pay + k * BPB, v);
@@ -374,8 +432,7 @@ DEV float energy(const float* v) {  // runs of 32 summed in order, then a pairwi
   return runs[0];
 }
 
-DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 k) {
-  (void)aux;
+DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
   u8* pay = (u8*)dst;
   float v[BS];
   u32 c[BS];
@@ -410,8 +467,7 @@ DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 
 #endif
 
 #if OP == 5
-DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 k) {
-  (void)aux;
+DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
   const u8* pay = (const u8*)src;
   float v[BS];
   unpack_values(pay + k * BPB, v);
@@ -425,15 +481,40 @@ DEV void block_body(const void* src, void* dst, u32* aux, i64 count, i64 K, i64 
 #endif
 
 // ================================================================== entry
+#if OP == 3 || OP == 6
 #ifdef MX_HOST
-extern "C" void mx_host_launch(const void* src, void* dst, u32* aux, i64 count, i64 K) {
-  for (i64 k = 0; k < K; ++k) block_body(src, dst, aux, count, K, k);
+// A grid of `blocks` CUDA blocks, run one thread after another.
+extern "C" void mx_host_reduce(const void* src, void* dst, i64 count, i64 K, i64 blocks) {
+  u32 red[THREADS];
+  for (i64 b = 0; b < blocks; ++b) {
+    for (int t = 0; t < THREADS; ++t)
+      red[t] = thread_part(src, (const u8*)dst, count, K, b * THREADS + t, blocks * THREADS);
+    block_finish((u8*)dst, K, b, reduce_max(red, 0));
+  }
+}
+#else
+// Not __restrict__: OP 6 reads and writes the payload (disjoint bytes of it).
+extern "C" __global__ void __launch_bounds__(THREADS)
+coccl_mx(const void* src, void* dst, i64 count, i64 K) {
+  __shared__ u32 red[THREADS];
+  const int t = (int)threadIdx.x;
+  red[t] = thread_part(src, (const u8*)dst, count, K, (i64)blockIdx.x * THREADS + t,
+                       (i64)gridDim.x * THREADS);
+  const u32 m = reduce_max(red, t);
+  if (t == 0) block_finish((u8*)dst, K, blockIdx.x, m);
+}
+#endif
+#else
+#ifdef MX_HOST
+extern "C" void mx_host_launch(const void* src, void* dst, i64 count, i64 K) {
+  for (i64 k = 0; k < K; ++k) block_body(src, dst, count, K, k);
 }
 #else
 extern "C" __global__ void __launch_bounds__(THREADS)
-coccl_mx(const void* __restrict__ src, void* __restrict__ dst, u32* aux, i64 count, i64 K) {
+coccl_mx(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K) {
   const i64 stride = (i64)gridDim.x * THREADS;
   for (i64 k = (i64)blockIdx.x * THREADS + threadIdx.x; k < K; k += stride)
-    block_body(src, dst, aux, count, K, k);
+    block_body(src, dst, count, K, k);
 }
+#endif
 #endif
