@@ -12,7 +12,7 @@ to the device on the stream that was current at ``irecv``); over NCCL it is not 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,16 +47,24 @@ class P2POp(NamedTuple):
 class P2PHandle:
     """A posted point-to-point message: ``wait()`` blocks until it is complete and returns
     the received array (None for a send); ``test()`` says whether it is, without blocking.
-    Either drives every message of the communicator in flight."""
+    Either drives every message of the communicator in flight; on a communicator that
+    was closed or broke since, either raises CocclError."""
 
-    def __init__(self, engine: P2PEngine, message: Message) -> None:
+    def __init__(self, engine: P2PEngine, message: Message, check: Callable[[], None]) -> None:
         self._engine = engine
         self._message = message
+        self._check = check
 
     def wait(self) -> Any:
+        """Block until the message is complete; the received array (None for a send)."""
+        if not self._message.finished:
+            self._check()
         return self._engine.wait(self._message)
 
     def test(self) -> bool:
+        """Whether the message is complete (polls every message in flight once)."""
+        if not self._message.finished:
+            self._check()
         return self._engine.test(self._message)
 
 
@@ -72,8 +80,7 @@ class PointToPointCalls:
         self._p2p = None
         if transport is None:
             return
-        self._resources.p2p = transport  # type: ignore[attr-defined]
-        self._p2p = P2PEngine(
+        self._p2p = self._resources.p2p = P2PEngine(  # type: ignore[attr-defined]
             self.rank,
             transport,
             # MPI says how large its tags may be; other transports give MPI's guarantee
@@ -146,7 +153,7 @@ class PointToPointCalls:
         not change until the handle is complete."""
         engine = self._engine()
         posting = self._sending(x, dst, compressor, tag, chunk_bytes)
-        return P2PHandle(engine, engine.post([posting])[0])
+        return self._handles(engine, [posting])[0]
 
     def irecv(
         self,
@@ -164,7 +171,7 @@ class PointToPointCalls:
         engine = self._engine()
         out = _output(out, count, dtype, shape)
         posting = self._receiving(out, src, compressor, tag, chunk_bytes)
-        return P2PHandle(engine, engine.post([posting])[0])
+        return self._handles(engine, [posting])[0]
 
     def batch_p2p(
         self,
@@ -194,7 +201,11 @@ class PointToPointCalls:
                 postings.append(self._sending(arr, peer, compressor, tag, chunk_bytes))
             else:
                 postings.append(self._receiving(arr, peer, compressor, tag, chunk_bytes))
-        return [P2PHandle(engine, m) for m in engine.post(postings)]
+        return self._handles(engine, postings)
+
+    def _handles(self, engine: P2PEngine, postings: list[Posting]) -> list[P2PHandle]:
+        check = self._check_usable  # type: ignore[attr-defined]
+        return [P2PHandle(engine, m, check) for m in engine.post(postings)]
 
     # --------------------------------------------------------------- checks
     def _engine(self) -> P2PEngine:

@@ -150,6 +150,7 @@ class P2PEngine:
     Args:
         rank: this rank.
         transport: a polling transport used by nothing else (its tags are the engine's).
+        tag_ub: the largest tag the transport takes.
         timeout_s: how long a wait may make no progress (COCCL_TIMEOUT_S).
         depth: rounds of one message in flight.
         on_failure: called with the exception when a message fails (bytes have moved).
@@ -235,6 +236,13 @@ class P2PEngine:
                 f"{message.posting.peer} was given up: {message.error}"
             ) from message.error
         return message.finished
+
+    def close(self) -> None:
+        """Give up the messages still in flight (their receives cancelled; their handles
+        then raise as the closed communicator's calls do) and close the transport."""
+        messages, self._messages = self._messages, []
+        self.transport.cancel([h for m in messages for h in m.handles()])
+        self.transport.close()
 
     def fail(self, exc: BaseException) -> None:
         """Give up every message in flight (their receives cancelled) after ``exc``."""

@@ -18,7 +18,7 @@ class Resources:
     def __init__(self, boot: Bootstrap, host: Any, nccl: Any, watchdog: Any) -> None:
         self.boot, self.host, self.nccl, self.watchdog = boot, host, nccl, watchdog
         self.cpu: CpuExecutor | None = None
-        self.p2p: Any = None  # the point-to-point transport, if any
+        self.p2p: Any = None  # the point-to-point engine and its transport, if any
 
     def release(self, abort: bool = False) -> None:
         if self.cpu is not None:

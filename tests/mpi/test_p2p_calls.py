@@ -201,3 +201,16 @@ def test_device_data_through_host_copies(comm, codec):
     c = coccl.get_compressor(codec)
     expect = chunked_roundtrip(c, rank_data(seed, left, 1000, np.float32), 256)
     np.testing.assert_array_equal(cp.asnumpy(out), expect)
+
+
+def test_a_handle_of_a_closed_communicator_raises():
+    with communicator() as c:
+        x, y = np.ones(4, np.float32), np.empty(4, np.float32)
+        hs = c.batch_p2p([("send", x, RANK), ("recv", y, RANK)])
+        assert hs[1].wait() is y and hs[0].test()
+        h = c.isend(x, RANK)  # never matched
+    assert hs[0].wait() is None  # a finished handle stays finished
+    with pytest.raises(coccl.CocclError, match="closed"):
+        h.wait()
+    with pytest.raises(coccl.CocclError, match="closed"):
+        h.test()
