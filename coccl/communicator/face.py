@@ -286,7 +286,8 @@ class Communicator(PointToPointCalls):
             pool.reset_peak()
 
     def _transports(self) -> list[Any]:
-        return [self._runner.host] + ([self._nccl] if self._nccl is not None else [])
+        p2p = [self._p2p.transport] if self._p2p is not None else []
+        return [self._runner.host, *p2p] + ([self._nccl] if self._nccl is not None else [])
 
     # ---------------------------------------------------------------- the call
     def _check_usable(self) -> None:

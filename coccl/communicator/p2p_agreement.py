@@ -27,7 +27,7 @@ CHUNK_SLOTS = SLOTS_PER_MESSAGE - HEADER_SLOTS
 # The engine keeps fewer rounds of one message in flight than it has chunk slots, so the
 # chunks that share a tag are always posted in the same order on both ends.
 MAX_DEPTH = CHUNK_SLOTS - 1
-SIGNATURE_BYTES = 1024
+SIGNATURE_BYTES = 512  # the longest codec config's signature takes about half
 GUARANTEED_TAG_UB = 32767  # MPI guarantees tags up to 32767
 
 

@@ -79,6 +79,7 @@ class Message:
         self.peer_sig = transport.irecv(self.peer_buf, p.peer, self._tag(theirs))
         sig = agreement.encode_signature(p.sig)
         self.sig_send = transport.isend(sig, p.peer, self._tag(mine))
+        transport.bytes_sent -= sig.size  # statistics count payloads, not signatures
         if p.kind == "send":
             self.source = p.rounds()
         self.started = True

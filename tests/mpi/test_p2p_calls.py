@@ -44,18 +44,22 @@ def test_isend_irecv_around_a_ring(comm, codec, dtype, count, chunk_bytes):
     seed = case_seed(codec, count)
     right, left = (RANK + 1) % N, (RANK - 1) % N
     x = rank_data(seed, RANK, count, dtype)
+    comm.reset_stats()
     hs = comm.isend(x, right, compressor=codec, chunk_bytes=chunk_bytes)
     hr = comm.irecv(src=left, count=count, dtype=dtype, compressor=codec, chunk_bytes=chunk_bytes)
     y = hr.wait()
     while not hs.test():
         pass
     sent = rank_data(seed, left, count, dtype)
+    c = coccl.get_compressor(codec)
+    elems = max(c.alignment, ((chunk_bytes or 1 << 20) // 4) // c.alignment * c.alignment)
     if codec == "identity":
         np.testing.assert_array_equal(y, sent)
     else:
-        c = coccl.get_compressor(codec)
-        elems = max(c.alignment, (chunk_bytes // 4) // c.alignment * c.alignment)
         np.testing.assert_array_equal(y, chunked_roundtrip(c, sent, elems))
+    # the payloads of every chunk, and nothing else, counted as sent
+    chunks = [min(elems, count - a) for a in range(0, count, elems)]
+    assert comm.stats()["bytes_sent"] == sum(c.encoded_nbytes(n, x.dtype) for n in chunks)
     assert hs.wait() is None and hr.test()
 
 
