@@ -29,6 +29,10 @@ def __getattr__(name: str) -> Any:
         from coccl import communicator  # noqa: PLC0415
 
         return getattr(communicator, name)
+    if name in ("P2POp", "P2PHandle"):
+        from coccl.communicator import p2p_calls  # noqa: PLC0415
+
+        return getattr(p2p_calls, name)
     raise AttributeError(f"module 'coccl' has no attribute {name!r}")
 
 
@@ -36,6 +40,8 @@ __all__ = [
     "CocclError",
     "Communicator",
     "Compressor",
+    "P2PHandle",
+    "P2POp",
     "available_compressors",
     "get_compressor",
     "init",

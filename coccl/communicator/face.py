@@ -24,6 +24,7 @@ from typing import Any
 from coccl import algorithms
 from coccl.communicator import overlap
 from coccl.communicator.agreement import agree_on_call
+from coccl.communicator.p2p_calls import PointToPointCalls
 from coccl.communicator.planner import Call, Planner
 from coccl.communicator.plans import CallPlan, PlanCache
 from coccl.communicator.resources import Resources, release_unclosed, set_numba_threads
@@ -39,7 +40,7 @@ from coccl.transports.bootstrap import Bootstrap
 log = logging.getLogger(__name__)
 
 
-class Communicator:
+class Communicator(PointToPointCalls):
     """A group of ranks that run collectives together (build it with ``coccl.init``).
 
     Attributes:
@@ -61,6 +62,7 @@ class Communicator:
         link: str = "mpi",
         cpu_threads: int = 1,
         host_pipelined: bool = True,
+        p2p: PollingTransport | None = None,
     ) -> None:
         self._boot = boot
         self._nccl = nccl
@@ -87,6 +89,7 @@ class Communicator:
         self._runner = Runner(
             self.rank, self.size, self._resources, self._plans, settings, cpu_threads, self._break
         )
+        self._init_point_to_point(p2p)  # its own transport: p2p tags never meet collectives'
         self._finalizer = weakref.finalize(self, release_unclosed, self._resources, repr(self))
         self._finalizer.atexit = False  # at exit, MPI_Finalize frees what is left
 
@@ -283,7 +286,8 @@ class Communicator:
             pool.reset_peak()
 
     def _transports(self) -> list[Any]:
-        return [self._runner.host] + ([self._nccl] if self._nccl is not None else [])
+        p2p = [self._p2p.transport] if self._p2p is not None else []
+        return [self._runner.host, *p2p] + ([self._nccl] if self._nccl is not None else [])
 
     # ---------------------------------------------------------------- the call
     def _check_usable(self) -> None:

@@ -18,6 +18,7 @@ class Resources:
     def __init__(self, boot: Bootstrap, host: Any, nccl: Any, watchdog: Any) -> None:
         self.boot, self.host, self.nccl, self.watchdog = boot, host, nccl, watchdog
         self.cpu: CpuExecutor | None = None
+        self.p2p: Any = None  # the point-to-point engine and its transport, if any
 
     def release(self, abort: bool = False) -> None:
         if self.cpu is not None:
@@ -30,6 +31,8 @@ class Resources:
             else:
                 self.nccl.close()
         self.host.close()
+        if self.p2p is not None:
+            self.p2p.close()
         self.boot.close()
 
 

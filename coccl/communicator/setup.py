@@ -85,7 +85,8 @@ def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:
             forward_from_host=conf.forward_from_pinned,
         )
 
-    return create(MpiBootstrap(mpi_comm), mpi_host, backend, conf)
+    # point-to-point runs on a duplicate of its own, so its tags never meet the collectives'
+    return create(MpiBootstrap(mpi_comm), mpi_host, backend, conf, make_p2p=mpi_host)
 
 
 def create(
@@ -93,16 +94,19 @@ def create(
     make_host: Callable[[Settings], PollingTransport],
     backend: str,
     conf: Settings | None = None,
+    make_p2p: Callable[[Settings], PollingTransport] | None = None,
 ) -> Communicator:
     """Build a Communicator over a bootstrap, collectively (``coccl.init`` does it over
     MPI; ``coccl.torch`` over torch.distributed's store): agree on the settings, decide
     whether device data travels over NCCL (and on which GPU and link), create the host
-    transport with ``make_host``. Takes ownership of ``boot`` (closed on failure)."""
+    transport with ``make_host`` and, if given, point-to-point's own with ``make_p2p``
+    (without one, point-to-point calls raise CocclError). Takes ownership of ``boot``
+    (closed on failure)."""
     from coccl.transports import nccl as nccl_transport  # noqa: PLC0415
 
     conf = config.settings() if conf is None else conf
     configure_logging(conf.log_level)
-    nccl = None
+    nccl = host = None
     try:
         local_rank, local_size = node_ranks(boot, conf.timeout_s)
         threads, pipelined = agree_settings(boot, conf, local_size)
@@ -119,11 +123,15 @@ def create(
             nccl = nccl_transport.NcclTransport(boot, device_id, conf.timeout_s)
             link = nccl_transport.detect_link(boot, device_id, conf.link, conf.timeout_s)
         host = make_host(conf)
+        p2p = None if make_p2p is None else make_p2p(conf)
     except BaseException:
+        if host is not None:
+            host.close()
         if nccl is not None:
             nccl.close()
         boot.close()
         raise
     return Communicator(
-        boot, host, conf, nccl=nccl, link=link, cpu_threads=threads, host_pipelined=pipelined
-    )
+        boot, host, conf, nccl=nccl, link=link, cpu_threads=threads, host_pipelined=pipelined,
+        p2p=p2p,
+    )  # fmt: skip

@@ -176,6 +176,7 @@ class MpiTransport:
             ) from exc
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        self.tag_ub = int(self.comm.Get_attr(MPI.TAG_UB))  # the largest tag MPI takes
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
         self.timeout_s = timeout_s
         self._pinned_pool: BufferPool | None = None

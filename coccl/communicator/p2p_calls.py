@@ -1,0 +1,330 @@
+"""Point-to-point calls of the Communicator: ``send``, ``recv``, their nonblocking forms
+``isend``/``irecv``, and ``batch_p2p`` (torch's ``batch_isend_irecv``).
+
+Messages between two ranks pair in the order they are posted, on both sides; the tag is
+checked, not used for matching (``coccl.communicator.p2p_agreement``). Every argument is
+checked before any byte moves; then the message is handed to the communicator's
+progress engine (``coccl.communicator.p2p_engine``), which runs on a transport of its
+own, so its messages never meet the collectives'. Device data travels over MPI through
+host copies (the caller's stream is synchronised first; a received message is copied
+to the device on the stream that was current at ``irecv``); over NCCL it is not done yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from coccl import algorithms
+from coccl.algorithms import p2p
+from coccl.communicator import p2p_agreement as agreement
+from coccl.communicator.p2p_engine import Message, P2PEngine, Posting
+from coccl.communicator.sizing import chunk_elems
+from coccl.compressors import Compressor
+from coccl.core.arrays import (
+    Flat,
+    as_flat,
+    caller_stream,
+    check_dtype,
+    dtype_name,
+    require_writeable,
+)
+from coccl.core.options import check_chunk_bytes
+from coccl.core.transport import PollingTransport
+from coccl.errors import CocclError
+
+
+class P2POp(NamedTuple):
+    """One operation of ``batch_p2p``: ``("send", x, peer)`` or ``("recv", out, peer)``."""
+
+    op: str
+    array: Any
+    peer: int
+
+
+class P2PHandle:
+    """A posted point-to-point message: ``wait()`` blocks until it is complete and returns
+    the received array (None for a send); ``test()`` says whether it is, without blocking.
+    Either drives every message of the communicator in flight; on a communicator that
+    was closed or broke since, either raises CocclError."""
+
+    def __init__(self, engine: P2PEngine, message: Message, check: Callable[[], None]) -> None:
+        self._engine = engine
+        self._message = message
+        self._check = check
+
+    def wait(self) -> Any:
+        """Block until the message is complete; the received array (None for a send)."""
+        if not self._message.finished:
+            self._check()
+        return self._engine.wait(self._message)
+
+    def test(self) -> bool:
+        """Whether the message is complete (polls every message in flight once)."""
+        if not self._message.finished:
+            self._check()
+        return self._engine.test(self._message)
+
+
+class PointToPointCalls:
+    """The point-to-point methods of ``Communicator`` (a mixin; see the module docstring)."""
+
+    rank: int
+    size: int
+    _p2p: P2PEngine | None
+
+    def _init_point_to_point(self, transport: PollingTransport | None) -> None:
+        """Start the progress engine on ``transport`` (None: p2p calls raise)."""
+        self._p2p = None
+        if transport is None:
+            return
+        self._p2p = self._resources.p2p = P2PEngine(  # type: ignore[attr-defined]
+            self.rank,
+            transport,
+            # MPI says how large its tags may be; other transports give MPI's guarantee
+            getattr(transport, "tag_ub", agreement.GUARANTEED_TAG_UB),
+            self._settings.timeout_s,  # type: ignore[attr-defined]
+            self._settings.pipeline_depth,  # type: ignore[attr-defined]
+            self._break,  # type: ignore[attr-defined]
+        )
+
+    # ------------------------------------------------------------ public calls
+    def send(
+        self,
+        x: Any,
+        dst: int,
+        *,
+        compressor: str | dict | Compressor = "identity",
+        tag: int = 0,
+        chunk_bytes: int | None = None,
+    ) -> None:
+        """Send ``x`` to rank ``dst``, which must post the matching ``recv`` (same count,
+        dtype, compressor and tag; messages between two ranks pair in posting order).
+
+        Args:
+            x: contiguous numpy/CuPy/numba-device array or torch tensor.
+            dst: the receiving rank (not this rank: use ``isend``/``irecv`` for that).
+            compressor: a codec name, config dict or Compressor; lossy codecs decode
+                within their bound, chunk by chunk, pipelined.
+            tag: an integer both ends must give alike (checked, not matched on).
+            chunk_bytes: pipeline chunk size (default COCCL_CHUNK_BYTES); both ends alike.
+
+        Raises:
+            TypeError, ValueError: bad arguments, before any byte moves.
+            CocclError: the ends disagree, or no matching recv within COCCL_TIMEOUT_S.
+        """
+        self._refuse_self(dst, "send")
+        self.isend(x, dst, compressor=compressor, tag=tag, chunk_bytes=chunk_bytes).wait()
+
+    def recv(
+        self,
+        out: Any = None,
+        src: int | None = None,
+        *,
+        compressor: str | dict | Compressor = "identity",
+        tag: int = 0,
+        count: int | None = None,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        chunk_bytes: int | None = None,
+    ) -> Any:
+        """Receive a message from rank ``src`` into ``out``, or into a new numpy array on
+        the host of ``count`` elements of ``dtype`` (shaped ``shape``), and return it.
+        The other arguments as ``send``'s; to receive into device memory, pass ``out``."""
+        self._refuse_self(src, "recv")
+        handle = self.irecv(
+            out, src, compressor=compressor, tag=tag, count=count, dtype=dtype,
+            shape=shape, chunk_bytes=chunk_bytes,
+        )  # fmt: skip
+        return handle.wait()
+
+    def isend(
+        self,
+        x: Any,
+        dst: int,
+        *,
+        compressor: str | dict | Compressor = "identity",
+        tag: int = 0,
+        chunk_bytes: int | None = None,
+    ) -> P2PHandle:
+        """``send`` without waiting: returns a handle (``wait()``, ``test()``). ``x`` must
+        not change until the handle is complete."""
+        engine = self._engine()
+        posting = self._sending(x, dst, compressor, tag, chunk_bytes)
+        return self._handles(engine, [posting])[0]
+
+    def irecv(
+        self,
+        out: Any = None,
+        src: int | None = None,
+        *,
+        compressor: str | dict | Compressor = "identity",
+        tag: int = 0,
+        count: int | None = None,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        chunk_bytes: int | None = None,
+    ) -> P2PHandle:
+        """``recv`` without waiting: returns a handle whose ``wait()`` returns the array."""
+        engine = self._engine()
+        out = _output(out, count, dtype, shape)
+        posting = self._receiving(out, src, compressor, tag, chunk_bytes)
+        return self._handles(engine, [posting])[0]
+
+    def batch_p2p(
+        self,
+        ops: Sequence[tuple[str, Any, int] | P2POp],
+        *,
+        compressor: str | dict | Compressor = "identity",
+        tag: int = 0,
+        chunk_bytes: int | None = None,
+    ) -> list[P2PHandle]:
+        """Post several sends and receives at once (torch's ``batch_isend_irecv``):
+        ``("send", x, peer)`` and ``("recv", out, peer)``, every one checked before any
+        is posted; all progress together, so rings of exchanges in both directions
+        cannot deadlock. Several messages to one peer pair in the order given.
+
+        Returns:
+            one handle per op, in order (``wait()`` returns ``out`` for receives).
+        """
+        engine = self._engine()
+        if not isinstance(ops, (list, tuple)):
+            raise ValueError(f"ops must be a list of (kind, array, peer), got {ops!r}")
+        postings = []
+        for i, op in enumerate(ops):
+            if not isinstance(op, tuple) or len(op) != 3 or op[0] not in p2p.KINDS:
+                raise ValueError(f"op {i} must be ('send' | 'recv', array, peer), got {op!r}")
+            kind, arr, peer = op
+            if kind == "send":
+                postings.append(self._sending(arr, peer, compressor, tag, chunk_bytes))
+            else:
+                postings.append(self._receiving(arr, peer, compressor, tag, chunk_bytes))
+        return self._handles(engine, postings)
+
+    def _handles(self, engine: P2PEngine, postings: list[Posting]) -> list[P2PHandle]:
+        check = self._check_usable  # type: ignore[attr-defined]
+        return [P2PHandle(engine, m, check) for m in engine.post(postings)]
+
+    # --------------------------------------------------------------- checks
+    def _engine(self) -> P2PEngine:
+        self._check_usable()  # type: ignore[attr-defined]
+        if self._p2p is None:
+            raise CocclError(
+                "this communicator has no point-to-point transport (it was created "
+                "without one: coccl.communicator.setup.create's make_p2p)"
+            )
+        return self._p2p
+
+    def _refuse_self(self, peer: Any, what: str) -> None:
+        if not isinstance(peer, bool) and isinstance(peer, int) and peer == self.rank:
+            raise ValueError(
+                f"a blocking {what} to this rank itself ({peer}) can never be matched; "
+                "post both ends with isend/irecv or batch_p2p"
+            )
+
+    def _check_peer(self, peer: Any, name: str) -> int:
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+            raise ValueError(f"{name} must be a rank in 0..{self.size - 1}, got {peer!r}")
+        if not 0 <= peer < self.size:
+            raise ValueError(f"{name} must be a rank in 0..{self.size - 1}, got {peer!r}")
+        return int(peer)
+
+    def _sending(self, x: Any, dst: Any, compressor: Any, tag: Any, chunk_bytes: Any) -> Posting:
+        """A send's checks and its posting: the data as host bytes (device data is
+        copied to the host after the caller's stream)."""
+        peer = self._check_peer(dst, "dst")
+        src = as_flat(x, "x")
+        codec, sig = self._signature(src, compressor, tag, chunk_bytes)
+        data = src.data
+        if src.device_id is not None:
+            self._device_route()
+            caller_stream(x).synchronize()  # the caller's work on x is done
+            data = data.get()
+        return self._posting("send", peer, codec, sig, data, lambda: None)
+
+    def _receiving(
+        self, out: Any, src: Any, compressor: Any, tag: Any, chunk_bytes: Any
+    ) -> Posting:
+        """A receive's checks and its posting: into ``out``, or through a host copy
+        that is copied to ``out``'s device once the message is complete."""
+        peer = self._check_peer(src, "src")
+        require_writeable(out, "out")
+        dst = as_flat(out, "out")
+        codec, sig = self._signature(dst, compressor, tag, chunk_bytes)
+        if dst.device_id is None:
+            return self._posting("recv", peer, codec, sig, dst.data, lambda: dst.obj)
+        self._device_route()
+        stream = caller_stream(out)
+        host = np.empty(dst.size, dtype=dst.dtype)
+
+        def finish() -> Any:
+            dst.data.set(host, stream=stream)
+            stream.synchronize()  # the host copy is reused by no one, but must outlive it
+            return dst.obj
+
+        return self._posting("recv", peer, codec, sig, host, finish)
+
+    def _device_route(self) -> None:
+        if self._nccl is not None:  # type: ignore[attr-defined]
+            raise CocclError(
+                "point-to-point of device data is not yet over NCCL; this communicator's "
+                "device data travels over NCCL (create it with backend='mpi' to send device "
+                "data through host copies, or send host arrays)"
+            )
+
+    def _signature(
+        self, flat: Flat, compressor: Any, tag: Any, chunk_bytes: Any
+    ) -> tuple[Compressor, dict]:
+        tag = agreement.check_tag(tag)
+        check_chunk_bytes(chunk_bytes)
+        codec = self._planner.codec(compressor)  # type: ignore[attr-defined]
+        codec.check_dtype(flat.dtype)
+        chunk = self._settings.chunk_bytes if chunk_bytes is None else int(chunk_bytes)  # type: ignore[attr-defined]
+        elems = chunk_elems(chunk, flat.dtype.itemsize, codec.alignment)
+        name = dtype_name(flat.dtype)
+        return codec, agreement.signature(flat.size, name, codec.get_config(), tag, elems)
+
+    def _posting(
+        self, kind: str, peer: int, codec: Compressor, sig: dict, data: Any, finish: Any
+    ) -> Posting:
+        runner = self._runner  # type: ignore[attr-defined]
+        plan = algorithms.Plan(
+            rank=self.rank,
+            size=self.size,
+            codec=codec,
+            dtype=np.dtype(data.dtype),
+            op="sum",
+            chunk_elems=sig["chunk_elems"],
+            pool=runner.host_pool,
+            label=f"point-to-point {kind}",
+            depth=self._p2p.depth,  # type: ignore[union-attr]
+        )
+        schedule = p2p.send if kind == "send" else p2p.recv
+        executor = runner._executor(min(sig["chunk_elems"], data.size) * data.dtype.itemsize)
+        return Posting(kind, peer, sig, lambda: schedule(plan, data, peer), executor, finish)
+
+
+def _output(out: Any, count: Any, dtype: Any, shape: Any) -> Any:
+    """``out``, or a new host array of ``count`` elements of ``dtype`` shaped ``shape``;
+    what is given must be consistent (ValueError/TypeError otherwise)."""
+    if out is not None:
+        flat = as_flat(out, "out")
+        if count is not None and count != flat.size:
+            raise ValueError(f"out has {flat.size} elements, count is {count}")
+        if dtype is not None and check_dtype(dtype, "dtype") != flat.dtype:
+            raise TypeError(f"out has dtype {dtype_name(flat.dtype)}, dtype is {dtype}")
+        return out
+    if dtype is None or (count is None and shape is None):
+        raise ValueError("recv needs out, or count (or shape) and dtype")
+    dtype = check_dtype(dtype, "dtype")
+    if shape is None:
+        shape = (count,)
+    shape = tuple(int(s) for s in shape)
+    n = int(np.prod(shape, dtype=np.int64))
+    if count is not None and (isinstance(count, bool) or count != n or count < 0):
+        raise ValueError(f"count {count!r} does not match shape {shape} ({n} elements)")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"shape {shape} has a negative dimension")
+    return np.empty(shape, dtype=dtype)

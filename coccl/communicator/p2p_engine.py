@@ -1,0 +1,254 @@
+"""The point-to-point progress engine: every message this rank has posted and not yet
+finished, polled together, so nonblocking sends and receives progress concurrently
+(two ranks that both isend and then irecv never wait on each other).
+
+A message (``Message``) is one end of one point-to-point message: its signature
+exchange (``coccl.communicator.p2p_agreement``), then the rounds of its schedule
+(``coccl.algorithms.p2p``), at most ``depth`` in flight, advanced by the polling
+engine's ``advance``. The engine polls every message each time a handle is waited for
+or tested, and when a new message is posted. A wait that makes no progress for
+COCCL_TIMEOUT_S raises ``CocclError`` naming the peer; any failure gives up every
+message in flight (their receives are cancelled) and breaks the communicator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coccl.communicator import p2p_agreement as agreement
+from coccl.core.rounds import Round
+from coccl.core.transport import Handle, PollingTransport
+from coccl.engine.polling import advance
+from coccl.errors import CocclError
+
+
+@dataclass(eq=False)
+class Posting:
+    """One message as checked and prepared by the caller's end, before it is posted.
+
+    ``rounds()`` makes its schedule's rounds; ``finish()`` runs once it is complete
+    (copies a staged receive to the caller's device) and returns what ``wait`` returns.
+    """
+
+    kind: str  # "send" or "recv"
+    peer: int
+    sig: dict
+    rounds: Callable[[], Iterator[Round]]
+    executor: Any
+    finish: Callable[[], Any]
+
+
+@dataclass(eq=False)
+class Message:
+    """One end of one message in flight (see the module docstring)."""
+
+    posting: Posting
+    seq: int
+    slots: int
+    depth: int
+    started: bool = False
+    verified: bool = False
+    finished: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    sig_send: Handle | None = None
+    peer_sig: Handle | None = None
+    peer_buf: Any = None
+    source: Iterator[Round] | None = None
+    active: list[Round] = field(default_factory=list)
+    chunks: int = 0
+
+    @property
+    def channel(self) -> tuple[int, str]:
+        return self.posting.peer, self.posting.kind
+
+    def _tag(self, slot: int) -> int:
+        return agreement.tag_of(self.seq, slot, self.slots)
+
+    def start(self, transport: PollingTransport) -> None:
+        """Post the signature exchange; a send's data goes at once, a receive's once the
+        sender's signature matches."""
+        p = self.posting
+        mine, theirs = (0, 1) if p.kind == "send" else (1, 0)
+        self.peer_buf = np.empty(agreement.SIGNATURE_BYTES, dtype=np.uint8)
+        self.peer_sig = transport.irecv(self.peer_buf, p.peer, self._tag(theirs))
+        sig = agreement.encode_signature(p.sig)
+        self.sig_send = transport.isend(sig, p.peer, self._tag(mine))
+        transport.bytes_sent -= sig.size  # statistics count payloads, not signatures
+        if p.kind == "send":
+            self.source = p.rounds()
+        self.started = True
+
+    def poll(self, transport: PollingTransport, rank: int) -> bool:
+        """Move the message as far as it can go without blocking; True on progress."""
+        progressed = False
+        if not self.verified and self.peer_sig.test():
+            self._verify(rank)
+            progressed = True
+        progressed |= self._admit(transport)
+        for rnd in self.active:
+            if not rnd.finished:
+                progressed |= advance(rnd, transport, self.posting.executor)
+        while self.active and self.active[0].finished:
+            self.active.pop(0).release()
+        if self.verified and self.source is None and not self.active and self.sig_send.test():
+            self.result = self.posting.finish()
+            self.finished = progressed = True
+        return progressed
+
+    def _verify(self, rank: int) -> None:
+        p = self.posting
+        theirs = agreement.decode_signature(self.peer_buf, p.peer)
+        mine = agreement.agreed(p.sig)
+        if p.kind == "send":
+            problem = agreement.mismatch(rank, p.peer, mine, theirs)
+        else:
+            problem = agreement.mismatch(p.peer, rank, theirs, mine)
+        if problem is not None:
+            raise CocclError(problem)
+        self.verified = True
+        if p.kind == "recv":
+            self.source = p.rounds()
+
+    def _admit(self, transport: PollingTransport) -> bool:
+        """Admit rounds up to the depth, posting their receives under the message's tags."""
+        admitted = False
+        while self.source is not None and len(self.active) < self.depth:
+            rnd = next(self.source, None)
+            if rnd is None:
+                self.source = None
+                break
+            rnd.tag = self._tag(agreement.chunk_slot(self.chunks))
+            self.chunks += 1
+            rnd.recv_handles = [transport.irecv(buf, peer, rnd.tag) for peer, buf in rnd.recvs]
+            self.active.append(rnd)
+            admitted = True
+        return admitted
+
+    def handles(self) -> list[Any]:
+        recvs = [h for rnd in self.active for h in rnd.recv_handles]
+        return recvs + ([self.peer_sig] if self.peer_sig is not None else [])
+
+    def waiting_for(self) -> str:
+        p = self.posting
+        what = f"point-to-point {p.kind} {'to' if p.kind == 'send' else 'from'} rank {p.peer}"
+        if not self.started:
+            return f"{what}: waiting for earlier messages with rank {p.peer} to finish"
+        if not self.verified:
+            other = "recv" if p.kind == "send" else "send"
+            return f"{what} (tag {p.sig['tag']}): rank {p.peer} has not posted the matching {other}"
+        return f"{what}: waiting for chunk {self.chunks - len(self.active) + 1}'s transfer"
+
+
+class P2PEngine:
+    """Every message in flight of one communicator (see the module docstring).
+
+    Args:
+        rank: this rank.
+        transport: a polling transport used by nothing else (its tags are the engine's).
+        tag_ub: the largest tag the transport takes.
+        timeout_s: how long a wait may make no progress (COCCL_TIMEOUT_S).
+        depth: rounds of one message in flight.
+        on_failure: called with the exception when a message fails (bytes have moved).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        transport: PollingTransport,
+        tag_ub: int,
+        timeout_s: float,
+        depth: int,
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
+        self.rank = rank
+        self.transport = transport
+        self.slots = agreement.window(tag_ub)
+        self.timeout_s = timeout_s
+        self.depth = max(1, min(depth, agreement.MAX_DEPTH))
+        self.on_failure = on_failure
+        self._seqs: dict[tuple[int, str], int] = {}
+        self._messages: list[Message] = []
+
+    def post(self, postings: list[Posting]) -> list[Message]:
+        """Number and start the messages (in order), then poll them all once."""
+        messages = []
+        for p in postings:
+            seq = self._seqs.get((p.peer, p.kind), 0)
+            self._seqs[(p.peer, p.kind)] = seq + 1
+            messages.append(Message(p, seq, self.slots, self.depth))
+        self._messages.extend(messages)
+        self.poll()
+        return messages
+
+    def poll(self) -> bool:
+        """Advance every message once; True if any made progress."""
+        try:
+            progressed = False
+            heads: dict[tuple[int, str], int] = {}
+            for m in self._messages:
+                head = heads.setdefault(m.channel, m.seq)
+                if not m.started and m.seq - head < self.slots:
+                    m.start(self.transport)
+                    progressed = True
+                if m.started:
+                    progressed |= m.poll(self.transport, self.rank)
+            self._messages = [m for m in self._messages if not m.finished]
+            return progressed
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+
+    def wait(self, message: Message) -> Any:
+        """Poll until ``message`` is finished; its result (CocclError after a timeout)."""
+        last = time.monotonic()
+        spins = 0
+        while not self._check(message):
+            if self.poll():
+                spins, last = 0, time.monotonic()
+                continue
+            spins += 1
+            if spins % 64 == 0 and time.monotonic() - last > self.timeout_s:
+                exc = CocclError(
+                    f"{message.waiting_for()}: timed out after {self.timeout_s:g} s "
+                    "(COCCL_TIMEOUT_S)"
+                )
+                self.fail(exc)
+                raise exc
+            message.posting.executor.idle(spins)
+        return message.result
+
+    def test(self, message: Message) -> bool:
+        """Poll once; whether ``message`` is finished."""
+        if not self._check(message):
+            self.poll()
+        return self._check(message)
+
+    @staticmethod
+    def _check(message: Message) -> bool:
+        if message.error is not None:
+            raise CocclError(
+                f"this point-to-point {message.posting.kind} with rank "
+                f"{message.posting.peer} was given up: {message.error}"
+            ) from message.error
+        return message.finished
+
+    def close(self) -> None:
+        """Give up the messages still in flight (their receives cancelled; their handles
+        then raise as the closed communicator's calls do) and close the transport."""
+        messages, self._messages = self._messages, []
+        self.transport.cancel([h for m in messages for h in m.handles()])
+        self.transport.close()
+
+    def fail(self, exc: BaseException) -> None:
+        """Give up every message in flight (their receives cancelled) after ``exc``."""
+        messages, self._messages = self._messages, []
+        self.transport.cancel([h for m in messages for h in m.handles()])
+        for m in messages:
+            m.error = exc
+        self.on_failure(exc)

@@ -1,0 +1,220 @@
+"""Point-to-point on the Communicator (coccl/communicator/p2p_calls.py): send/recv,
+isend/irecv and batch_p2p over MPI. The identity codec delivers the message exactly;
+a lossy codec delivers decode(encode(chunk)) of every chunk, bitwise; nonblocking
+messages in both directions at once and rings of grouped exchanges complete; ends that
+disagree raise on both sides naming what differs; bad arguments are refused before any
+byte moves."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import coccl
+
+from conftest import case_seed, communicator, rank_data
+
+N = MPI.COMM_WORLD.Get_size()
+RANK = MPI.COMM_WORLD.Get_rank()
+two_ranks = pytest.mark.skipif(N < 2, reason="needs two ranks")
+
+
+def chunked_roundtrip(codec, x, chunk_elems):
+    """What the receiver holds: each chunk's decode(encode(chunk))."""
+    out = np.empty_like(x)
+    for a in range(0, x.size, chunk_elems):
+        part = x[a : a + chunk_elems]
+        out[a : a + part.size] = codec.decode(codec.encode(part), count=part.size, dtype=x.dtype)
+    return out
+
+
+@pytest.mark.parametrize(
+    "codec, dtype, count, chunk_bytes",
+    [
+        ("identity", np.float32, 0, None),
+        ("identity", np.float32, 1, None),
+        ("identity", np.int32, 1001, 256),  # odd, several chunks
+        ("int8", np.float32, 1001, 1024),
+        ("taco", np.float32, 700, 1024),
+        ("tah", np.float32, 5000, 1 << 14),
+    ],
+)
+def test_isend_irecv_around_a_ring(comm, codec, dtype, count, chunk_bytes):
+    """Every rank isends to its right and irecvs from its left at once (on one rank: to
+    itself), then tests its send until done."""
+    seed = case_seed(codec, count)
+    right, left = (RANK + 1) % N, (RANK - 1) % N
+    x = rank_data(seed, RANK, count, dtype)
+    comm.reset_stats()
+    hs = comm.isend(x, right, compressor=codec, chunk_bytes=chunk_bytes)
+    hr = comm.irecv(src=left, count=count, dtype=dtype, compressor=codec, chunk_bytes=chunk_bytes)
+    y = hr.wait()
+    while not hs.test():
+        pass
+    sent = rank_data(seed, left, count, dtype)
+    c = coccl.get_compressor(codec)
+    elems = max(c.alignment, ((chunk_bytes or 1 << 20) // 4) // c.alignment * c.alignment)
+    if codec == "identity":
+        np.testing.assert_array_equal(y, sent)
+    else:
+        np.testing.assert_array_equal(y, chunked_roundtrip(c, sent, elems))
+    # the payloads of every chunk, and nothing else, counted as sent
+    chunks = [min(elems, count - a) for a in range(0, count, elems)]
+    assert comm.stats()["bytes_sent"] == sum(c.encoded_nbytes(n, x.dtype) for n in chunks)
+    assert hs.wait() is None and hr.test()
+
+
+@pytest.mark.parametrize("codec", ["identity", "int8"])
+def test_batch_p2p_both_ways_around_a_ring(comm, codec):
+    """Each rank sends to both neighbours and receives from both in one batch, with
+    different counts each way; on two ranks (and one) both neighbours are one rank, and
+    both ends list the message going right first."""
+    seed = case_seed("batch", codec)
+    right, left = (RANK + 1) % N, (RANK - 1) % N
+    rc = [100 * r + 300 for r in range(N)]  # rank r's message to r + 1
+    lc = [50 * r + 1 for r in range(N)]  # rank r's message to r - 1
+    to_right, to_left = (
+        rank_data(seed, RANK, rc[RANK], np.float32),
+        -rank_data(seed, RANK, lc[RANK], np.float32),
+    )
+    from_left, from_right = np.empty(rc[left], np.float32), np.empty(lc[right], np.float32)
+    hs = comm.batch_p2p(
+        [("send", to_right, right), coccl.P2POp("send", to_left, left),
+         ("recv", from_left, left), ("recv", from_right, right)],
+        compressor=codec, chunk_bytes=512,
+    )  # fmt: skip
+    results = [h.wait() for h in hs]
+    assert results[2] is from_left and results[3] is from_right
+    c = coccl.get_compressor(codec)
+    expect_left = rank_data(seed, left, rc[left], np.float32)
+    expect_right = -rank_data(seed, right, lc[right], np.float32)
+    np.testing.assert_array_equal(from_left, chunked_roundtrip(c, expect_left, 128))
+    np.testing.assert_array_equal(from_right, chunked_roundtrip(c, expect_right, 128))
+
+
+@two_ranks
+def test_blocking_send_recv_with_a_shape(comm):
+    x = np.arange(12, dtype=np.float64).reshape(3, 4)
+    if RANK == 0:
+        comm.send(x, 1, tag=7)
+        assert comm.recv(np.empty(12, np.float64), 1, tag=8)[5] == 5.0
+    elif RANK == 1:
+        y = comm.recv(src=0, dtype=np.float64, shape=(4, 3), tag=7)
+        assert y.shape == (4, 3)
+        np.testing.assert_array_equal(y.ravel(), x.ravel())
+        comm.send(y, 0, tag=8)
+
+
+# (name, rank 0's send, rank 1's recv, text naming the difference)
+MISMATCHES = [
+    ("count", {}, {"count": 999}, "count: sender 1000, receiver 999"),
+    ("dtype", {}, {"dtype": np.int32}, "dtype: sender 'float32', receiver 'int32'"),
+    ("codec", {"compressor": "int8"}, {}, "receiver {'id': 'identity'}"),
+    ("tag", {"tag": 1}, {"tag": 2}, "tag: sender 1, receiver 2"),
+]
+
+
+@two_ranks
+@pytest.mark.parametrize(
+    "name, sending, receiving, text", MISMATCHES, ids=[m[0] for m in MISMATCHES]
+)
+def test_ends_that_disagree_raise_on_both(name, sending, receiving, text):
+    with communicator() as c:
+        if RANK == 0:
+            with pytest.raises(coccl.CocclError, match="do not agree") as err:
+                c.send(np.ones(1000, np.float32), 1, **sending)
+        elif RANK == 1:
+            args = {"count": 1000, "dtype": np.float32, **receiving}
+            with pytest.raises(coccl.CocclError, match="do not agree") as err:
+                c.recv(src=0, **args)
+        if RANK < 2:
+            assert text in str(err.value)
+            with pytest.raises(coccl.CocclError, match="unusable"):
+                c.send(np.ones(1, np.float32), 1 - RANK)
+        MPI.COMM_WORLD.Barrier()
+
+
+@two_ranks
+def test_a_peer_that_never_posts_is_a_timeout_naming_it():
+    with communicator(COCCL_TIMEOUT_S=0.5) as c:
+        if RANK == 0:
+            with pytest.raises(coccl.CocclError, match="rank 1 has not posted the matching recv"):
+                c.send(np.ones(10, np.float32), 1)
+        MPI.COMM_WORLD.Barrier()
+
+
+BAD = [
+    (lambda c: c.send(np.ones(3, np.float32), N), ValueError, "dst must be a rank"),
+    (lambda c: c.isend(np.ones(3, np.float32), True), ValueError, "dst must be a rank"),
+    (lambda c: c.recv(np.ones(3, np.float32), -1), ValueError, "src must be a rank"),
+    (lambda c: c.send(np.ones(3, np.float32), RANK), ValueError, "this rank itself"),
+    (lambda c: c.irecv(np.ones(3, np.float32)[::2], 0), ValueError, "contiguous"),
+    (lambda c: c.irecv(_read_only(), 0), ValueError, "writ"),
+    (lambda c: c.irecv(np.ones(3, np.float32), 0, dtype=np.float64), TypeError, "dtype"),
+    (lambda c: c.irecv(np.ones(3, np.float32), 0, count=4), ValueError, "elements"),
+    (lambda c: c.irecv(src=0, count=3), ValueError, "count"),
+    (lambda c: c.isend(np.ones(3, np.int32), 0, compressor="int8"), TypeError, "int32"),
+    (lambda c: c.isend(np.ones(3, np.float32), 0, tag="a"), ValueError, "tag"),
+    (lambda c: c.isend(np.ones(3, np.float32), 0, chunk_bytes=0), ValueError, "chunk_bytes"),
+    (lambda c: c.batch_p2p([("put", np.ones(3), 0)]), ValueError, "op 0"),
+    (
+        lambda c: c.batch_p2p([("send", np.ones(3, np.float32), 0), ("recv", np.ones(3), N)]),
+        ValueError,
+        "src must be a rank",
+    ),
+]
+
+
+def _read_only():
+    a = np.ones(3, np.float32)
+    a.setflags(write=False)
+    return a
+
+
+@pytest.mark.parametrize("call, error, text", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_arguments_are_refused_before_any_byte_moves(comm, call, error, text):
+    with pytest.raises(error, match=text):
+        call(comm)
+    # nothing moved: the communicator works on
+    x, y = np.arange(3, dtype=np.float32), np.empty(3, np.float32)
+    [h.wait() for h in comm.batch_p2p([("send", x, RANK), ("recv", y, RANK)])]
+    np.testing.assert_array_equal(x, y)
+
+
+def _cupy():
+    try:
+        import cupy
+
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:
+        return None
+
+
+@pytest.mark.skipif(_cupy() is None, reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("codec", ["identity", "int8"])
+def test_device_data_through_host_copies(comm, codec):
+    """Over backend="mpi" device arrays travel through host copies: a CuPy array sent
+    around the ring lands in a CuPy ``out`` as the host path delivers it."""
+    cp = _cupy()
+    seed = case_seed("device", codec)
+    right, left = (RANK + 1) % N, (RANK - 1) % N
+    x = cp.asarray(rank_data(seed, RANK, 1000, np.float32))
+    out = cp.empty(1000, cp.float32)
+    hs = comm.isend(x, right, compressor=codec, chunk_bytes=1024)
+    assert comm.irecv(out, left, compressor=codec, chunk_bytes=1024).wait() is out
+    hs.wait()
+    c = coccl.get_compressor(codec)
+    expect = chunked_roundtrip(c, rank_data(seed, left, 1000, np.float32), 256)
+    np.testing.assert_array_equal(cp.asnumpy(out), expect)
+
+
+def test_a_handle_of_a_closed_communicator_raises():
+    with communicator() as c:
+        x, y = np.ones(4, np.float32), np.empty(4, np.float32)
+        hs = c.batch_p2p([("send", x, RANK), ("recv", y, RANK)])
+        assert hs[1].wait() is y and hs[0].test()
+        h = c.isend(x, RANK)  # never matched
+    assert hs[0].wait() is None  # a finished handle stays finished
+    with pytest.raises(coccl.CocclError, match="closed"):
+        h.wait()
+    with pytest.raises(coccl.CocclError, match="closed"):
+        h.test()
