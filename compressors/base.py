@@ -35,7 +35,9 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
   ``rel_error_typical`` is the error to expect on Gaussian data. Tests and error models
   use these, nothing else.
 * ``graph_safe`` says whether its GPU encode/decode allocate nothing and synchronise
-  nothing per call, so a CUDA graph may capture them. Under an active capture a codec
+  nothing per call, so a CUDA graph may capture them (for the dtypes its kernels take:
+  float64 data and float16/bfloat16 accumulators pass through temporaries of
+  ``_dispatch``, for every codec). Under an active capture a codec
   that is not graph_safe raises ``GraphCaptureError`` (``require_graph_safe``) instead of
   running, and the Communicator replays no plan of it from a graph.
 

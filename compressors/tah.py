@@ -83,7 +83,6 @@ class TahCompressor(Compressor):
 
     codec_id = "tah"
     abs_error_floor = LOSSY_ABS_ERROR_FLOOR
-    graph_safe = False  # the GPU encode allocates from CuPy's pool and sorts (tah_gpu)
 
     def __init__(
         self,
