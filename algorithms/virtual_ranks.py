@@ -199,13 +199,10 @@ def _on_current_stream(like: Any) -> Iterator[None]:
 
 def _capturing(like: Any) -> bool:
     """Whether the stream that device work for arrays like ``like`` runs on (the current
-    one, see ``_on_current_stream``) is capturing a CUDA graph; host arrays: never."""
+    one, see ``_on_current_stream``: CuPy's, torch's for torch tensors) is capturing a CUDA
+    graph; host arrays: never."""
     module = type(like).__module__.split(".")[0]
-    if module == "torch" and like.is_cuda:
-        import torch  # noqa: PLC0415
-
-        return bool(torch.cuda.is_current_stream_capturing())
-    if module == "cupy":
+    if (module == "torch" and like.is_cuda) or module == "cupy":
         import cupy as cp  # noqa: PLC0415
 
         return bool(cp.cuda.get_current_stream().is_capturing())

@@ -36,10 +36,10 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
   use these, nothing else.
 * ``graph_safe`` says whether its GPU encode/decode allocate nothing and synchronise
   nothing per call, so a CUDA graph may capture them (for the dtypes its kernels take:
-  float64 data and float16/bfloat16 accumulators pass through temporaries of
-  ``_dispatch``, for every codec). Under an active capture a codec
-  that is not graph_safe raises ``GraphCaptureError`` (``require_graph_safe``) instead of
-  running, and the Communicator replays no plan of it from a graph.
+  float64 data and float16/bfloat16 accumulators pass through ``_dispatch``'s
+  temporaries, for every codec). Under an active capture a codec that is not graph_safe
+  raises ``GraphCaptureError`` (``require_graph_safe``) instead of running, and the
+  Communicator replays no plan of it from a graph.
 
 Payloads encoded on the CPU decode on the GPU and the other way round: one wire format.
 The internal entry points ``encode_into``/``decode_into`` take flat numpy or CuPy arrays

@@ -91,3 +91,42 @@ def test_runner_under_a_callers_capture_refuses_a_codec_that_is_not_graph_safe()
     runner = Runner.__new__(Runner)  # the check comes before any device work
     with pytest.raises(GraphCaptureError, match="'int8'.*Communicator allreduce"):
         runner._run_device(_plan("unsafe"), None, None, _CapturingStream())
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    from gpu import GPU  # noqa: PLC0415
+
+    if not (GPU and torch.cuda.is_available()):
+        pytest.skip("needs torch, CuPy and a CUDA GPU")
+    return torch
+
+
+@pytest.mark.gpu
+def test_simulator_under_torch_capture_refuses_a_codec_that_is_not_graph_safe():
+    torch = _torch_cuda()
+    x = torch.randn(2, 1024, device="cuda")
+    virtual_ranks.simulate_allreduce(x, compressor=_Unsafe())  # eager: it runs
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(GraphCaptureError, match="'int8'"), torch.cuda.graph(graph):
+        virtual_ranks.simulate_allreduce(x, compressor=_Unsafe())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("row", [256, 4096])
+def test_tah_roundtrip_captured_by_torch_replays_the_eager_result(row):
+    torch = _torch_cuda()
+    from coccl.torch.virtual_3d import roundtrip  # noqa: PLC0415
+
+    codec = get_compressor("tah", row=row)
+    x = torch.randn(301, row, device="cuda")  # 301 tokens: a partial bitmap byte
+    roundtrip(x, codec)  # compiles the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = roundtrip(x, codec)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn_like(x) * 10.0 ** torch.randn(x.shape[0], 1, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int32), roundtrip(x, codec).view(torch.int32))
