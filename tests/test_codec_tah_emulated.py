@@ -179,3 +179,17 @@ def test_emulated_selection_is_the_cpu_sort(build, tokens: int, fraction: float)
     lb = low_prefix(keys, lay.full_tokens, lay.low_tokens)
     want = np.packbits((lb[1:] - lb[:-1]).astype(np.uint8), bitorder="little")
     np.testing.assert_array_equal(payload[lay.bitmap_offset :], want)
+
+
+@pytest.mark.parametrize("cfg, dtype", [CASES[0], CASES[3]], ids=lambda v: str(v))
+def test_emulated_kernels_match_cpu_over_many_tokens(build, cfg: dict, dtype) -> None:
+    # 70 tokens: a tile's place counts several bitmap bytes over its lanes (float32
+    # variants of test_emulated_kernels_match_cpu, already built).
+    dtype = np.dtype(dtype)
+    c = TahCompressor(**cfg)
+    x = data(np.random.default_rng(c.row), 70 * c.row - 3, c.row, dtype)
+    want = c.encode(x)
+    np.testing.assert_array_equal(emulated_encode(build, c, x), want, err_msg=str(cfg))
+    expect = c.decode(want, count=x.size, dtype=dtype)
+    got = emulated_decode(build, c, want, np.full(x.size, 7, dtype), False)
+    assert_values_equal(got, expect, str(cfg))
