@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from coccl.algorithms.plan import aligned_shards
-from coccl.compressors import Compressor, get_compressor
+from coccl.compressors import Compressor, get_compressor, require_graph_safe
 from coccl.core.arrays import Flat, accumulate_dtype, as_flat
 from coccl.core.options import check_chunk_bytes
 from coccl.core.reduction import finalize
@@ -98,6 +98,8 @@ def simulate_allreduce(
         ValueError: an algorithm or op that cannot be simulated, no partials, partials of
             different shapes or devices, or a bad ``chunk_bytes``. TypeError: a dtype the
             codec refuses, or partials of different dtypes or kinds.
+            GraphCaptureError: the current stream is capturing a CUDA graph and the codec
+            is not ``graph_safe``.
     """
     if not isinstance(algorithm, str) or algorithm not in SIMULATED_ALGORITHMS:
         raise ValueError(
@@ -115,6 +117,8 @@ def simulate_allreduce(
         first = _first(partials)
         codec.check_dtype(first.dtype)
         codec.check_op(op)
+        if _capturing(first.obj):
+            require_graph_safe(codec, "simulate_allreduce")
         ranks, _owner = _stack(partials, first)  # _owner keeps a copy's memory alive
         data, obj = first.new(first.shape)
         _simulate(ranks, data, codec, np.dtype(first.dtype), algorithm, op, first.new)
@@ -191,6 +195,18 @@ def _on_current_stream(like: Any) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def _capturing(like: Any) -> bool:
+    """Whether the stream that device work for arrays like ``like`` runs on (the current
+    one, see ``_on_current_stream``: CuPy's, torch's for torch tensors) is capturing a CUDA
+    graph; host arrays: never."""
+    module = type(like).__module__.split(".")[0]
+    if (module == "torch" and like.is_cuda) or module == "cupy":
+        import cupy as cp  # noqa: PLC0415
+
+        return bool(cp.cuda.get_current_stream().is_capturing())
+    return False
 
 
 def _torch_allocator(nbytes: int) -> Any:

@@ -13,6 +13,7 @@ from .base import (
     available_compressors,
     get_compressor,
     register_compressor,
+    require_graph_safe,
 )
 from .identity import IdentityCompressor
 from .int8 import Int8Compressor
@@ -36,4 +37,5 @@ __all__ = [
     "available_compressors",
     "get_compressor",
     "register_compressor",
+    "require_graph_safe",
 ]

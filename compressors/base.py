@@ -34,6 +34,12 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
   decoded in float32 (a float16/bfloat16 output adds its own rounding).
   ``rel_error_typical`` is the error to expect on Gaussian data. Tests and error models
   use these, nothing else.
+* ``graph_safe`` says whether its GPU encode/decode allocate nothing and synchronise
+  nothing per call, so a CUDA graph may capture them (for the dtypes its kernels take:
+  float64 data and float16/bfloat16 accumulators pass through ``_dispatch``'s
+  temporaries, for every codec). Under an active capture a codec that is not graph_safe
+  raises ``GraphCaptureError`` (``require_graph_safe``) instead of running, and the
+  Communicator replays no plan of it from a graph.
 
 Payloads encoded on the CPU decode on the GPU and the other way round: one wire format.
 The internal entry points ``encode_into``/``decode_into`` take flat numpy or CuPy arrays
@@ -50,6 +56,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from coccl.core.arrays import FLOAT_DTYPES, as_flat, dtype_name, require_writeable
+from coccl.errors import GraphCaptureError
 
 SUM_OPS = frozenset({"sum", "avg"})
 ALL_OPS = frozenset({"sum", "avg", "max", "min", "prod"})
@@ -67,6 +74,9 @@ class Compressor(abc.ABC):
     dtypes: ClassVar[tuple[np.dtype, ...]] = FLOAT_DTYPES
     ops: ClassVar[frozenset[str]] = SUM_OPS
     lossless: ClassVar[bool] = False
+    # Its GPU encode/decode allocate nothing and synchronise nothing per call, so a CUDA
+    # graph may capture them.
+    graph_safe: ClassVar[bool] = True
     stochastic: bool = False  # draws random bits: encode_into then takes a salt keyword
     rel_error_bound: float = 0.0
     rel_error_typical: float = 0.0
@@ -252,6 +262,17 @@ class Compressor(abc.ABC):
             data, obj = dst.data, dst.obj
         self.decode_into(src.data, data, dtype, accumulate)
         return obj
+
+
+def require_graph_safe(codec: Compressor, where: str) -> None:
+    """Raise ``GraphCaptureError`` if ``codec`` is not ``graph_safe``; call it only while
+    the stream that ``where`` (a phrase naming the caller) runs on is capturing."""
+    if not codec.graph_safe:
+        raise GraphCaptureError(
+            f"compressor {codec.codec_id!r} is not graph_safe (its GPU kernels allocate or "
+            f"synchronise per call), so a CUDA graph may not capture it: {where} ran under "
+            "an active stream capture; run it eagerly or pick a graph_safe codec"
+        )
 
 
 def _check_salt(salt: Any) -> int:

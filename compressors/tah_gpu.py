@@ -1,13 +1,22 @@
 """CUDA kernels of the tah codec, for CuPy arrays: the GPU twin of ``tah_cpu``.
 
 The same two functions with the same signatures, on flat contiguous CuPy arrays, giving
-payloads and decoded values bitwise identical to the CPU kernels'. Encoding runs the
-token-score kernel, chooses the low tokens with CuPy (a sort of distinct int64 keys, so
-deterministic, then a prefix sum), and runs the tile kernel; decoding rebuilds the prefix
-from the payload's token bitmap and runs the decode kernel. The CUDA source is
-``tah_kernels.cu``, compiled after ``codec_kernels.cu`` (whose float32 arithmetic and
-conversions it uses) by ``gpu_build.compile_function``. Everything runs on CuPy's current
-stream of the arrays' device. Importing this module touches neither CuPy nor the GPU.
+payloads and decoded values bitwise identical to the CPU kernels'. Encoding runs three
+kernels on the payload alone: the token scores (each token's key written into the
+payload's centre/step region, scratch until the last kernel), the choice of the low
+tokens (each full token counts the keys below its own: the CPU's sort, ties to the lower
+index) into the token bitmap, and the tiles; decoding runs one kernel, which finds each
+tile's place from the bitmap. No allocation, no host synchronisation, no copy from the
+host per call, so a CUDA graph may capture them (``TahCompressor.graph_safe``). The CUDA
+source is ``tah_kernels.cu``, compiled after ``codec_kernels.cu`` (whose float32
+arithmetic and conversions it uses) and ``tah_tables.cu`` (the score's tables) by
+``gpu_build.compile_function``. Everything runs on CuPy's current stream of the arrays'
+device. Importing this module touches neither CuPy nor the GPU.
+
+Cost beyond the tiles' own work: the selection compares every token's key with every full
+token's, O(NT NF) compares (NT tokens, NF full ones; a few thousand tokens a payload at
+pipeline-boundary sizes), and a tile's place costs its lanes O(t / 8) bitmap bytes for
+token t, read by every tile of the token.
 """
 
 from __future__ import annotations
@@ -26,28 +35,21 @@ from .gpu_build import (
     element_type,
     sm_count,
 )
-from .tah_format import SCORE_W, SCORE_WL, tah_layout
+from .tah_format import tah_layout
 
 _SOURCE = Path(__file__).with_name("tah_kernels.cu")
-_PRELUDE = (Path(__file__).with_name("codec_kernels.cu"),)
+_PRELUDE = (
+    Path(__file__).with_name("codec_kernels.cu"),
+    Path(__file__).with_name("tah_tables.cu"),
+)
 _THREADS = 256
 _BLOCKS_PER_SM = 16
-_OP_SCORE, _OP_ENCODE, _OP_DECODE = 1, 2, 3
-_tables: dict[int, Any] = {}
+_OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
 
 
 def _kernel(defines: dict[str, Any]) -> Any:
     full = {"OP": 0, "THREADS": _THREADS, "MIN_BLOCKS": 4, **defines}
     return compile_function((*_PRELUDE, _SOURCE), full, "tah_kernel")
-
-
-def _score_tables(cp: Any) -> Any:
-    # The score's integer tables, the CPU kernels' own, once per device.
-    dev = cp.cuda.Device().id
-    t = _tables.get(dev)
-    if t is None:
-        t = _tables[dev] = cp.asarray(np.concatenate([SCORE_W, SCORE_WL]).astype(np.int64))
-    return t
 
 
 def _grid(cp: Any, warps: int) -> int:
@@ -84,20 +86,14 @@ def tah_encode(
     if lay.tiles == 0:
         return
     with cp.cuda.Device(x.data.device_id):
-        keys = cp.empty(lay.tokens, dtype=cp.int64)
-        score = _kernel({"TAH_OP": _OP_SCORE, "XT": xt})
+        i64 = np.int64
         blocks = max(1, min(lay.tokens, sm_count(cp) * _BLOCKS_PER_SM))
-        args = (x, keys, _score_tables(cp), np.int64(count), np.int64(row), np.int64(lay.tokens))
-        score((blocks,), (_THREADS,), args)
-        flags = cp.zeros(lay.tokens, dtype=cp.int64)
-        if lay.low_tokens:
-            chosen = cp.sort(keys[: lay.full_tokens])[: lay.low_tokens] & 0xFFFFFFFF
-            flags[chosen] = 1
-        lb = cp.concatenate([cp.zeros(1, dtype=cp.int64), cp.cumsum(flags)])
-        padded = cp.zeros(-(-lay.tokens // 8) * 8, dtype=cp.uint8)
-        padded[: lay.tokens] = flags
-        weights = cp.asarray(np.uint8(1) << np.arange(8, dtype=np.uint8))
-        payload[lay.bitmap_offset :] = (padded.reshape(-1, 8) * weights).sum(axis=1, dtype=cp.uint8)
+        score = _kernel({"TAH_OP": _OP_SCORE, "XT": xt})
+        score((blocks,), (_THREADS,), (x, payload, i64(count), i64(row), i64(lay.tokens)))
+        blocks = max(1, min(-(-lay.tokens // _THREADS), sm_count(cp) * _BLOCKS_PER_SM))
+        counts = (i64(lay.tokens), i64(lay.full_tokens), i64(lay.low_tokens))
+        args = (payload, *counts, i64(lay.bitmap_offset))
+        _kernel({"TAH_OP": _OP_SELECT})((blocks,), (_THREADS,), args)
         defs = {
             "TAH_OP": _OP_ENCODE,
             "XT": xt,
@@ -106,8 +102,8 @@ def tah_encode(
             "RATIO_BITS": _ratio_bits(pivot_ratio),
         }
         warps = -(-lay.tiles // (32 // (tile // 8)))
-        args = (x, payload, lb, np.int64(count), np.int64(row), np.int64(lay.tiles))
-        _kernel(defs)((_grid(cp, warps),), (_THREADS,), (*args, np.int64(lay.pivot_offset)))
+        args = (x, payload, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
+        _kernel(defs)((_grid(cp, warps),), (_THREADS,), (*args, i64(lay.bitmap_offset)))
 
 
 def tah_decode(
@@ -133,10 +129,6 @@ def tah_decode(
     if lay.tiles == 0:
         return
     with cp.cuda.Device(out.data.device_id):
-        shifts = cp.arange(8, dtype=cp.uint8)
-        bits = (payload[lay.bitmap_offset :, None] >> shifts) & cp.uint8(1)
-        flags = bits.reshape(-1)[: lay.tokens].astype(cp.int64)
-        lb = cp.concatenate([cp.zeros(1, dtype=cp.int64), cp.cumsum(flags)])
         defs = {
             "TAH_OP": _OP_DECODE,
             "XT": xt,
@@ -144,5 +136,6 @@ def tah_decode(
             "ACC": int(bool(accumulate)),
         }
         warps = -(-lay.tiles // (32 // (tile // 8)))
-        args = (payload, out, lb, np.int64(count), np.int64(row), np.int64(lay.tiles))
-        _kernel(defs)((_grid(cp, warps),), (_THREADS,), (*args, np.int64(lay.pivot_offset)))
+        i64 = np.int64
+        args = (payload, out, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
+        _kernel(defs)((_grid(cp, warps),), (_THREADS,), (*args, i64(lay.bitmap_offset)))

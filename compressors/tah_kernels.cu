@@ -2,10 +2,11 @@
 // numba kernels of compressors/tah_cpu.py.
 //
 // Compiled by compressors/tah_gpu.py after codec_kernels.cu (with OP=0, which defines its
-// float32 inline-PTX arithmetic, element loads and output conversions and no kernel), with
-// -D defines; every variant defines one kernel, `tah_kernel`:
+// float32 inline-PTX arithmetic, element loads and output conversions and no kernel) and
+// tah_tables.cu (the score's tables), with -D defines; every variant defines one kernel,
+// `tah_kernel`:
 //
-//   TAH_OP  1 token scores, 2 encode, 3 decode
+//   TAH_OP  1 token scores, 4 low-token selection, 2 encode, 3 decode
 //   XT      element type of x (score, encode) or out (decode): 0 float32, 1 float16,
 //           2 bfloat16 (codec_kernels.cu's define)
 //   TILE    elements per tile: 32, 64 or 128
@@ -19,6 +20,13 @@
 // lane of a warp runs every shuffle (tiles that do not pivot compute the transform too and
 // drop it), so no shuffle sits in divergent code. Reductions that decide anything (min,
 // max, the top two magnitudes) are on integers, whose results no order changes.
+//
+// An encode is kernels 1, 4, 2 and a decode kernel 3, with no other memory than the
+// payload's: a CUDA graph may capture them (the codec's graph_safe). Kernel 1 writes each
+// token's 64-bit key (score << 32 | t) into the payload's centre/step region (8 K bytes, K
+// >= NT tiles, as 8 NT bytes of keys), kernel 4 turns the keys into the token bitmap, and
+// kernel 2 reads the bitmap and overwrites the region with the tiles' centres and steps.
+// Encode and decode find a tile's place from the bitmap itself (token_prefix).
 
 #ifndef TAH_OP
 #error "TAH_OP must be defined"
@@ -106,12 +114,27 @@ DEV TileLane tile_lane(i64 g, int lane, int li, i64 count, i64 K) {
   return t;
 }
 
-// Where tile k's codes lie: its bit width b and the byte offset of its first code.
-DEV void tile_place(const long long* lb, i64 k, i64 row, i64 codes0, int& b, i64& off) {
+// The low tokens before token t (the bitmap bm's bits below t) and whether t is low,
+// counted by the tile's LT lanes (a share of the whole bytes each, then summed across
+// them): no prefix array. Every lane runs the shuffles (t = 0 for a lane of no tile).
+// O(t / (8 LT)) byte loads a lane, all tiles of a token reading the same bytes.
+DEV void token_prefix(const unsigned char* bm, i64 t, int li, i64& l0, bool& low) {
+  const i64 nb = t >> 3;
+  long long c = 0;
+  for (i64 j = li; j < nb; j += LT) c += __popc((u32)bm[j]);
+#pragma unroll
+  for (int s = 1; s < LT; s <<= 1) c += __shfl_xor_sync(FULL_MASK, c, s);
+  const u32 last = bm[nb], r = (u32)(t & 7);
+  l0 = c + __popc(last & ((1u << r) - 1u));
+  low = ((last >> r) & 1u) != 0u;
+}
+
+// Where tile k's codes lie: its bit width b and the byte offset of its first code, from
+// l0, the low tokens before its token, and whether that token is low.
+DEV void tile_place(i64 l0, bool low, i64 k, i64 row, i64 codes0, int& b, i64& off) {
   const i64 base = k * TILE;
   const i64 t = base / row;
-  const long long l0 = lb[t], l1 = lb[t + 1];
-  b = (l1 != l0) ? BL : BH;
+  b = low ? BL : BH;
   const i64 seg = ((t - l0) * BH + l0 * BL) * row / 8;
   off = codes0 + seg + (base - t * row) * b / 8;
 }
@@ -134,18 +157,20 @@ DEV long long log2_fixed(long long s) {  // floor(log2(s) * 2^20), s >= 1, integ
   return ((long long)n << SCORE_FRAC) | frac;
 }
 
-// One block per token (grid-stride): keys[t] = score << 32 | t.
+// One block per token (grid-stride): token t's key, score << 32 | t, little-endian at
+// payload bytes [8 t, 8 t + 8) (scratch until the encode kernel writes the tiles' scales).
 extern "C" __global__ void __launch_bounds__(THREADS)
-tah_kernel(const void* __restrict__ src, long long* __restrict__ keys,
-           const long long* __restrict__ tables, i64 count, i64 row, i64 ntok) {
+tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 count, i64 row,
+           i64 ntok) {
   __shared__ long long tw[SCORE_LEVELS + 1], twl[SCORE_LEVELS + 1];
   __shared__ u32 red_m[WARPS];
   __shared__ long long red_s[WARPS], red_l[WARPS];
   const char* xb = (const char*)src;
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const bool a4 = (((u64)pay) & 3) == 0;
   for (int i = threadIdx.x; i <= SCORE_LEVELS; i += THREADS) {
-    tw[i] = tables[i];
-    twl[i] = tables[SCORE_LEVELS + 1 + i];
+    tw[i] = TAH_SCORE_W[i];
+    twl[i] = TAH_SCORE_WL[i];
   }
   __syncthreads();
   for (i64 t = blockIdx.x; t < ntok; t += gridDim.x) {
@@ -188,7 +213,9 @@ tah_kernel(const void* __restrict__ src, long long* __restrict__ keys,
       }
       const long long score =
           (amax != 0u && amax < 0x7f800000u) ? log2_fixed(ss) + (ll << SCORE_FRAC) / ss : 0;
-      keys[t] = (score << 32) | t;
+      const u64 key = ((u64)score << 32) | (u64)t;
+      st32(pay + 8 * t, (u32)key, a4);
+      st32(pay + 8 * t + 4, (u32)(key >> 32), a4);
     }
     __syncthreads();  // red_* are rewritten by the next token
   }
@@ -271,9 +298,10 @@ DEV void tile_top2(const float* v, int ml, int li, u32& first, u32& second, int&
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay,
-           const long long* __restrict__ lb, i64 count, i64 row, i64 K, i64 piv0) {
+tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 count, i64 row,
+           i64 K, i64 piv0, i64 bm0) {
   const char* xb = (const char*)src;
+  const unsigned char* bm = pay + bm0;  // written by kernel 4, read only here
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vec = (((u64)xb) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
   const i64 codes0 = 8 * K;
@@ -300,9 +328,12 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay,
     wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
 #pragma unroll
     for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
+    i64 l0;
+    bool low;
+    token_prefix(bm, active ? base / row : 0, li, l0, low);
     int b = BH;
     i64 off = 0;
-    if (active) tile_place(lb, k, row, codes0, b, off);
+    if (active) tile_place(l0, low, k, row, codes0, b, off);
     float c, step;
     u64 codes = quantize8(v, ml, b, c, step);
     if (bad) codes = 0;
@@ -323,8 +354,8 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay,
 // ========================================================================= decode (3)
 #if TAH_OP == 3
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst,
-           const long long* __restrict__ lb, i64 count, i64 row, i64 K, i64 piv0) {
+tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 count, i64 row,
+           i64 K, i64 piv0, i64 bm0) {
   char* ob = (char*)dst;
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vout = (((u64)ob) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
@@ -336,13 +367,16 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst,
     const i64 k = tl.k, base = tl.base;
     const bool active = tl.active;
     const int ml = tl.ml;
+    i64 l0;
+    bool low;
+    token_prefix(pay + bm0, active ? base / row : 0, li, l0, low);
     int b = BH;
     i64 off = 0;
     float c = 0.0f, step = 0.0f;
     u32 p = 0;
     u64 codes = 0;
     if (active) {
-      tile_place(lb, k, row, codes0, b, off);
+      tile_place(l0, low, k, row, codes0, b, off);
       c = as_f(ld32(pay + 4 * k, a4));
       step = as_f(ld32(pay + 4 * K + 4 * k, a4));
       p = pay[piv0 + k];
@@ -404,6 +438,51 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst,
       }
     }
 #endif
+  }
+}
+#endif
+
+// ============================================================ low-token selection (4)
+#if TAH_OP == 4
+DEV u64 token_key(const unsigned char* pay, i64 t, bool a4) {
+  return (u64)ld32(pay + 8 * t, a4) | ((u64)ld32(pay + 8 * t + 4, a4) << 32);
+}
+
+// One thread per token, THREADS tokens a block (grid-stride): a full token is low when
+// fewer than nlow full tokens have a smaller key. The keys are distinct (t in the low
+// bits), so these are the first nlow of the CPU's sort, ties to the lower index. Every
+// key passes through shared memory THREADS at a time: nfull compares a token, O(NT NF)
+// in all. The block's flags become its THREADS / 8 bitmap bytes (padding bits 0).
+extern "C" __global__ void __launch_bounds__(THREADS)
+tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 bm0) {
+  __shared__ u64 sk[THREADS];
+  __shared__ unsigned char flag[THREADS];
+  const bool a4 = (((u64)pay) & 3) == 0;
+  const i64 nbytes = (ntok + 7) >> 3;
+  for (i64 base = (i64)blockIdx.x * THREADS; base < ntok; base += (i64)gridDim.x * THREADS) {
+    const i64 t = base + threadIdx.x;
+    const bool full = t < nfull;
+    const u64 mine = full ? token_key(pay, t, a4) : 0ull;
+    i64 rank = 0;
+    if (nlow > 0 && nlow < nfull) {  // the same in the whole block: barriers allowed
+      for (i64 c0 = 0; c0 < nfull; c0 += THREADS) {
+        const i64 u = c0 + threadIdx.x;
+        sk[threadIdx.x] = u < nfull ? token_key(pay, u, a4) : ~0ull;
+        __syncthreads();
+        const int n = (int)min((i64)THREADS, nfull - c0);
+        for (int i = 0; i < n; ++i) rank += sk[i] < mine ? 1 : 0;
+        __syncthreads();
+      }
+    }
+    flag[threadIdx.x] = (full && rank < nlow) ? 1 : 0;
+    __syncthreads();
+    const i64 j = (base >> 3) + threadIdx.x;
+    if (threadIdx.x < THREADS / 8 && j < nbytes) {
+      u32 byte = 0;
+      for (int r = 0; r < 8; ++r) byte |= (u32)flag[8 * threadIdx.x + r] << r;
+      pay[bm0 + j] = (unsigned char)byte;
+    }
+    __syncthreads();  // flag is rewritten by the next tokens
   }
 }
 #endif

@@ -2,7 +2,9 @@
 
 Payload bytes identical (the low tokens, pivots, centres, steps and codes), decoded values
 and accumulations identical bit for bit, NaNs compared as NaN-ness (FORMAT.md fixes the
-NaN bits stored in payloads, not those of decoded NaNs). Skips without CuPy and a GPU.
+NaN bits stored in payloads, not those of decoded NaNs). The encode and decode captured
+in a CUDA graph (CuPy stream capture, no allocation allowed) and replayed on new data give
+the eager bytes and values. Skips without CuPy and a GPU.
 """
 
 from __future__ import annotations
@@ -140,3 +142,50 @@ def test_gpu_float64_goes_through_float32() -> None:
     c = TahCompressor(row=256)
     x = make_data(np.random.default_rng(4), 3000, 256, np.dtype(np.float64))
     np.testing.assert_array_equal(cupy.asnumpy(c.encode(cupy.asarray(x))), c.encode(x))
+
+
+def _no_allocation(nbytes: int) -> None:
+    raise AssertionError(f"the tah kernels allocated {nbytes} bytes under capture")
+
+
+@pytest.mark.parametrize("cfg", [VARIANTS[0], VARIANTS[2], VARIANTS[3], VARIANTS[5]], ids=_id)
+def test_gpu_encode_and_decode_replay_from_a_cuda_graph(cfg: dict) -> None:
+    c = TahCompressor(**cfg)
+    assert c.graph_safe
+    n = 7 * c.row + 100
+    f32 = np.dtype(np.float32)
+    x = cupy.asarray(make_data(np.random.default_rng(5), n, c.row, f32))
+    payload = cupy.zeros(c.encoded_nbytes(n, f32), cupy.uint8)
+    out = cupy.zeros(n, cupy.float32)
+    acc = cupy.zeros(n, cupy.float32)
+    c.encode(x, payload)  # compiles the kernels outside the capture
+    c.decode(payload, out, count=n, dtype=f32)
+    c.decode(payload, acc, count=n, dtype=f32, accumulate=True)
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream, cupy.cuda.using_allocator(_no_allocation):
+        stream.begin_capture()
+        try:
+            c.encode(x, payload)
+            c.decode(payload, out, count=n, dtype=f32)
+            c.decode(payload, acc, count=n, dtype=f32, accumulate=True)
+        finally:
+            graph = stream.end_capture()
+    for seed in (6, 7):
+        new = make_data(np.random.default_rng(seed), n, c.row, f32)
+        start = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+        x.set(new)
+        acc.set(start)
+        payload.fill(0xAB)
+        out.fill(7.0)
+        cupy.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        eager = c.encode(cupy.asarray(new))
+        want = c.encode(new)
+        np.testing.assert_array_equal(cupy.asnumpy(payload), cupy.asnumpy(eager))
+        np.testing.assert_array_equal(cupy.asnumpy(payload), want)
+        expect = c.decode(want, count=n, dtype=f32)
+        assert_values_equal(cupy.asnumpy(out), expect, f"{cfg} replay decode")
+        expect = c.decode(want, start.copy(), count=n, dtype=f32, accumulate=True)
+        assert_values_equal(cupy.asnumpy(acc), expect, f"{cfg} replay accumulate")

@@ -1,15 +1,17 @@
 """The tah CUDA kernels (compressors/tah_kernels.cu) run on the CPU through a host emulation
 of the CUDA built-ins (tests/cuda_emulation/), against the numba kernels, bit for bit.
 
-This checks the kernels' logic (lanes, shuffles, packing, the pivot's swaps, the scores)
-where there is no GPU; tests/test_codec_gpu_tah.py checks the real thing on one. The
-encode and decode steps between the kernels (the choice of low tokens, the bitmap) are the
-CPU kernels' own here, as tah_gpu does them with CuPy. Skips without a C++20 compiler.
+This checks the kernels' logic (lanes, shuffles, packing, the pivot's swaps, the scores,
+the choice of low tokens, the bitmap prefixes) where there is no GPU;
+tests/test_codec_gpu_tah.py checks the real thing on one. The launches are tah_gpu's: an
+encode is the score, selection and encode kernels on the payload alone, a decode one
+kernel. Skips without a C++20 compiler.
 """
 
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 
 from coccl.compressors import TahCompressor
-from coccl.compressors.tah_cpu import low_prefix, payload_prefix
+from coccl.compressors.tah_cpu import low_prefix, token_keys
 from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
 
 from codec_reference import magnitude_sweep
@@ -32,6 +34,7 @@ HERE = Path(__file__).parent
 SOURCES = [
     HERE / "cuda_emulation" / "emu.h",
     HERE.parent / "compressors" / "codec_kernels.cu",
+    HERE.parent / "compressors" / "tah_tables.cu",
     HERE.parent / "compressors" / "tah_kernels.cu",
     HERE / "cuda_emulation" / "launch.cpp",
 ]
@@ -63,7 +66,7 @@ def build(tmp_path_factory):
             if done.returncode != 0:
                 pytest.skip(f"the emulation does not build here: {done.stderr[-500:]!r}")
             lib = ctypes.CDLL(str(so))
-            lib.emu_launch.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 4
+            lib.emu_launch.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 5
             libs[key] = lib
         return libs[key]
 
@@ -74,33 +77,44 @@ def _variant(c: TahCompressor) -> dict:
     return {"TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low}
 
 
+def emulated_select(build, payload: np.ndarray, lay) -> None:
+    """The selection kernel: the keys at the payload's start into its token bitmap."""
+    build({"TAH_OP": 4}).emu_launch(
+        payload.ctypes.data, None, lay.tokens, lay.full_tokens, lay.low_tokens,
+        lay.bitmap_offset, 0,
+    )  # fmt: skip
+
+
 def emulated_encode(build, c: TahCompressor, x: np.ndarray) -> np.ndarray:
     n = x.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
     payload = np.full(lay.nbytes, 0xAB, np.uint8)  # every byte must be written
-    keys = np.empty(lay.tokens, np.int64)
-    tables = np.concatenate([SCORE_W, SCORE_WL]).astype(np.int64)
+    if lay.tiles == 0:
+        return payload
     score = build({"TAH_OP": 1, "XT": XT[x.dtype]})
-    score.emu_launch(x.ctypes.data, keys.ctypes.data, tables.ctypes.data, n, c.row, keys.size, 0)
-    lb = low_prefix(keys, lay.full_tokens, lay.low_tokens)
-    flags = (lb[1:] - lb[:-1]).astype(np.uint8)
-    payload[lay.bitmap_offset :] = np.packbits(flags, bitorder="little")
+    score.emu_launch(x.ctypes.data, payload.ctypes.data, n, c.row, lay.tokens, 0, 0)
+    keys = payload[: 8 * lay.tokens].view(np.int64)
+    np.testing.assert_array_equal(keys, token_keys(x.astype(np.float32), c.row))
+    emulated_select(build, payload, lay)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 2, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
     build({**defs, **_variant(c)}).emu_launch(
-        x.ctypes.data, payload.ctypes.data, lb.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset
-    )
+        x.ctypes.data, payload.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset,
+        lay.bitmap_offset,
+    )  # fmt: skip
     return payload
 
 
 def emulated_decode(build, c, payload, out: np.ndarray, accumulate: bool) -> np.ndarray:
     n = out.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
-    lb = payload_prefix(payload, lay.tokens, lay.bitmap_offset)
+    if lay.tiles == 0:
+        return out
     defs = {"TAH_OP": 3, "XT": XT[out.dtype], "ACC": int(accumulate), **_variant(c)}
     build(defs).emu_launch(
-        payload.ctypes.data, out.ctypes.data, lb.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset
-    )
+        payload.ctypes.data, out.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset,
+        lay.bitmap_offset,
+    )  # fmt: skip
     return out
 
 
@@ -141,3 +155,41 @@ def test_emulated_kernels_match_cpu(build, cfg: dict, dtype) -> None:
         expect = codec.decode(want, acc.copy(), count=x.size, dtype=dtype, accumulate=True)
         got = emulated_decode(build, codec, want, acc.copy(), True)
         assert_values_equal(got, expect, f"{msg} accumulate")
+
+
+def test_the_kernels_score_tables_are_tah_formats() -> None:
+    text = (HERE.parent / "compressors" / "tah_tables.cu").read_text()
+    for name, want in (("TAH_SCORE_W", SCORE_W), ("TAH_SCORE_WL", SCORE_WL)):
+        body = re.search(name + r"\[[^]]*\] = \{([^}]*)\}", text).group(1)
+        np.testing.assert_array_equal(np.array(body.split(","), np.int64), want, err_msg=name)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 8, 9, 255, 256, 257, 700])
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.5, 1.0])
+def test_emulated_selection_is_the_cpu_sort(build, tokens: int, fraction: float) -> None:
+    # Few distinct scores, so that most keys tie on the score and the token index decides;
+    # the last token short (never low) for odd counts.
+    row, rng = 32, np.random.default_rng(tokens)
+    count = tokens * row - (tokens % 2) * 5
+    lay = tah_layout(count, row, 32, 4, 3, fraction)
+    keys = (rng.integers(0, 3, lay.tokens).astype(np.int64) << 32) | np.arange(lay.tokens)
+    payload = np.full(lay.nbytes, 0xAB, np.uint8)
+    payload[: 8 * lay.tokens] = keys.view(np.uint8)
+    emulated_select(build, payload, lay)
+    lb = low_prefix(keys, lay.full_tokens, lay.low_tokens)
+    want = np.packbits((lb[1:] - lb[:-1]).astype(np.uint8), bitorder="little")
+    np.testing.assert_array_equal(payload[lay.bitmap_offset :], want)
+
+
+@pytest.mark.parametrize("cfg, dtype", [CASES[0], CASES[3]], ids=lambda v: str(v))
+def test_emulated_kernels_match_cpu_over_many_tokens(build, cfg: dict, dtype) -> None:
+    # 70 tokens: a tile's place counts several bitmap bytes over its lanes (float32
+    # variants of test_emulated_kernels_match_cpu, already built).
+    dtype = np.dtype(dtype)
+    c = TahCompressor(**cfg)
+    x = data(np.random.default_rng(c.row), 70 * c.row - 3, c.row, dtype)
+    want = c.encode(x)
+    np.testing.assert_array_equal(emulated_encode(build, c, x), want, err_msg=str(cfg))
+    expect = c.decode(want, count=x.size, dtype=dtype)
+    got = emulated_decode(build, c, want, np.full(x.size, 7, dtype), False)
+    assert_values_equal(got, expect, str(cfg))

@@ -249,6 +249,11 @@ class Planner:
             return f"{plan.route} data travels over MPI (the host drives each message)"
         if not self.settings.graphs:
             return "COCCL_GRAPHS=0"
+        if not plan.codec.graph_safe:
+            return (
+                f"compressor {plan.codec.codec_id!r} is not graph_safe (its GPU kernels "
+                "allocate or synchronise per call)"
+            )
         nbytes = plan.count * plan.dtype.itemsize
         if not replays(plan.link, nbytes, follows=plan.graph_follows):
             return (

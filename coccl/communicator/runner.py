@@ -30,6 +30,7 @@ from coccl.communicator.collectives import KINDS
 from coccl.communicator.plans import CallPlan, PlanCache
 from coccl.communicator.resources import Resources
 from coccl.communicator.sizing import INLINE_CHUNK_BYTES, replays
+from coccl.compressors import require_graph_safe
 from coccl.config import Settings
 from coccl.core.arrays import (
     Flat,
@@ -208,6 +209,9 @@ class Runner:
     def _run_device(self, plan: CallPlan, src: Flat, dst: Flat, caller: Any) -> None:
         """Device data: staged over MPI, or over NCCL (captured at the second call of a
         plan that allows a graph, replayed from then on)."""
+        if not plan.codec.graph_safe and _capturing(caller):
+            # the caller records a graph of its own (torch.cuda.graph, CuPy capture)
+            require_graph_safe(plan.codec, f"a Communicator {plan.label}")
         ctx = self._device(plan.device)
         with ctx.device:
             if plan.route != "nccl":
@@ -323,6 +327,11 @@ class Runner:
         if self.resources.cpu is None:
             self.resources.cpu = CpuExecutor(self.cpu_threads)
         return self.resources.cpu
+
+
+def _capturing(stream: Any) -> bool:
+    """Whether ``stream`` (a CuPy stream) is capturing a CUDA graph."""
+    return bool(stream.is_capturing())
 
 
 def _refusal(plan: CallPlan, outcomes: list[tuple[str, bool, str]]) -> str:

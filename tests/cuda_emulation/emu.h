@@ -17,6 +17,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __constant__
 struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 struct Dim { unsigned x; };
@@ -30,6 +31,7 @@ inline unsigned __vmaxu2(unsigned a, unsigned b) {
   unsigned lo = std::max(a & 0xffffu, b & 0xffffu), hi = std::max(a >> 16, b >> 16);
   return lo | (hi << 16);
 }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
 constexpr int EMU_THREADS = 256;
 std::unique_ptr<std::barrier<>> g_block;

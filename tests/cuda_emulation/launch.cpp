@@ -1,6 +1,8 @@
-// Compiled after emu.h, codec_kernels.cu and tah_kernels.cu: runs the variant's tah_kernel
-// on one block of EMU_THREADS threads (the kernels' grid-stride loops cover any size).
-extern "C" void emu_launch(void* a0, void* a1, void* a2, long long c, long long r, long long k, long long p) {
+// Compiled after emu.h, codec_kernels.cu, tah_tables.cu and tah_kernels.cu: runs the
+// variant's tah_kernel on one block of EMU_THREADS threads (the kernels' grid-stride loops
+// cover any size), with the arguments in the order tah_gpu.py passes them.
+extern "C" void emu_launch(void* a0, void* a1, long long c, long long r, long long k, long long p,
+                           long long q) {
   g_block = std::make_unique<std::barrier<>>(EMU_THREADS);
   g_warp.clear();
   for (int w = 0; w < EMU_THREADS / 32; ++w) g_warp.push_back(std::make_unique<std::barrier<>>(32));
@@ -9,11 +11,13 @@ extern "C" void emu_launch(void* a0, void* a1, void* a2, long long c, long long 
     ts.emplace_back([=] {
       threadIdx.x = t;
 #if TAH_OP == 1
-      tah_kernel(a0, (long long*)a1, (const long long*)a2, c, r, k);
+      tah_kernel(a0, (unsigned char*)a1, c, r, k);
 #elif TAH_OP == 2
-      tah_kernel(a0, (unsigned char*)a1, (const long long*)a2, c, r, k, p);
+      tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
+#elif TAH_OP == 3
+      tah_kernel((const unsigned char*)a0, a1, c, r, k, p, q);
 #else
-      tah_kernel((const unsigned char*)a0, a1, (const long long*)a2, c, r, k, p);
+      tah_kernel((unsigned char*)a0, c, r, k, p);
 #endif
     });
   for (auto& t : ts) t.join();
