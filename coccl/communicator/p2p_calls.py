@@ -12,7 +12,9 @@ to the device on the stream that was current at ``irecv``); over NCCL it is not 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -87,7 +89,9 @@ class PointToPointCalls:
             getattr(transport, "tag_ub", agreement.GUARANTEED_TAG_UB),
             self._settings.timeout_s,  # type: ignore[attr-defined]
             self._settings.pipeline_depth,  # type: ignore[attr-defined]
-            self._break,  # type: ignore[attr-defined]
+            # weakly: the engine lives in the resources a finalizer holds, so a bound
+            # method would keep an unclosed communicator alive forever
+            partial(_break_weakly, weakref.ref(self)),
         )
 
     # ------------------------------------------------------------ public calls
@@ -328,3 +332,10 @@ def _output(out: Any, count: Any, dtype: Any, shape: Any) -> Any:
     if any(s < 0 for s in shape):
         raise ValueError(f"shape {shape} has a negative dimension")
     return np.empty(shape, dtype=dtype)
+
+
+def _break_weakly(ref: weakref.ref, exc: BaseException) -> None:
+    """The engine's failure callback: break the communicator if it still exists."""
+    comm = ref()
+    if comm is not None:
+        comm._break(exc)
