@@ -24,6 +24,7 @@ from typing import Any
 from coccl import algorithms
 from coccl.communicator import overlap
 from coccl.communicator.agreement import agree_on_call
+from coccl.communicator.dp_calls import DataParallelCalls
 from coccl.communicator.planner import Call, Planner
 from coccl.communicator.plans import CallPlan, PlanCache
 from coccl.communicator.resources import Resources, release_unclosed, set_numba_threads
@@ -39,7 +40,7 @@ from coccl.transports.bootstrap import Bootstrap
 log = logging.getLogger(__name__)
 
 
-class Communicator:
+class Communicator(DataParallelCalls):
     """A group of ranks that run collectives together (build it with ``coccl.init``).
 
     Attributes:
@@ -61,6 +62,7 @@ class Communicator:
         link: str = "mpi",
         cpu_threads: int = 1,
         host_pipelined: bool = True,
+        dp: Any = None,
     ) -> None:
         self._boot = boot
         self._nccl = nccl
@@ -84,6 +86,9 @@ class Communicator:
         set_numba_threads(cpu_threads)
         self._resources = Resources(boot, host, nccl, watchdog)
         self._planner = Planner(self.size, host, nccl, link, settings, host_pipelined)
+        self._dp = dp  # dp_calls.DpSetup: the node layout and how a split builds its own
+        if dp is not None:
+            self._planner.nodes = dp.nodes
         self._runner = Runner(
             self.rank, self.size, self._resources, self._plans, settings, cpu_threads, self._break
         )
