@@ -88,6 +88,8 @@ class DataParallelCalls:
         key = self._planner.key(call)
         if send_counts is None and recv_counts is None:  # equal: the key is every rank's
             plan = None if key is None else self._plans.get(key)
+            if plan is not None and not _same_codec(plan, compressor):
+                plan = None
             if plan is None or self._settings.check_calls:
                 plan = self._agreed_alltoall(call, key, None, None, out, plan)
         else:  # uneven: the plan is keyed by every rank's counts, so they travel each call
@@ -112,10 +114,13 @@ class DataParallelCalls:
             error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")
         matrix = self._agree_split(entry, error)
         assert mine is not None  # else _agree_split raised
-        full = None if key is None else (*key, matrix)
+        # an equal split's key already is every rank's; an uneven one's needs the split
+        full = key if key is None or send_counts is None else (*key, matrix)
         plan = None if full is None else self._plans.get(full)
-        if plan is not None:
+        if plan is not None and _same_codec(plan, call.compressor):
             return plan
+        if isinstance(call.compressor, Compressor):
+            mine.compressor_arg = call.compressor
         if mine.chunk_elems == 0:  # not sized yet: from the largest block of the split
             largest = max((c for row in matrix for c in row), default=0)
             mine.count, count = largest * self.size, mine.count
@@ -160,13 +165,7 @@ class DataParallelCalls:
         """One exchange of every rank's fingerprint and counts: a refusal anywhere, a
         different call, or a split that does not match raises on every rank. Returns
         the split: every rank's send counts, by rank."""
-        try:
-            entries = self._boot.allgather(
-                entry, self._settings.timeout_s, "checking that every rank makes the same alltoall"
-            )
-        except CocclError as exc:
-            self._break(exc)
-            raise
+        entries = self._exchange(entry, "checking that every rank makes the same alltoall")
         if error is not None:
             raise error
         problem = disagreement("alltoall", [e if e[0] == "error" else e[0] for e in entries])
@@ -176,6 +175,15 @@ class DataParallelCalls:
         if mismatches:
             raise CocclError("the ranks' all-to-all splits do not match: " + "; ".join(mismatches))
         return tuple(tuple(e[1]) for e in entries)
+
+    def _exchange(self, obj: Any, what: str) -> list[Any]:
+        """Every rank's ``obj`` (at most COCCL_TIMEOUT_S); a failed exchange breaks the
+        communicator, as a collective that failed would."""
+        try:
+            return self._boot.allgather(obj, self._settings.timeout_s, what)
+        except CocclError as exc:
+            self._break(exc)
+            raise
 
     def split(self, color: Any, key: Any = None) -> Any:
         """A sub-communicator of the ranks that give the same ``color``, ordered by
@@ -202,13 +210,7 @@ class DataParallelCalls:
         if self._dp is None or not isinstance(mpi_comm, MPI.Comm):
             raise CocclError("split needs a communicator built by coccl.init over MPI")
         problem = _split_problem(color, key, MPI.UNDEFINED)
-        try:
-            problems = self._boot.allgather(
-                problem, self._settings.timeout_s, "splitting the communicator"
-            )
-        except CocclError as exc:
-            self._break(exc)
-            raise
+        problems = self._exchange(problem, "splitting the communicator")
         if problem:
             raise ValueError(problem)
         for rank, theirs in enumerate(problems):
@@ -245,6 +247,12 @@ def _total(counts: Any) -> int:
         return sum(int(v) for v in counts)
     except (TypeError, ValueError):
         return -1
+
+
+def _same_codec(plan: CallPlan, compressor: Any) -> bool:
+    """Whether a cached plan was built for this Compressor object (its key holds the
+    object's id, which a new object may reuse), or for a name or config."""
+    return plan.compressor_arg is None or plan.compressor_arg is compressor
 
 
 def _split_fingerprint(plan: CallPlan) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from mpi4py import MPI
 import coccl
 from coccl.compressors import get_compressor
 
-from conftest import all_equal_across_ranks, case_seed, communicator, rank_data
+from conftest import all_equal_across_ranks, case_seed, communicator, gpu_per_rank, rank_data
 
 F32 = np.dtype(np.float32)
 U = float(np.finfo(np.float32).eps) / 2
@@ -171,3 +171,67 @@ def test_stochastic_codec_draws_per_rank_and_call(comm):
     np.testing.assert_array_equal(again, first)
     reduced = comm.allreduce(x, compressor=STOCHASTIC, algorithm="ring")
     assert all_equal_across_ranks(reduced)
+
+
+def _cupy():
+    try:
+        import cupy
+
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:
+        return None
+
+
+CP = _cupy()
+DEVICE_CALLS = ["alltoall", "hierarchical allreduce", "hierarchical reduce_scatter", "stochastic"]
+
+
+def run_call(comm, name: str, x, counts):
+    """One of ``DEVICE_CALLS`` on ``comm`` (chunks fixed, so the salts' order is too)."""
+    chunk = 65536
+    if name == "alltoall":
+        return comm.alltoall(x, compressor="int8", chunk_bytes=chunk, **counts)
+    if name == "stochastic":
+        return comm.allgather(x, compressor=STOCHASTIC, algorithm="two_shot", chunk_bytes=chunk)
+    collective = name.split()[1]
+    return getattr(comm, collective)(
+        x, algorithm="hierarchical", compressor=("int8", "taco"), chunk_bytes=chunk
+    )
+
+
+@pytest.mark.skipif(CP is None, reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("backend", ["mpi", pytest.param("nccl", marks=gpu_per_rank())])
+@pytest.mark.parametrize("name", DEVICE_CALLS)
+def test_device_equals_host_bitwise(comm, name, backend):
+    """Device data (staged over MPI, or over NCCL with a GPU per rank) gives bitwise the
+    host's result, on the same emulated nodes; both on new communicators, so a
+    stochastic codec's call numbers match too."""
+    n, r = comm.size, comm.rank
+    m = split_matrix(n, "uneven")
+    counts = {"send_counts": m[r], "recv_counts": [m[s][r] for s in range(n)]}
+    count = sum(m[r]) if name == "alltoall" else 64 * 1024 * n + 37 * n
+    x = rank_data(case_seed("device", name), r, count, F32)
+    with communicator(COCCL_LOCAL_SIZE=local_size(n)) as on_host:
+        host = run_call(on_host, name, x, counts)
+    with communicator(backend, COCCL_LOCAL_SIZE=local_size(n)) as dev:
+        got = CP.asnumpy(run_call(dev, name, CP.asarray(x), counts))
+    np.testing.assert_array_equal(got.view(np.uint8), host.view(np.uint8))
+
+
+@pytest.mark.skipif(CP is None, reason="needs CuPy and a CUDA GPU")
+@gpu_per_rank()
+def test_split_over_nccl_has_its_own_nccl(comm):
+    with communicator("nccl") as parent:
+        sub = parent.split(parent.rank * 2 // parent.size)
+        try:
+            assert sub.backend == "nccl"
+            x = rank_data(case_seed("split nccl"), parent.rank, 5000, F32)
+            got = CP.asnumpy(sub.allreduce(CP.asarray(x), compressor="int8", algorithm="two_shot"))
+            host = comm.split(comm.rank * 2 // comm.size)
+            try:
+                want = host.allreduce(x, compressor="int8", algorithm="two_shot")
+            finally:
+                host.close()
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        finally:
+            sub.close()
