@@ -47,11 +47,9 @@ def node_layout(hosts: list[str], local_setting: int | None) -> NodeLayout:
             return NodeLayout(0, "COCCL_LOCAL_SIZE", why)
         return NodeLayout(local_setting, "COCCL_LOCAL_SIZE")
     local = hosts.count(hosts[0])
-    major = size % local == 0 and all(
-        hosts[r] == hosts[r - r % local] and (r % local or hosts[r] not in hosts[:r])
-        for r in range(size)
-    )
-    if not major:
+    blocks = [hosts[start : start + local] for start in range(0, size, local)]
+    major = size % local == 0 and len({b[0] for b in blocks}) == len(blocks)
+    if not (major and all(h == b[0] for b in blocks for h in b)):
         return NodeLayout(
             0, "host names",
             "the ranks are not node-major (every host must hold the same number of "
@@ -97,11 +95,15 @@ def hierarchical_notes(
         raise ValueError(f"algorithm 'hierarchical' cannot run here: {nodes.reason}")
     local = nodes.local_size
     count = size // local
-    if collective == "allreduce":
-        points = 2 if count == 1 or local == 1 else 4
+    if count == 1 or local == 1:  # one level: its two-shot collective alone
+        level = "intra" if count == 1 else "inter"
+        points = 2 if collective == "allreduce" else 1
+        where = f"one level: the {level} two-shot {collective}"
+    elif collective == "allreduce":
+        points = 4
         where = "intra ReduceScatter, inter ReduceScatter and AllGather, intra AllGather"
     else:
-        points = 1 if count == 1 or local == 1 else 2
+        points = 2
         where = "intra ReduceScatter, inter ReduceScatter"
     return {
         "inter compressor": inter.get_config(),
