@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import native, ring, two_shot
+from . import alltoall, hierarchical, native, ring, two_shot
 from .auto import Choice, choose
 from .footprint import Footprint, hop_kernel
 from .plan import Plan
 
-ALGORITHMS = ("auto", "ring", "two_shot", "native")
+ALGORITHMS = ("auto", "ring", "two_shot", "native", "hierarchical")
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
 Schedule = Callable[[Plan, Any, Any], Iterator[Any]]
@@ -45,7 +45,12 @@ def schedule(algorithm: str, collective: str) -> Schedule:
 
 
 # The modules of coccl's own schedules: each declares its footprint and fused-hop use.
-_MODULES = {"ring": ring, "two_shot": two_shot}
+_MODULES = {
+    "ring": ring,
+    "two_shot": two_shot,
+    "hierarchical": hierarchical,
+    "direct": alltoall,
+}
 
 
 def footprint(algorithm: str, collective: str, n: int) -> Footprint:

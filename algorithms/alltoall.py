@@ -34,6 +34,7 @@ import numpy as np
 
 from coccl.core.rounds import Round
 
+from .footprint import Footprint
 from .p2p import receive_chunk
 from .plan import Plan, Span
 from .steps import encodes, new_round, payload_of, run_all, send_own
@@ -93,6 +94,17 @@ def split_mismatches(
         for r, d in itertools.product(range(size), range(size))
         if send_counts[r][d] != recv_counts[d][r]
     ]
+
+
+def footprint(collective: str, n: int) -> Footprint:
+    """A round sends a chunk to and receives one from each of the ``n - 1`` others (its
+    own block's chunk is the round's one more payload): one step, nothing waiting."""
+    return Footprint(messages=2 * max(1, n - 1), steps=1, waiting=0)
+
+
+def fuses_hop(collective: str, n: int) -> bool:
+    """An all-to-all reduces nothing: no accumulator either way."""
+    return True
 
 
 def _spans(counts: list[int]) -> list[Span]:
@@ -171,7 +183,7 @@ def _send(plan: Plan, rnd: Round, src: Any, stage: bool, pres: list[Any]) -> Any
         return payload_of(item)
     block = plan.payload(src.size)
     rnd.holds.append(block)
-    pres.append(partial(plan.encode, src, block.data))
+    pres.append(partial(plan.encode, src, block.data, plan.next_salt()))
     return block.data
 
 
@@ -189,7 +201,8 @@ def _own_block(
         return None if in_place else partial(_copy, dst, src)
     payload = plan.payload(b - a)
     rnd.holds.append(payload)
-    return run_all(partial(plan.encode, src, payload.data), partial(plan.decode, payload.data, dst))
+    encode = partial(plan.encode, src, payload.data, plan.next_salt())
+    return run_all(encode, partial(plan.decode, payload.data, dst))
 
 
 def _copy(dst: Any, src: Any) -> None:

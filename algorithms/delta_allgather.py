@@ -66,7 +66,10 @@ def _rounds(plan: Plan, x: Any, replica: Any, slots: list[Span]) -> Iterator[Rou
         acc_block, acc = plan.accumulator(b - a)
         rnd.holds += [own, acc_block]
         base = slots[r][0]
-        rnd.pre = partial(_encode_change, plan, acc, x[a - base : b - base], replica[a:b], own.data)
+        rnd.pre = partial(
+            _encode_change, plan, acc, x[a - base : b - base], replica[a:b], own.data,
+            plan.next_salt(),
+        )  # fmt: skip
         rnd.sends = [(k, own.data) for k in peers]
         posts = [partial(_apply, plan, own.data, replica[a:b])]
         for s in peers:
@@ -79,11 +82,11 @@ def _rounds(plan: Plan, x: Any, replica: Any, slots: list[Span]) -> Iterator[Rou
         yield rnd
 
 
-def _encode_change(plan: Plan, acc: Any, new: Any, old: Any, payload: Any) -> None:
+def _encode_change(plan: Plan, acc: Any, new: Any, old: Any, payload: Any, salt: int = 0) -> None:
     """``payload = encode(new - old)``, the difference formed in the accumulate type."""
     acc[...] = new
     acc -= old.astype(acc.dtype) if old.dtype != acc.dtype else old
-    plan.encode(acc, payload)
+    plan.encode(acc, payload, salt)
 
 
 def _apply(plan: Plan, payload: Any, slot: Any) -> None:

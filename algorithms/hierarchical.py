@@ -55,6 +55,7 @@ from coccl.core.reduction import finalize
 from coccl.core.rounds import Round
 
 from . import ring, two_shot
+from .footprint import Footprint
 from .plan import Plan
 
 LEVEL_ALGORITHMS = ("ring", "two_shot")
@@ -86,6 +87,17 @@ class _LevelPlan(Plan):
         finalize(acc, self.op, self.divisor)
 
 
+def footprint(collective: str, n: int) -> Footprint:
+    """A round of either level holds at most what a flat two-shot round on ``n`` ranks
+    holds (a level's group is smaller), so sizing reads that bound."""
+    return two_shot.footprint(collective, n)
+
+
+def fuses_hop(collective: str, n: int) -> bool:
+    """The levels' reductions may need an accumulator: sizing keeps one."""
+    return False
+
+
 def check_plan(plan: HierarchicalPlan) -> tuple[int, int]:
     """(nodes, local size), or ValueError for a node size that does not divide the ranks
     or an unknown level algorithm."""
@@ -113,6 +125,7 @@ def _level(plan: HierarchicalPlan, level: str, op: str, like: Any) -> _LevelPlan
     hop = codec.reduce_encode_kernel(like, plan.dtype) if op in ("sum", "avg") else None
     fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)}
     fields.update(rank=rank, size=size, codec=codec, op=op, chunk_elems=chunk, hop=hop)
+    fields.update(stream_rank=plan.rank if plan.stream_rank < 0 else plan.stream_rank)
     # the transport's AllGather spans every rank, never a sub-group
     fields.update(gather=False, label=f"{plan.label} {level}")
     return _LevelPlan(**fields, divisor=plan.size)  # _tags: the plan's own counter

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from coccl.compressors import Compressor
+from coccl.compressors.intq import stream_salt
 from coccl.core.arrays import accumulate_dtype
 from coccl.core.pool import Block, BufferPool
 from coccl.core.reduction import combine, finalize
@@ -56,6 +57,9 @@ class Plan:
             (``Compressor.reduce_encode_kernel``; sums only), or None.
         gather: two-shot's AllGather phase goes through the transport's AllGather of
             payload slots instead of point-to-point sends (streamed transports only).
+        call: the call's number (its plan's call count): a stochastic codec's salts.
+        stream_rank: the rank in the salts (-1: ``rank``; a sub-group's plan keeps its
+            global rank, so two sub-groups never draw alike).
     """
 
     rank: int
@@ -69,7 +73,10 @@ class Plan:
     depth: int = 4
     hop: Any = None
     gather: bool = False
+    call: int = 0
+    stream_rank: int = -1
     _tags: itertools.count = field(default_factory=itertools.count)
+    _salts: itertools.count = field(default_factory=itertools.count)
 
     @property
     def acc_dtype(self) -> np.dtype:
@@ -89,6 +96,22 @@ class Plan:
         every rank numbers rounds alike)."""
         return next(self._tags) % TAG_MODULUS
 
+    def next_salt(self) -> int:
+        """The salt of the next encode a schedule issues (0 for a deterministic codec).
+
+        A stochastic codec's every encode of a call draws its own random stream:
+        ``stream_salt(rank, call, chunk, step)`` with the encode's number in the call, in
+        the order the schedule builds its rounds (the same on every run), split into the
+        chunk (high ten bits) and step (low ten bits) fields; the sub-plans of a
+        two-level schedule share the counter, as they share the tags. Drawn when a round
+        is built, never when its kernels run, whose order the engine may change."""
+        if not self.codec.stochastic:
+            return 0
+        index = next(self._salts) % (1 << 20)
+        rank = self.rank if self.stream_rank < 0 else self.stream_rank
+        call = self.call % (1 << 28)
+        return stream_salt(rank=rank, call=call, chunk=index >> 10, step=index & 1023)
+
     # ------------------------------------------------------------------- buffers
     def payload(self, count: int) -> Block:
         return self.pool.get(self.codec.encoded_nbytes(count, self.dtype))
@@ -105,8 +128,12 @@ class Plan:
         return None
 
     # ---------------------------------------------------------------- arithmetic
-    def encode(self, src: Any, payload: Any) -> None:
-        self.codec.encode_into(src, payload, self.dtype)
+    def encode(self, src: Any, payload: Any, salt: int = 0) -> None:
+        """``payload = encode(src)``; ``salt`` (``next_salt``) for a stochastic codec."""
+        if self.codec.stochastic:
+            self.codec.encode_into(src, payload, self.dtype, salt=salt)
+        else:
+            self.codec.encode_into(src, payload, self.dtype)
 
     def decode(self, payload: Any, dst: Any) -> None:
         self.codec.decode_into(payload, dst, self.dtype, False)

@@ -54,11 +54,11 @@ def fuses_hop(collective: str, n: int) -> bool:
     return collective == "allreduce" and n > 1
 
 
-def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any) -> None:
+def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any, salt: int = 0) -> None:
     """One hop of the ring: out = encode(own + decode(received))."""
     plan.load(acc, own)
     plan.reduce(acc, received)
-    plan.encode(acc, out)
+    plan.encode(acc, out, salt)
 
 
 class _ReduceScatterSteps:
@@ -100,8 +100,9 @@ class _ReduceScatterSteps:
                     acc_block, acc = plan.accumulator(b - a)
                     rnd.holds.append(acc_block)
                     rnd.pre = partial(
-                        _reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data
-                    )
+                        _reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data,
+                        plan.next_salt(),
+                    )  # fmt: skip
                 rnd.sends.append((right, out_block.data))
         a, b = plan.chunk(self.shards[recv_shard], c)
         if b > a:

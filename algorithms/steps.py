@@ -27,6 +27,7 @@ class Pending:
     round: Round | None
     data: Any
     block: Block | None
+    salt: int = 0  # a stochastic codec's salt of the encode into ``data``, if any
 
     def hand_to(self, consumer: Round) -> Any:
         if self.round is not None:
@@ -56,13 +57,14 @@ def send_own(plan: Plan, rnd: Round, src: Any) -> Any:
 class _Encode:
     """A deferred encode of ``src`` into ``data`` (run as part of a round's pre)."""
 
-    __slots__ = ("plan", "src", "data")
+    __slots__ = ("plan", "src", "data", "salt")
 
     def __init__(self, plan: Plan, src: Any, data: Any) -> None:
         self.plan, self.src, self.data = plan, src, data
+        self.salt = plan.next_salt()  # drawn as the round is built
 
     def __call__(self) -> None:
-        self.plan.encode(self.src, self.data)
+        self.plan.encode(self.src, self.data, self.salt)
 
 
 def payload_of(item: Any) -> Any:
@@ -98,7 +100,7 @@ def result_payload(plan: Plan, dst: Any, want: bool, rnd: Round) -> Pending | No
         return Pending(rnd, view, None)
     block = plan.payload(dst.size)
     rnd.holds.append(block)
-    return Pending(rnd, block.data, block.retain())
+    return Pending(rnd, block.data, block.retain(), plan.next_salt())
 
 
 def finish(plan: Plan, acc: Any, dst: Any, result: Pending | None) -> None:
@@ -111,7 +113,7 @@ def finish(plan: Plan, acc: Any, dst: Any, result: Pending | None) -> None:
     if result is None or result.block is None:  # no payload, or the payload is dst itself
         dst[...] = acc
         return
-    plan.encode(acc, result.data)
+    plan.encode(acc, result.data, result.salt)
     plan.decode(result.data, dst)
 
 

@@ -123,7 +123,8 @@ def _exchange_by_allgather(
     rnd.gather = (mine, block.data)
     a, b = plan.chunk(shards[peer], c)
     if b > a:
-        rnd.pre = partial(plan.encode, x[a:b], mine[: plan.codec.encoded_nbytes(b - a, plan.dtype)])
+        payload = mine[: plan.codec.encoded_nbytes(b - a, plan.dtype)]
+        rnd.pre = partial(plan.encode, x[a:b], payload, plan.next_salt())
     a, b = plan.chunk(shards[r], c)
     if b == a:
         return {}

@@ -56,4 +56,6 @@ KINDS: dict[str, Kind] = {
         "reduce_scatter", True, lambda count, n: count // n, _scattered_shape, _multiple_of_ranks
     ),
     "allgather": Kind("allgather", False, lambda count, n: count * n, _gathered_shape),
+    # equal splits; an uneven all-to-all's plan holds its own out_count (dp_calls)
+    "alltoall": Kind("alltoall", False, lambda count, n: count, lambda shape, n: shape),
 }

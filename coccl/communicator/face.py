@@ -24,6 +24,7 @@ from typing import Any
 from coccl import algorithms
 from coccl.communicator import overlap
 from coccl.communicator.agreement import agree_on_call
+from coccl.communicator.dp_calls import DataParallelCalls
 from coccl.communicator.p2p_calls import PointToPointCalls
 from coccl.communicator.planner import Call, Planner
 from coccl.communicator.plans import CallPlan, PlanCache
@@ -40,7 +41,7 @@ from coccl.transports.bootstrap import Bootstrap
 log = logging.getLogger(__name__)
 
 
-class Communicator(PointToPointCalls):
+class Communicator(PointToPointCalls, DataParallelCalls):
     """A group of ranks that run collectives together (build it with ``coccl.init``).
 
     Attributes:
@@ -63,6 +64,7 @@ class Communicator(PointToPointCalls):
         cpu_threads: int = 1,
         host_pipelined: bool = True,
         p2p: PollingTransport | None = None,
+        dp: Any = None,
     ) -> None:
         self._boot = boot
         self._nccl = nccl
@@ -86,6 +88,9 @@ class Communicator(PointToPointCalls):
         set_numba_threads(cpu_threads)
         self._resources = Resources(boot, host, nccl, watchdog)
         self._planner = Planner(self.size, host, nccl, link, settings, host_pipelined)
+        self._dp = dp  # dp_calls.DpSetup: the node layout and how a split builds its own
+        if dp is not None:
+            self._planner.nodes = dp.nodes
         self._runner = Runner(
             self.rank, self.size, self._resources, self._plans, settings, cpu_threads, self._break
         )

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from coccl import algorithms
 from coccl.communicator.collectives import KINDS
+from coccl.communicator.dp_plans import NodeLayout, hierarchical_notes, level_codecs
 from coccl.communicator.plans import CallPlan
 from coccl.communicator.sizing import (
     chunk_elems,
@@ -74,6 +75,7 @@ class Planner:
         self.settings = settings
         self.host_pipelined = host_pipelined
         self._codecs: dict[str, Compressor] = {}
+        self.nodes = NodeLayout(0, "", "no node layout was found")  # set by the face
 
     @staticmethod
     def key(call: Call) -> Any:
@@ -109,7 +111,7 @@ class Planner:
     def resolve(self, call: Call) -> CallPlan:
         """Check a call's arguments and decide everything about it (raises TypeError or
         ValueError for bad arguments, identically on every rank that gets them)."""
-        op, requested, codec, src = self._check(call)
+        op, requested, codec, inter, src = self._check(call)
         dtype, count = src.dtype, src.size
         route, transport = self.route(src.device_id)
         link = self.link if route == "nccl" else route
@@ -131,6 +133,9 @@ class Planner:
             depth=1,
             link=link,
         )
+        if inter is not None:
+            plan.inter_codec, plan.local_size = inter, self.nodes.local_size
+            plan.notes = hierarchical_notes(self.nodes, self.size, call.collective, inter)
         if choice.algorithm == "native":
             plan.graph_reason = "the transport's own collective: one launch already"
             return plan
@@ -140,16 +145,17 @@ class Planner:
             plan.graph_bytes = plan.graph_buffer_bytes + window(plan.depth)
         return plan
 
-    def _check(self, call: Call) -> tuple[str, str, Compressor, Flat]:
+    def _check(self, call: Call) -> tuple[str, str, Compressor, Compressor | None, Flat]:
         """The argument checks, in the order their errors are raised."""
         kind = KINDS[call.collective]
         op = check_op(call.op)
         requested = algorithms.check_algorithm(call.algorithm)
-        codec = self.codec(call.compressor)
+        codec, inter = level_codecs(self.codec, call.compressor, requested, call.collective)
         src = as_flat(call.x, "x")
-        codec.check_dtype(src.dtype)
-        if kind.reduces:
-            codec.check_op(op)
+        for level in (codec, inter or codec):
+            level.check_dtype(src.dtype)
+            if kind.reduces:
+                level.check_op(op)
         if requested == "native" and not codec.lossless:
             raise ValueError(
                 "algorithm 'native' is the transport's own collective and takes "
@@ -157,7 +163,7 @@ class Planner:
             )
         kind.check_count(src.size, self.size)
         check_chunk_bytes(call.chunk_bytes)
-        return op, requested, codec, src
+        return op, requested, codec, inter, src
 
     def route(self, device: int | None) -> tuple[str, Any]:
         """Where a call's bytes go: ``(route, transport)`` (``sizing.ROUTES``)."""
@@ -254,6 +260,8 @@ class Planner:
                 f"compressor {plan.codec.codec_id!r} is not graph_safe (its GPU kernels "
                 "allocate or synchronise per call)"
             )
+        if plan.codec.stochastic or (plan.inter_codec and plan.inter_codec.stochastic):
+            return "a stochastic codec draws new random bits every call"
         nbytes = plan.count * plan.dtype.itemsize
         if not replays(plan.link, nbytes, follows=plan.graph_follows):
             return (

@@ -78,6 +78,13 @@ class CallPlan:
     calls: int = 0
     bytes_per_call: int = 0
     compressor_arg: Any = field(default=None, repr=False)
+    # the data-parallel calls (coccl.communicator.dp_plans): a hierarchical plan's inter
+    # codec and node size, an all-to-all's split; ``notes`` join fingerprint and describe
+    inter_codec: Compressor | None = None
+    local_size: int = 0
+    sends: list[int] | None = None
+    recvs: list[int] | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def graph_follows(self) -> bool:
@@ -118,6 +125,7 @@ class CallPlan:
             "pipeline depth": self.depth,
             "allgather phase": "AllGather" if self.gather else "point-to-point",
             "graph": bool(self.graph_bytes),
+            **self.notes,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -138,6 +146,7 @@ class CallPlan:
             "graph_reason": self.graph_reason,
             "graph_buffers": "" if g is None else "caller's" if g.follows else "copies",
             "graph_copy_reason": "" if g is None or g.follows else g.copy_reason,
+            **self.notes,
         }
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from coccl import algorithms
 from coccl.communicator.collectives import KINDS
+from coccl.communicator.dp_plans import dp_rounds
 from coccl.communicator.plans import CallPlan, PlanCache
 from coccl.communicator.resources import Resources
 from coccl.communicator.sizing import INLINE_CHUNK_BYTES, replays
@@ -310,8 +311,12 @@ class Runner:
             label=plan.label,
             depth=plan.depth,
             gather=plan.gather,
+            call=plan.calls,
         )
         aplan.hop = algorithms.hop_kernel(plan.codec, x, plan.dtype, plan.op)
+        rounds = dp_rounds(plan, aplan, x, out)
+        if rounds is not None:
+            return rounds
         return algorithms.schedule(plan.algorithm, plan.collective)(aplan, x, out)
 
     def _device(self, device_id: int | None) -> DeviceContext:

@@ -11,6 +11,8 @@ from typing import Any
 
 from coccl import config
 from coccl.communicator.agreement import agree_settings
+from coccl.communicator.dp_calls import DpSetup
+from coccl.communicator.dp_plans import find_nodes
 from coccl.communicator.face import Communicator
 from coccl.config import LAUNCHER_SIZES, Settings, configure_logging
 from coccl.core.transport import PollingTransport
@@ -65,8 +67,6 @@ def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:
     """
     from mpi4py import MPI  # noqa: PLC0415
 
-    from coccl.transports.mpi import MpiTransport  # noqa: PLC0415  (initialises MPI)
-
     if mpi_comm is None:
         mpi_comm = MPI.COMM_WORLD
     if not isinstance(mpi_comm, MPI.Comm):
@@ -76,6 +76,13 @@ def init(mpi_comm: Any = None, backend: str = "auto") -> Communicator:
     conf = config.settings()
     if mpi_comm is MPI.COMM_WORLD:
         check_launcher(mpi_comm.Get_size())
+    return over_mpi(mpi_comm, backend, conf)
+
+
+def over_mpi(mpi_comm: Any, backend: str, conf: Settings) -> Communicator:
+    """``create`` over a checked MPI communicator (``init``, and ``Communicator.split``
+    with its parent's settings)."""
+    from coccl.transports.mpi import MpiTransport  # noqa: PLC0415  (initialises MPI)
 
     def mpi_host(conf: Settings) -> PollingTransport:
         return MpiTransport(
@@ -109,6 +116,7 @@ def create(
     nccl = host = None
     try:
         local_rank, local_size = node_ranks(boot, conf.timeout_s)
+        nodes = find_nodes(boot, conf.timeout_s, conf.local_size)
         threads, pipelined = agree_settings(boot, conf, local_size)
         resolved, device_id, reason = nccl_transport.decide(
             boot, backend, local_rank, conf.timeout_s
@@ -134,4 +142,5 @@ def create(
     return Communicator(
         boot, host, conf, nccl=nccl, link=link, cpu_threads=threads, host_pipelined=pipelined,
         p2p=p2p,
+        dp=DpSetup(nodes, over_mpi),
     )  # fmt: skip
