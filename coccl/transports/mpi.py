@@ -176,7 +176,10 @@ class MpiTransport:
             ) from exc
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.tag_ub = int(self.comm.Get_attr(MPI.TAG_UB))  # the largest tag MPI takes
+        # the largest tag MPI takes: an attribute of COMM_WORLD, which some MPI libraries
+        # (Open MPI) do not carry over to a communicator made by MPI_Comm_split
+        tag_ub = self.comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        self.tag_ub = int(tag_ub) if tag_ub else 32767  # MPI's guaranteed minimum
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
         self.timeout_s = timeout_s
         self._pinned_pool: BufferPool | None = None
