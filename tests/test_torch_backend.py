@@ -6,6 +6,7 @@ launchers it supports (torchrun, and mpiexec through ``coccl.torch.init_process_
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,63 @@ def test_world_of_one(tmp_path: Path):
         timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.launch
+def test_backend_name_works_without_importing_coccl_torch(tmp_path: Path):
+    """torch's backend autoload (the ``torch.backends`` entry point) registers "coccl"
+    when torch is imported, cheaply (no coccl package, MPI, numba or CUDA); the first
+    group imports coccl.torch."""
+    from importlib.metadata import entry_points
+
+    if not any(e.name == "coccl" for e in entry_points(group="torch.backends")):
+        pytest.skip("coccl is not installed with its entry points (pip install -e .)")
+    script = tmp_path / "autoload.py"
+    script.write_text(
+        "import sys, torch, torch.distributed as dist\n"
+        "assert 'coccl' in dist.Backend.backend_list\n"
+        "heavy = [m for m in ('coccl', 'mpi4py', 'numba', 'cupy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "dist.init_process_group('coccl', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "assert 'coccl.torch' in sys.modules and 'mpi4py.MPI' not in sys.modules\n"
+        "t = torch.arange(4.0)\n"
+        "dist.all_reduce(t)\n"
+        "assert torch.equal(t, torch.arange(4.0))\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.parametrize("version", ["2.10.2", "2.14.0", "3.0.0+cu130", "nightly"])
+def test_torch_outside_the_range_is_refused(version):
+    low, high = coccl.torch.TORCH_RANGE
+    text = re.escape(f"torch {low} to {high}, found torch {version}")
+    with pytest.raises(ImportError, match=text):
+        coccl.torch.versions.check_torch_version(version)
+
+
+@pytest.mark.parametrize("version", ["2.11.0", "2.12.1", "2.13.0+cpu", "2.13.0a0+git1234"])
+def test_torch_in_the_range_is_taken(version):
+    coccl.torch.versions.check_torch_version(version)
+
+
+def test_import_checks_the_torch_version(monkeypatch):
+    """``import coccl.torch`` refuses a torch outside the range, naming both."""
+    import importlib
+
+    monkeypatch.setattr(torch, "__version__", "2.4.1")
+    with pytest.raises(ImportError, match="found torch 2.4.1"):
+        importlib.reload(coccl.torch)
+    monkeypatch.undo()
+    importlib.reload(coccl.torch)
+    assert "coccl" in dist.Backend.backend_list
 
 
 # ---------------------------------------------------------------- launches

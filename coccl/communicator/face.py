@@ -24,6 +24,7 @@ from typing import Any
 from coccl import algorithms
 from coccl.communicator import overlap
 from coccl.communicator.agreement import agree_on_call
+from coccl.communicator.exact_calls import ExactCalls
 from coccl.communicator.planner import Call, Planner
 from coccl.communicator.plans import CallPlan, PlanCache
 from coccl.communicator.resources import Resources, release_unclosed, set_numba_threads
@@ -39,7 +40,7 @@ from coccl.transports.bootstrap import Bootstrap
 log = logging.getLogger(__name__)
 
 
-class Communicator:
+class Communicator(ExactCalls):
     """A group of ranks that run collectives together (build it with ``coccl.init``).
 
     Attributes:

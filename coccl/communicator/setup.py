@@ -101,6 +101,7 @@ def create(
     from coccl.transports import nccl as nccl_transport  # noqa: PLC0415
 
     conf = config.settings() if conf is None else conf
+    config.set_log_rank(boot.rank)  # log lines name this rank where no launcher says it
     configure_logging(conf.log_level)
     nccl = None
     try:
@@ -111,14 +112,14 @@ def create(
         )
         if backend == "nccl" and resolved != "nccl":
             raise CocclError(f"backend='nccl' cannot run here: {reason}")
-        if reason:
-            log.debug("device data travels over MPI: %s", reason)
         link = "mpi"
         if resolved == "nccl":
             assert device_id is not None
             nccl = nccl_transport.NcclTransport(boot, device_id, conf.timeout_s)
             link = nccl_transport.detect_link(boot, device_id, conf.link, conf.timeout_s)
         host = make_host(conf)
+        if reason:  # name the transport that runs: MPI, or Gloo under torchrun
+            log.debug("device data travels over %s: %s", _name_of(host), reason)
     except BaseException:
         if nccl is not None:
             nccl.close()
@@ -127,3 +128,9 @@ def create(
     return Communicator(
         boot, host, conf, nccl=nccl, link=link, cpu_threads=threads, host_pipelined=pipelined
     )
+
+
+def _name_of(host: PollingTransport) -> str:
+    """A host transport's name as a log line says it (``MPI``, ``Gloo``)."""
+    name = str(getattr(host, "name", "the host transport"))
+    return {"mpi": "MPI", "gloo": "Gloo"}.get(name, name)
