@@ -14,8 +14,9 @@ Layouts are NCCL's and MPI's: ``gather`` puts rank ``r``'s ``n`` elements at off
 ``size * n`` elements to rank ``r``. As in MPI, a result lives on the root only
 (``reduce``, ``gather``: the other ranks return None and write nothing) and the input
 matters on the root only (``scatter``: the other ranks may pass ``x=None`` with an
-``out``). Every rank checks its arguments and agrees on the call (root, dtype, count, op)
-before any byte moves.
+``out``). Every rank checks its arguments before any byte moves, and the ranks agree on the
+call (root, dtype, count, op) at the first call of each signature, as for the other
+collectives (every call with ``COCCL_CHECK_CALLS=1``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from coccl.engine.polling import GpuExecutor, InlineExecutor, run_polling
 from coccl.engine.streamed import run_streamed
 
 EXACT_CALLS = ("broadcast", "reduce", "gather", "scatter")
+_SIGNATURES_KEPT = 4096  # signatures already agreed on (then forgotten, and agreed again)
 
 
 class ExactCalls:
@@ -165,7 +167,16 @@ class ExactCalls:
             src, entry = self._exact_check(what, x, out, root, op, writes_x)
         except (TypeError, ValueError) as exc:
             error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")
-        self._agree(what, entry, error)  # type: ignore[attr-defined]
+        # as for the other calls: the first call of each signature is agreed on (every
+        # call with COCCL_CHECK_CALLS=1); a refusal always is
+        seen = self.__dict__.setdefault("_exact_signatures", set())
+        signature = (what, repr(entry))
+        every = self._settings.check_calls  # type: ignore[attr-defined]
+        if error is not None or signature not in seen or every:
+            self._agree(what, entry, error)  # type: ignore[attr-defined]
+            if len(seen) >= _SIGNATURES_KEPT:  # a bounded memory, as the plan cache's
+                seen.clear()
+            seen.add(signature)
         assert src is not None
         return src
 
@@ -185,6 +196,9 @@ class ExactCalls:
         else:
             src = as_flat(x, "x")
             count = src.size
+        if what == "reduce" and src.device_id is not None and src.dtype.name == "bfloat16":
+            # CuPy has no bfloat16 arithmetic for the root's combine
+            raise TypeError("reduce of bfloat16 device data is not done yet; use allreduce")
         if writes_x and self.rank != root:
             require_writeable(x, "x")
         if what == "scatter" and count % self.size:
