@@ -87,6 +87,19 @@ def test_premul_sum_mapping():
     assert coccl.torch._reduce_op(op) == expected
 
 
+def run_alone(script: Path, cwd: Path, **extra: str) -> str:
+    """Run ``script`` as a lone process (no launcher's rank) with ``extra`` variables; it
+    must print ``ok``. Returns its stderr."""
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env.update(extra)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    return proc.stderr
+
+
 @pytest.mark.launch
 def test_world_of_one(tmp_path: Path):
     """A lone process (no launcher) becomes a coccl world of one; creating it leaves
@@ -106,12 +119,7 @@ def test_world_of_one(tmp_path: Path):
         "dist.destroy_process_group()\n"
         "print('ok')\n"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    run_alone(script, ROOT)
 
 
 @pytest.mark.launch
@@ -135,15 +143,14 @@ def test_backend_name_works_without_importing_coccl_torch(tmp_path: Path):
         "t = torch.arange(4.0)\n"
         "dist.all_reduce(t)\n"
         "assert torch.equal(t, torch.arange(4.0))\n"
+        "from coccl import config\n"
+        "assert config.log_rank() == '0', config.log_rank()  # set where the comm is made\n"
         "dist.destroy_process_group()\n"
         "print('ok')\n"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    log = run_alone(script, tmp_path, COCCL_LOG="debug")
+    if "device data travels over" in log:  # no GPU here: the line names the host transport
+        assert "device data travels over Gloo" in log, log
 
 
 @pytest.mark.parametrize("version", ["2.10.2", "2.14.0", "3.0.0+cu130", "nightly"])

@@ -88,7 +88,7 @@ class ExactCalls:
             return None
         assert dst is not None
         peers = [p for p in range(self.size) if p != root]
-        landed = {p: src.xp.empty(src.size, dtype=src.dtype) for p in peers} if src.size else {}
+        landed = {p: src.xp.empty(src.size, dtype=src.dtype) for p in peers}
 
         def post() -> None:
             parts = [src.data if p == root else landed[p] for p in range(self.size)]
@@ -98,7 +98,7 @@ class ExactCalls:
             finalize(acc, name, self.size)
             dst.data[...] = acc.astype(src.dtype, copy=False)
 
-        recvs = [(p, _bytes(b)) for p, b in landed.items()]
+        recvs = [(p, _bytes(b)) for p, b in landed.items() if src.size]
         self._exact_run("reduce", src, Round("reduce", 0, recvs=recvs, post=post))
         return dst.obj
 
