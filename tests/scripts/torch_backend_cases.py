@@ -521,3 +521,23 @@ def test_stats_and_describe(device):
     assert "comm:bytes_sent" in counters
     with pytest.raises(TypeError, match="not a coccl group"):
         coccl.torch.stats(checker())
+
+
+@pytest.mark.parametrize("call", ["broadcast", "reduce", "gather", "scatter"])
+def test_rooted_calls_of_the_communicator_over_gloo(device, call):
+    """A coccl group's Communicator runs the rooted collectives over its Gloo transport."""
+    g = group()
+    n, rank, root = dist.get_world_size(), dist.get_rank(), dist.get_world_size() - 1
+    parts = everyone(seed_of("rooted", call), 5 * n, torch.float64, device)
+    x = parts[rank].clone()
+    result = getattr(g.comm, call)(x, root=root)
+    if call == "broadcast":
+        assert torch.equal(x, parts[root])
+    elif call == "scatter":
+        assert torch.equal(result, parts[root][5 * rank : 5 * rank + 5])
+    elif rank != root:
+        assert result is None
+    elif call == "reduce":
+        assert torch.allclose(result.cpu(), exact_sum(parts), rtol=1e-12)
+    else:
+        assert torch.equal(result.cpu(), torch.cat([p.cpu() for p in parts]))
