@@ -6,6 +6,7 @@ launchers it supports (torchrun, and mpiexec through ``coccl.torch.init_process_
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,19 @@ def test_premul_sum_mapping():
     assert coccl.torch._reduce_op(op) == expected
 
 
+def run_alone(script: Path, cwd: Path, **extra: str) -> str:
+    """Run ``script`` as a lone process (no launcher's rank) with ``extra`` variables; it
+    must print ``ok``. Returns its stderr."""
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env.update(extra)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    return proc.stderr
+
+
 @pytest.mark.launch
 def test_world_of_one(tmp_path: Path):
     """A lone process (no launcher) becomes a coccl world of one; creating it leaves
@@ -105,12 +119,63 @@ def test_world_of_one(tmp_path: Path):
         "dist.destroy_process_group()\n"
         "print('ok')\n"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    run_alone(script, ROOT)
+
+
+@pytest.mark.launch
+def test_backend_name_works_without_importing_coccl_torch(tmp_path: Path):
+    """torch's backend autoload (the ``torch.backends`` entry point) registers "coccl"
+    when torch is imported, cheaply (no coccl package, MPI, numba or CUDA); the first
+    group imports coccl.torch."""
+    from importlib.metadata import entry_points
+
+    if not any(e.name == "coccl" for e in entry_points(group="torch.backends")):
+        pytest.skip("coccl is not installed with its entry points (pip install -e .)")
+    script = tmp_path / "autoload.py"
+    script.write_text(
+        "import sys, torch, torch.distributed as dist\n"
+        "assert 'coccl' in dist.Backend.backend_list\n"
+        "heavy = [m for m in ('coccl', 'mpi4py', 'numba', 'cupy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "dist.init_process_group('coccl', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "assert 'coccl.torch' in sys.modules and 'mpi4py.MPI' not in sys.modules\n"
+        "t = torch.arange(4.0)\n"
+        "dist.all_reduce(t)\n"
+        "assert torch.equal(t, torch.arange(4.0))\n"
+        "from coccl import config\n"
+        "assert config.log_rank() == '0', config.log_rank()  # set where the comm is made\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    log = run_alone(script, tmp_path, COCCL_LOG="debug")
+    if "device data travels over" in log:  # no GPU here: the line names the host transport
+        assert "device data travels over Gloo" in log, log
+
+
+@pytest.mark.parametrize("version", ["2.10.2", "2.14.0", "3.0.0+cu130", "nightly"])
+def test_torch_outside_the_range_is_refused(version):
+    low, high = coccl.torch.TORCH_RANGE
+    text = re.escape(f"torch {low} to {high}, found torch {version}")
+    with pytest.raises(ImportError, match=text):
+        coccl.torch.versions.check_torch_version(version)
+
+
+@pytest.mark.parametrize("version", ["2.11.0", "2.12.1", "2.13.0+cpu", "2.13.0a0+git1234"])
+def test_torch_in_the_range_is_taken(version):
+    coccl.torch.versions.check_torch_version(version)
+
+
+def test_import_checks_the_torch_version(monkeypatch):
+    """``import coccl.torch`` refuses a torch outside the range, naming both."""
+    import importlib
+
+    monkeypatch.setattr(torch, "__version__", "2.4.1")
+    with pytest.raises(ImportError, match="found torch 2.4.1"):
+        importlib.reload(coccl.torch)
+    monkeypatch.undo()
+    importlib.reload(coccl.torch)
+    assert "coccl" in dist.Backend.backend_list
 
 
 # ---------------------------------------------------------------- launches

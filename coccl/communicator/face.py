@@ -25,6 +25,7 @@ from coccl import algorithms
 from coccl.communicator import overlap
 from coccl.communicator.agreement import agree_on_call
 from coccl.communicator.dp_calls import DataParallelCalls
+from coccl.communicator.exact_calls import ExactCalls
 from coccl.communicator.p2p_calls import PointToPointCalls
 from coccl.communicator.planner import Call, Planner
 from coccl.communicator.plans import CallPlan, PlanCache
@@ -41,7 +42,7 @@ from coccl.transports.bootstrap import Bootstrap
 log = logging.getLogger(__name__)
 
 
-class Communicator(PointToPointCalls, DataParallelCalls):
+class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
     """A group of ranks that run collectives together (build it with ``coccl.init``).
 
     Attributes:

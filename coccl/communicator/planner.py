@@ -33,7 +33,7 @@ from coccl.compressors import Compressor, get_compressor
 from coccl.config import Settings
 from coccl.core.arrays import Flat, as_flat, dtype_name, signature
 from coccl.core.options import check_chunk_bytes
-from coccl.core.reduction import check_op
+from coccl.core.reduction import check_op, normalize_op
 
 
 class Call(NamedTuple):
@@ -90,8 +90,8 @@ class Planner:
         elif isinstance(compressor, Compressor):
             compressor = ("object", id(compressor))
         key = (
-            call.collective, dtype, count, device, call.op, call.algorithm, compressor,
-            call.chunk_bytes,
+            call.collective, dtype, count, device, normalize_op(call.op), call.algorithm,
+            compressor, call.chunk_bytes,
         )  # fmt: skip
         try:
             hash(key)

@@ -112,6 +112,7 @@ def create(
     from coccl.transports import nccl as nccl_transport  # noqa: PLC0415
 
     conf = config.settings() if conf is None else conf
+    config.set_log_rank(boot.rank)  # log lines name this rank where no launcher says it
     configure_logging(conf.log_level)
     nccl = host = None
     try:
@@ -123,8 +124,6 @@ def create(
         )
         if backend == "nccl" and resolved != "nccl":
             raise CocclError(f"backend='nccl' cannot run here: {reason}")
-        if reason:
-            log.debug("device data travels over MPI: %s", reason)
         link = "mpi"
         if resolved == "nccl":
             assert device_id is not None
@@ -132,6 +131,8 @@ def create(
             link = nccl_transport.detect_link(boot, device_id, conf.link, conf.timeout_s)
         host = make_host(conf)
         p2p = None if make_p2p is None else make_p2p(conf)
+        if reason:  # name the transport that runs: MPI, or Gloo under torchrun
+            log.debug("device data travels over %s: %s", _name_of(host), reason)
     except BaseException:
         if host is not None:
             host.close()
@@ -144,3 +145,9 @@ def create(
         p2p=p2p,
         dp=DpSetup(nodes, over_mpi),
     )  # fmt: skip
+
+
+def _name_of(host: PollingTransport) -> str:
+    """A host transport's name as a log line says it (``MPI``, ``Gloo``)."""
+    name = str(getattr(host, "name", "the host transport"))
+    return {"mpi": "MPI", "gloo": "Gloo"}.get(name, name)

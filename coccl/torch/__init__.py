@@ -1,18 +1,27 @@
 """coccl for PyTorch (L4): ``import coccl.torch`` registers the torch.distributed backend
 ``"coccl"`` (``coccl.torch.backend``); ``coccl.torch.tensor_parallel`` holds the TP layers.
-Uses only public names of the layers below."""
+Uses only public names of the layers below. The supported torch versions
+(``coccl.torch.versions.TORCH_RANGE``) are checked first."""
 
-from coccl.torch.backend import (
+import torch
+
+from coccl.torch.versions import TORCH_RANGE, check_torch_version
+
+check_torch_version(torch.__version__)
+
+from coccl.torch.backend import (  # noqa: E402  (after the version check)
     BACKEND,
     DEFAULT_MIN_COMPRESS_BYTES,
     CocclOptions,
     CocclProcessGroup,
     CocclWork,
     _reduce_op,  # noqa: F401  (the tests check the ReduceOp mapping)
+    create_group,
     options,
     register_backend,
 )
-from coccl.torch.launch import init_process_group
+from coccl.torch.introspect import describe, stats  # noqa: E402
+from coccl.torch.launch import init_process_group  # noqa: E402
 
 __all__ = [
     "BACKEND",
@@ -20,7 +29,11 @@ __all__ = [
     "CocclOptions",
     "CocclProcessGroup",
     "CocclWork",
+    "TORCH_RANGE",
+    "create_group",
+    "describe",
     "init_process_group",
     "options",
     "register_backend",
+    "stats",
 ]

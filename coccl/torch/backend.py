@@ -37,9 +37,16 @@ the caller's current stream, as torch's NCCL is; ``Work.wait()`` makes the curre
 wait for it; a CPU call completes before it returns. The group's ``timeout`` (and
 ``COCCL_TIMEOUT_S``, the smaller wins) bounds every wait.
 
-Supported torch versions: 2.11 to 2.13 (tested on both ends; the backend uses
-``Backend.register_backend(..., extended_api=True)``, a Python ``ProcessGroup`` subclass
-and ``dist._Work``, as torchft does).
+Supported torch versions: ``coccl.torch.versions.TORCH_RANGE`` (checked when
+``coccl.torch`` is imported; the backend uses ``Backend.register_backend(...,
+extended_api=True)``, a Python ``ProcessGroup`` subclass and ``dist._Work``, as torchft
+does).
+
+The single-tensor collectives: torch 2.13's ``dist.all_gather_into_tensor`` and
+``dist.reduce_scatter_tensor`` call a backend's ``all_gather_single`` /
+``reduce_scatter_single`` (and their ``_coalesced`` forms), older versions and torch's C++
+side ``_allgather_base`` / ``_reduce_scatter_base``: this group has both names, one
+method each.
 """
 
 from __future__ import annotations
@@ -357,36 +364,58 @@ class CocclProcessGroup(dist.ProcessGroup):
         return all(t.dtype in _CARRIED for t in tensors)
 
     def _run(self, collective: str, x: torch.Tensor, out: torch.Tensor, op: tuple) -> None:
-        """One coccl collective of ``x`` into ``out`` with the options in force."""
+        """One coccl collective of ``x`` into ``out`` with the options in force; a
+        non-contiguous (strided, a view's) ``x`` or ``out`` is copied in or out, counted
+        as ``copied:<collective>``."""
         name, factor = op
         if x.is_cuda and self.comm.backend != "nccl":
             raise ValueError(
                 "this coccl group moves no CUDA tensors: its ranks do not each have a GPU of "
                 "their own with CuPy, or device_backend='none' (CocclOptions)"
             )
+        path, kwargs = self.call_arguments(collective, x, name)
+        self._counts[f"{collective}:{path}"] += 1
+        src = x if x.is_contiguous() else x.contiguous()
+        dst = (
+            out
+            if out.is_contiguous()
+            else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        )
+        if src is not x or dst is not out:
+            self._counts[f"copied:{collective}"] += 1
+            if out is x:
+                dst = src  # in place: the contiguous copy is the output too
+        getattr(self.comm, collective)(src, dst, **kwargs)
+        if dst is not out:
+            out.copy_(dst)
+        if factor is not None:  # PREMUL_SUM: the sum of factor * x is factor * the sum
+            out.mul_(factor)
+
+    def call_arguments(
+        self, collective: str, x: torch.Tensor, op: str = "sum"
+    ) -> tuple[str, dict[str, Any]]:
+        """What this group passes to its Communicator for ``collective`` of ``x`` with the
+        options in force: ``(path, keyword arguments)``, path ``"compressed"`` or
+        ``"exact"`` (``coccl.torch.describe`` shows the plan)."""
         opts = self._effective()
         nbytes = x.numel() * x.element_size()
-        codec = opts.codec
-        lossy = not codec.lossless
+        lossy = not opts.codec.lossless
         if lossy and not (
             collective in opts.compress
             and nbytes >= opts.min_compress_bytes
             and x.is_floating_point()
-            and name in ("sum", "avg")
+            and op in ("sum", "avg")
         ):
             algorithm, compressor, path = "auto", "identity", "exact"
         else:
             algorithm, compressor = opts.algorithm, opts.compressor
             path = "compressed" if lossy else "exact"
-        self._counts[f"{collective}:{path}"] += 1
         kwargs: dict[str, Any] = {
             "algorithm": algorithm, "compressor": compressor, "chunk_bytes": opts.chunk_bytes,
         }  # fmt: skip
         if collective != "allgather":
-            kwargs["op"] = name
-        getattr(self.comm, collective)(x, out, **kwargs)
-        if factor is not None:  # PREMUL_SUM: the sum of factor * x is factor * the sum
-            out.mul_(factor)
+            kwargs["op"] = op
+        return path, kwargs
 
     def _effective(self) -> CocclOptions:
         """The group's options with the ``options()`` overrides in force for it."""
@@ -525,8 +554,9 @@ def _reduce_op(opts: Any) -> tuple[str, Any] | None:
 
 
 # ------------------------------------------------------------- registration
-def _create(dist_opts: Any, pg_options: Any) -> CocclProcessGroup:
-    """torch's creator for ``backend="coccl"`` (extended API: it gets ``pg_options``)."""
+def create_group(dist_opts: Any, pg_options: Any) -> CocclProcessGroup:
+    """torch's creator for ``backend="coccl"`` (extended API: it gets ``pg_options``);
+    the autoload entry point (``coccl_autoload``) calls it too."""
     if pg_options is None:
         pg_options = CocclOptions()
     if not isinstance(pg_options, CocclOptions):
@@ -544,7 +574,7 @@ def register_backend() -> None:
     """Register ``"coccl"`` with torch.distributed (``import coccl.torch`` does it once)."""
     if BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND, create_group, extended_api=True, devices=["cpu", "cuda"])
 
 
 register_backend()
@@ -555,6 +585,7 @@ __all__ = [
     "CocclOptions",
     "CocclProcessGroup",
     "CocclWork",
+    "create_group",
     "options",
     "register_backend",
 ]

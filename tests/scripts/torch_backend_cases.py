@@ -450,3 +450,94 @@ def test_parallelize_module_matches_gloo(device):
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     for p, q in zip(params, params_ref, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------- what torch's own backends accept
+STRIDED = {
+    "every other column": lambda t: t.reshape(6, 10)[:, ::2],
+    "transposed": lambda t: t.reshape(6, 10).t(),
+    "a view at an offset": lambda t: t[7:37],
+}
+
+
+@pytest.mark.parametrize("layout", list(STRIDED))
+def test_strided_tensors_are_copied_in_and_out(device, layout):
+    """A non-contiguous tensor runs as Gloo's and NCCL's would: a contiguous copy in and
+    out, counted in ``copied:<collective>`` (a contiguous view runs in place, uncopied);
+    the storage around the view is untouched."""
+    g = group()
+    parts = everyone(seed_of("strided", layout), 60, torch.float64, device)
+    base = parts[dist.get_rank()].clone()
+    view = STRIDED[layout](base)
+    before = coccl.torch.stats(g).get("copied:allreduce", 0)
+    dist.all_reduce(view, group=g)
+    want = base.clone()
+    STRIDED[layout](want).copy_(STRIDED[layout](exact_sum(parts).to(device)))
+    assert torch.equal(base, want)
+    copies = 0 if view.is_contiguous() else 1
+    assert coccl.torch.stats(g).get("copied:allreduce", 0) == before + copies
+
+
+def test_strided_output_of_reduce_scatter_and_all_gather(device):
+    g = group()
+    n, rank = dist.get_world_size(), dist.get_rank()
+    parts = everyone(seed_of("strided-rs"), 4 * n, torch.float64, device)
+    out = torch.zeros(4, 2, dtype=torch.float64, device=device)
+    dist.reduce_scatter_tensor(out[:, 0], parts[rank], group=g)
+    assert torch.equal(out[:, 0].cpu(), exact_sum(parts)[4 * rank : 4 * rank + 4])
+    assert torch.equal(out[:, 1], torch.zeros_like(out[:, 1]))
+    gathered = torch.zeros(n * 3, 2, dtype=torch.float64, device=device)
+    dist.all_gather_into_tensor(gathered[:, 1], parts[rank][:3], group=g)
+    assert torch.equal(gathered[:, 1].cpu(), torch.cat([p[:3].cpu() for p in parts]))
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (0, 3)], ids=str)
+def test_scalars_and_empty_tensors(device, shape):
+    g = group()
+    n = dist.get_world_size()
+    t = torch.full(shape, float(dist.get_rank() + 1), device=device)
+    dist.all_reduce(t, group=g)
+    assert t.shape == shape
+    assert torch.equal(t, torch.full(shape, float(n * (n + 1) // 2), device=device))
+
+
+def test_stats_and_describe(device):
+    """The public counters and ``describe`` of a group: what a call will run."""
+    g = group(compressor="taco", algorithm="two_shot")
+    big = torch.ones(1 << 16, device=device)
+    plan = coccl.torch.describe(g, "all_reduce", big)
+    assert plan["path"] == "compressed"
+    assert plan["compressor"]["id"] == "taco"
+    assert plan["algorithm"] == "two_shot"
+    assert coccl.torch.describe(g, "all_reduce", torch.ones(4, device=device))["path"] == "exact"
+    assert coccl.torch.describe(g, "all_reduce", big, dist.ReduceOp.MAX)["path"] == "exact"
+    with coccl.torch.options(g, compressor="identity"):
+        assert coccl.torch.describe(g, "all_reduce", big)["path"] == "exact"
+    with pytest.raises(ValueError, match="not 'broadcast'"):
+        coccl.torch.describe(g, "broadcast", big)
+    dist.all_reduce(big, group=g)
+    counters = coccl.torch.stats(g)
+    assert counters["allreduce:compressed"] >= 1
+    assert "comm:bytes_sent" in counters
+    with pytest.raises(TypeError, match="not a coccl group"):
+        coccl.torch.stats(checker())
+
+
+@pytest.mark.parametrize("call", ["broadcast", "reduce", "gather", "scatter"])
+def test_rooted_calls_of_the_communicator_over_gloo(device, call):
+    """A coccl group's Communicator runs the rooted collectives over its Gloo transport."""
+    g = group()
+    n, rank, root = dist.get_world_size(), dist.get_rank(), dist.get_world_size() - 1
+    parts = everyone(seed_of("rooted", call), 5 * n, torch.float64, device)
+    x = parts[rank].clone()
+    result = getattr(g.comm, call)(x, root=root)
+    if call == "broadcast":
+        assert torch.equal(x, parts[root])
+    elif call == "scatter":
+        assert torch.equal(result, parts[root][5 * rank : 5 * rank + 5])
+    elif rank != root:
+        assert result is None
+    elif call == "reduce":
+        assert torch.allclose(result.cpu(), exact_sum(parts), rtol=1e-12)
+    else:
+        assert torch.equal(result.cpu(), torch.cat([p.cpu() for p in parts]))
