@@ -13,12 +13,12 @@ from typing import Any
 from . import alltoall, hierarchical, native, ring, two_shot
 from .auto import Choice, choose
 from .footprint import Footprint, hop_kernel
-from .plan import Plan
+from .schedule_args import ScheduleArgs
 
 ALGORITHMS = ("auto", "ring", "two_shot", "native", "hierarchical")
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
-Schedule = Callable[[Plan, Any, Any], Iterator[Any]]
+Schedule = Callable[[ScheduleArgs, Any, Any], Iterator[Any]]
 
 _SCHEDULES: dict[str, dict[str, Schedule]] = {
     "ring": {
@@ -69,7 +69,7 @@ __all__ = [
     "COLLECTIVES",
     "Choice",
     "Footprint",
-    "Plan",
+    "ScheduleArgs",
     "check_algorithm",
     "choose",
     "footprint",

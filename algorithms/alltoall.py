@@ -36,7 +36,7 @@ from coccl.core.rounds import Round
 
 from .footprint import Footprint
 from .p2p import receive_chunk
-from .plan import Plan, Span
+from .schedule_args import ScheduleArgs, Span
 from .steps import encodes, new_round, payload_of, run_all, send_own
 
 
@@ -127,7 +127,7 @@ def buffers_overlap(x: Any, out: Any) -> str:
 
 
 def alltoall(
-    plan: Plan,
+    plan: ScheduleArgs,
     x: Any,
     out: Any,
     send_counts: Sequence[int] | None = None,
@@ -150,7 +150,7 @@ def alltoall(
 
 
 def _rounds(
-    plan: Plan, x: Any, out: Any, blocks: list[Span], slots: list[Span], stage: bool
+    plan: ScheduleArgs, x: Any, out: Any, blocks: list[Span], slots: list[Span], stage: bool
 ) -> Iterator[Round]:
     n, r = plan.size, plan.rank
     nch = max(plan.nchunks(blocks), plan.nchunks(slots))
@@ -173,7 +173,7 @@ def _rounds(
             yield rnd
 
 
-def _send(plan: Plan, rnd: Round, src: Any, stage: bool, pres: list[Any]) -> Any:
+def _send(plan: ScheduleArgs, rnd: Round, src: Any, stage: bool, pres: list[Any]) -> Any:
     """The payload that sends chunk ``src``; its encode, if any, joins ``pres``. Staged
     (in place), the identity codec copies into a pooled payload too, so ``src`` may be
     rewritten once ``pre`` ran."""
@@ -188,7 +188,14 @@ def _send(plan: Plan, rnd: Round, src: Any, stage: bool, pres: list[Any]) -> Any
 
 
 def _own_block(
-    plan: Plan, rnd: Round, x: Any, out: Any, block: Span, slot: Span, c: int, in_place: bool
+    plan: ScheduleArgs,
+    rnd: Round,
+    x: Any,
+    out: Any,
+    block: Span,
+    slot: Span,
+    c: int,
+    in_place: bool,
 ) -> Any:
     """Chunk c of this rank's block to itself, encoded and decoded into its own slot like
     every other block (the identity codec: a copy, or nothing in place)."""

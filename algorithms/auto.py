@@ -28,7 +28,7 @@ from coccl.compressors import Compressor, get_compressor
 IDENTITY_TWO_SHOT_FROM: dict[tuple[str, str], int | None] = {
     ("mpi", "host"): 16 << 20,
     ("mpi", "staged"): 16 << 20,
-    ("mpi", "device"): None,
+    ("mpi", "cuda_aware"): None,
 }
 
 # (transport, link) -> input bytes from which the compressed ring beat the compressed

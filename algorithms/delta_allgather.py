@@ -33,11 +33,13 @@ from coccl.core.rounds import Round
 
 from . import two_shot
 from .alltoall import buffers_overlap
-from .plan import Plan, Span, even_shards
+from .schedule_args import ScheduleArgs, Span, even_shards
 from .steps import new_round, run_all
 
 
-def allgather_delta(plan: Plan, x: Any, replica: Any, *, exact: bool = False) -> Iterator[Round]:
+def allgather_delta(
+    plan: ScheduleArgs, x: Any, replica: Any, *, exact: bool = False
+) -> Iterator[Round]:
     """Add every rank's encoded change ``x - replica[slot]`` into ``replica`` (see the
     module docstring); ``exact``: gather ``x`` itself, exactly (the first call).
 
@@ -55,7 +57,7 @@ def allgather_delta(plan: Plan, x: Any, replica: Any, *, exact: bool = False) ->
     return _rounds(plan, x, replica, even_shards(x.size, plan.size))
 
 
-def _rounds(plan: Plan, x: Any, replica: Any, slots: list[Span]) -> Iterator[Round]:
+def _rounds(plan: ScheduleArgs, x: Any, replica: Any, slots: list[Span]) -> Iterator[Round]:
     n, r = plan.size, plan.rank
     peers = [(r + i) % n for i in range(1, n)]
     nch = plan.nchunks(slots)
@@ -82,14 +84,16 @@ def _rounds(plan: Plan, x: Any, replica: Any, slots: list[Span]) -> Iterator[Rou
         yield rnd
 
 
-def _encode_change(plan: Plan, acc: Any, new: Any, old: Any, payload: Any, salt: int = 0) -> None:
+def _encode_change(
+    plan: ScheduleArgs, acc: Any, new: Any, old: Any, payload: Any, salt: int = 0
+) -> None:
     """``payload = encode(new - old)``, the difference formed in the accumulate type."""
     acc[...] = new
     acc -= old.astype(acc.dtype) if old.dtype != acc.dtype else old
     plan.encode(acc, payload, salt)
 
 
-def _apply(plan: Plan, payload: Any, slot: Any) -> None:
+def _apply(plan: ScheduleArgs, payload: Any, slot: Any) -> None:
     """``slot += decode(payload)``: the same arithmetic on every rank."""
     plan.codec.decode_into(payload, slot, plan.dtype, True)
 

@@ -56,14 +56,14 @@ from coccl.core.rounds import Round
 
 from . import ring, two_shot
 from .footprint import Footprint
-from .plan import Plan
+from .schedule_args import ScheduleArgs
 
 LEVEL_ALGORITHMS = ("ring", "two_shot")
 
 
 @dataclass(eq=False, kw_only=True)
-class HierarchicalPlan(Plan):
-    """A ``Plan`` for two levels: ``codec`` is the intra-node codec.
+class HierarchicalArgs(ScheduleArgs):
+    """A ``ScheduleArgs`` for two levels: ``codec`` is the intra-node codec.
 
     Attributes:
         local_size: ranks per node (``COCCL_LOCAL_SIZE`` or the host names).
@@ -78,7 +78,7 @@ class HierarchicalPlan(Plan):
 
 
 @dataclass(eq=False)
-class _LevelPlan(Plan):
+class _LevelArgs(ScheduleArgs):
     """A sub-group's plan; ``avg`` divides by the global rank count (``divisor``)."""
 
     divisor: int = 1
@@ -98,7 +98,7 @@ def fuses_hop(collective: str, n: int) -> bool:
     return False
 
 
-def check_plan(plan: HierarchicalPlan) -> tuple[int, int]:
+def check_plan(plan: HierarchicalArgs) -> tuple[int, int]:
     """(nodes, local size), or ValueError for a node size that does not divide the ranks
     or an unknown level algorithm."""
     local = plan.local_size
@@ -115,7 +115,7 @@ def check_plan(plan: HierarchicalPlan) -> tuple[int, int]:
     return plan.size // local, local
 
 
-def _level(plan: HierarchicalPlan, level: str, op: str, like: Any) -> _LevelPlan:
+def _level(plan: HierarchicalArgs, level: str, op: str, like: Any) -> _LevelArgs:
     """The sub-plan of this rank's node (``intra``) or of its local index (``inter``)."""
     nodes, local = plan.size // plan.local_size, plan.local_size
     node, index = divmod(plan.rank, local)
@@ -123,15 +123,15 @@ def _level(plan: HierarchicalPlan, level: str, op: str, like: Any) -> _LevelPlan
     rank, size = (index, local) if level == "intra" else (node, nodes)
     chunk = -(-plan.chunk_elems // codec.alignment) * codec.alignment
     hop = codec.reduce_encode_kernel(like, plan.dtype) if op in ("sum", "avg") else None
-    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)}
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(ScheduleArgs)}
     fields.update(rank=rank, size=size, codec=codec, op=op, chunk_elems=chunk, hop=hop)
     fields.update(stream_rank=plan.rank if plan.stream_rank < 0 else plan.stream_rank)
     # the transport's AllGather spans every rank, never a sub-group
     fields.update(gather=False, label=f"{plan.label} {level}")
-    return _LevelPlan(**fields, divisor=plan.size)  # _tags: the plan's own counter
+    return _LevelArgs(**fields, divisor=plan.size)  # _tags: the plan's own counter
 
 
-def _members(plan: HierarchicalPlan, level: str) -> list[int]:
+def _members(plan: HierarchicalArgs, level: str) -> list[int]:
     """Global ranks of this rank's sub-group, by sub-group rank."""
     local = plan.local_size
     node, index = divmod(plan.rank, local)
@@ -140,7 +140,7 @@ def _members(plan: HierarchicalPlan, level: str) -> list[int]:
     return [j * local + index for j in range(plan.size // local)]
 
 
-def _schedule(plan: HierarchicalPlan, level: str, collective: str) -> Callable[..., Any]:
+def _schedule(plan: HierarchicalArgs, level: str, collective: str) -> Callable[..., Any]:
     name = plan.intra_algorithm if level == "intra" else plan.inter_algorithm
     return getattr(ring if name == "ring" else two_shot, collective)
 
@@ -149,7 +149,7 @@ class _Phases:
     """Runs sub-schedules phase by phase: peers mapped to global ranks, every round
     of a phase after the join round that closed the phase before."""
 
-    def __init__(self, plan: HierarchicalPlan) -> None:
+    def __init__(self, plan: HierarchicalArgs) -> None:
         self.plan = plan
         self.join: Round | None = None
         self.phase: list[Round] = []
@@ -180,7 +180,7 @@ def _noop() -> None:
     pass
 
 
-def allreduce(plan: HierarchicalPlan, x: Any, out: Any) -> Iterator[Round]:
+def allreduce(plan: HierarchicalArgs, x: Any, out: Any) -> Iterator[Round]:
     """Hierarchical AllReduce of flat ``x`` into flat ``out`` (same size; may be ``x``).
 
     Raises:
@@ -190,7 +190,7 @@ def allreduce(plan: HierarchicalPlan, x: Any, out: Any) -> Iterator[Round]:
     return _allreduce(plan, x, out, nodes, local)
 
 
-def _allreduce(plan: HierarchicalPlan, x: Any, out: Any, nodes: int, local: int) -> Iterator:
+def _allreduce(plan: HierarchicalArgs, x: Any, out: Any, nodes: int, local: int) -> Iterator:
     phases = _Phases(plan)
     inner = "sum" if plan.op == "avg" else plan.op  # avg divides once, in phase 2
     if nodes == 1 or local == 1:  # one level: its AllReduce alone
@@ -226,7 +226,7 @@ def _allreduce(plan: HierarchicalPlan, x: Any, out: Any, nodes: int, local: int)
         )
 
 
-def reduce_scatter(plan: HierarchicalPlan, x: Any, out: Any) -> Iterator[Round]:
+def reduce_scatter(plan: HierarchicalArgs, x: Any, out: Any) -> Iterator[Round]:
     """Hierarchical ReduceScatter: ``x`` holds ``size * n`` elements, ``out`` gets the
     ``n`` reduced elements of shard ``rank`` (the flat ReduceScatter's layout).
 
@@ -242,7 +242,7 @@ def reduce_scatter(plan: HierarchicalPlan, x: Any, out: Any) -> Iterator[Round]:
     return _reduce_scatter(plan, x, out, nodes, local)
 
 
-def _reduce_scatter(plan: HierarchicalPlan, x: Any, out: Any, nodes: int, local: int) -> Iterator:
+def _reduce_scatter(plan: HierarchicalArgs, x: Any, out: Any, nodes: int, local: int) -> Iterator:
     phases = _Phases(plan)
     n = out.size
     if nodes == 1 or local == 1:
@@ -266,4 +266,4 @@ def _reduce_scatter(plan: HierarchicalPlan, x: Any, out: Any, nodes: int, local:
     yield from phases.close(holds=[block])  # the partial sums live until phase 2 is done
 
 
-__all__ = ["LEVEL_ALGORITHMS", "HierarchicalPlan", "allreduce", "check_plan", "reduce_scatter"]
+__all__ = ["LEVEL_ALGORITHMS", "HierarchicalArgs", "allreduce", "check_plan", "reduce_scatter"]

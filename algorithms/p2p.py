@@ -24,13 +24,13 @@ from typing import Any
 
 from coccl.core.rounds import Round
 
-from .plan import Plan, Span
+from .schedule_args import ScheduleArgs, Span
 from .steps import encodes, new_round, payload_of, run_all, send_own
 
 KINDS = ("send", "recv")
 
 
-def check_ops(plan: Plan, ops: Sequence[tuple[str, Any, int]]) -> None:
+def check_ops(plan: ScheduleArgs, ops: Sequence[tuple[str, Any, int]]) -> None:
     """ValueError unless every op is ("send" | "recv", a flat array, a rank of the plan)."""
     for i, op in enumerate(ops):
         if not isinstance(op, tuple) or len(op) != 3:
@@ -41,24 +41,24 @@ def check_ops(plan: Plan, ops: Sequence[tuple[str, Any, int]]) -> None:
         _check_peer(plan, peer, f"op {i}: ")
 
 
-def _check_peer(plan: Plan, peer: Any, where: str = "") -> None:
+def _check_peer(plan: ScheduleArgs, peer: Any, where: str = "") -> None:
     if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < plan.size:
         raise ValueError(f"{where}peer must be a rank in 0..{plan.size - 1}, got {peer!r}")
 
 
-def send(plan: Plan, x: Any, peer: int) -> Iterator[Round]:
+def send(plan: ScheduleArgs, x: Any, peer: int) -> Iterator[Round]:
     """Send flat ``x`` to rank ``peer``, one round per chunk."""
     _check_peer(plan, peer)
     return exchange(plan, [("send", x, peer)])
 
 
-def recv(plan: Plan, out: Any, peer: int) -> Iterator[Round]:
+def recv(plan: ScheduleArgs, out: Any, peer: int) -> Iterator[Round]:
     """Receive ``out.size`` elements from rank ``peer`` into flat ``out``."""
     _check_peer(plan, peer)
     return exchange(plan, [("recv", out, peer)])
 
 
-def exchange(plan: Plan, ops: Sequence[tuple[str, Any, int]]) -> Iterator[Round]:
+def exchange(plan: ScheduleArgs, ops: Sequence[tuple[str, Any, int]]) -> Iterator[Round]:
     """Sends and receives posted together: round c carries chunk c of every op.
 
     Args:
@@ -73,7 +73,7 @@ def exchange(plan: Plan, ops: Sequence[tuple[str, Any, int]]) -> Iterator[Round]
     return _rounds(plan, list(ops))
 
 
-def _rounds(plan: Plan, ops: list[tuple[str, Any, int]]) -> Iterator[Round]:
+def _rounds(plan: ScheduleArgs, ops: list[tuple[str, Any, int]]) -> Iterator[Round]:
     spans: list[Span] = [(0, arr.size) for _, arr, _ in ops]
     nch = plan.nchunks(spans)
     for c in range(nch):
@@ -94,7 +94,7 @@ def _rounds(plan: Plan, ops: list[tuple[str, Any, int]]) -> Iterator[Round]:
         yield rnd
 
 
-def receive_chunk(plan: Plan, rnd: Round, peer: int, dst: Any, stage: bool = False) -> Any:
+def receive_chunk(plan: ScheduleArgs, rnd: Round, peer: int, dst: Any, stage: bool = False) -> Any:
     """Add to ``rnd`` the receive of one chunk from ``peer`` into ``dst``: directly for
     the identity codec (returns None) unless ``stage``, else into a pooled payload that
     the returned callable decodes (run it in ``post``)."""

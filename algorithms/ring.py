@@ -19,7 +19,7 @@ from typing import Any
 from coccl.core.rounds import Round
 
 from .footprint import Footprint
-from .plan import Plan, Span, aligned_shards, even_shards
+from .schedule_args import ScheduleArgs, Span, aligned_shards, even_shards
 from .steps import (
     Pending,
     StepBuilder,
@@ -54,7 +54,9 @@ def fuses_hop(collective: str, n: int) -> bool:
     return collective == "allreduce" and n > 1
 
 
-def _reduce_encode(plan: Plan, acc: Any, own: Any, received: Any, out: Any, salt: int = 0) -> None:
+def _reduce_encode(
+    plan: ScheduleArgs, acc: Any, own: Any, received: Any, out: Any, salt: int = 0
+) -> None:
     """One hop of the ring: out = encode(own + decode(received))."""
     plan.load(acc, own)
     plan.reduce(acc, received)
@@ -67,7 +69,7 @@ class _ReduceScatterSteps:
     ``want_payload`` (for the AllGather)."""
 
     def __init__(
-        self, plan: Plan, x: Any, shards: list[Span], dst_of: Any, want_payload: bool
+        self, plan: ScheduleArgs, x: Any, shards: list[Span], dst_of: Any, want_payload: bool
     ) -> None:
         self.plan, self.x, self.shards = plan, x, shards
         self.dst_of, self.want_payload = dst_of, want_payload
@@ -133,7 +135,7 @@ class _AllGatherSteps:
     encoded shards unchanged, decode each into ``out``. ``own`` maps chunk -> this rank's
     encoded chunk of its own shard (filled by earlier steps of the same chunk)."""
 
-    def __init__(self, plan: Plan, shards: list[Span], out: Any, own: dict[int, Pending]):
+    def __init__(self, plan: ScheduleArgs, shards: list[Span], out: Any, own: dict[int, Pending]):
         self.plan, self.shards, self.out, self.own = plan, shards, out, own
         self.nch = plan.nchunks(shards)
         self.received: dict[int, Pending] = {}
@@ -169,7 +171,7 @@ class _AllGatherSteps:
         return rnd if rnd.sends or rnd.recvs else None
 
 
-def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
+def allreduce(plan: ScheduleArgs, x: Any, out: Any) -> Iterator[Round]:
     """Ring AllReduce of flat ``x`` into flat ``out`` (same size; may be the same array):
     each chunk's ReduceScatter steps, then its AllGather steps, chunks in waves."""
     shards = aligned_shards(x.size, plan.size, plan.codec.alignment)
@@ -181,7 +183,7 @@ def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     yield from waves(rs.nch, rs.builders() + ag.builders(), plan.depth)
 
 
-def _local(plan: Plan, x: Any, out: Any, want_payload: bool) -> Iterator[Round]:
+def _local(plan: ScheduleArgs, x: Any, out: Any, want_payload: bool) -> Iterator[Round]:
     """A single rank: one round of local compute, no messages. For AllReduce
     (``want_payload``) the result still goes through one encode/decode, as on n ranks."""
     rnd = new_round(plan, "local")
@@ -195,7 +197,7 @@ def _local(plan: Plan, x: Any, out: Any, want_payload: bool) -> Iterator[Round]:
     yield rnd
 
 
-def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
+def reduce_scatter(plan: ScheduleArgs, x: Any, out: Any) -> Iterator[Round]:
     """Ring ReduceScatter: ``x`` holds ``size * n`` elements, ``out`` gets shard ``rank``."""
     n_out = out.size
     shards = even_shards(n_out, plan.size)
@@ -207,7 +209,7 @@ def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
     yield from waves(rs.nch, rs.builders(), plan.depth)
 
 
-def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
+def allgather(plan: ScheduleArgs, x: Any, out: Any) -> Iterator[Round]:
     """Ring AllGather: ``x`` holds n elements, ``out`` gets ``size * n``, rank r's at r*n.
     Each chunk is first encoded once (and decoded into this rank's own slot, so the owner
     holds bitwise what the others decode), then forwarded; chunks in waves."""

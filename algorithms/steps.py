@@ -13,7 +13,7 @@ from typing import Any
 from coccl.core.pool import Block
 from coccl.core.rounds import Round
 
-from .plan import Plan, Span
+from .schedule_args import ScheduleArgs, Span
 
 
 @dataclass
@@ -37,13 +37,13 @@ class Pending:
         return self.data
 
 
-def new_round(plan: Plan, label: str) -> Round:
+def new_round(plan: ScheduleArgs, label: str) -> Round:
     # identity payloads are the data itself: a transport may type them (NCCL does)
     wire = plan.dtype if plan.codec.lossless else None
     return Round(label=f"{plan.label} {label}", tag=plan.next_tag(), wire_dtype=wire)
 
 
-def send_own(plan: Plan, rnd: Round, src: Any) -> Any:
+def send_own(plan: ScheduleArgs, rnd: Round, src: Any) -> Any:
     """The payload of this rank's own data ``src``, sent by ``rnd``: a view of ``src`` for
     the identity codec, else a pooled buffer that ``rnd``'s pre encodes into."""
     view = plan.zero_copy(src)
@@ -59,7 +59,7 @@ class _Encode:
 
     __slots__ = ("plan", "src", "data", "salt")
 
-    def __init__(self, plan: Plan, src: Any, data: Any) -> None:
+    def __init__(self, plan: ScheduleArgs, src: Any, data: Any) -> None:
         self.plan, self.src, self.data = plan, src, data
         self.salt = plan.next_salt()  # drawn as the round is built
 
@@ -90,7 +90,7 @@ def run_all(*fns: Any) -> Any:
     return run
 
 
-def result_payload(plan: Plan, dst: Any, want: bool, rnd: Round) -> Pending | None:
+def result_payload(plan: ScheduleArgs, dst: Any, want: bool, rnd: Round) -> Pending | None:
     """Where a reduced chunk's payload goes when every rank must decode it (AllReduce):
     ``dst`` itself for identity, else a pooled buffer referenced for the consumer."""
     if not want:
@@ -103,7 +103,7 @@ def result_payload(plan: Plan, dst: Any, want: bool, rnd: Round) -> Pending | No
     return Pending(rnd, block.data, block.retain(), plan.next_salt())
 
 
-def finish(plan: Plan, acc: Any, dst: Any, result: Pending | None) -> None:
+def finish(plan: ScheduleArgs, acc: Any, dst: Any, result: Pending | None) -> None:
     """``acc`` holds a fully reduced chunk: apply avg's division, then write ``dst``.
 
     For an AllReduce the chunk is encoded once and the owner decodes its own payload,
@@ -118,7 +118,7 @@ def finish(plan: Plan, acc: Any, dst: Any, result: Pending | None) -> None:
 
 
 def reduce_chunk(
-    plan: Plan, acc: Any, own: Any, payloads: list[Any], dst: Any, result: Pending | None
+    plan: ScheduleArgs, acc: Any, own: Any, payloads: list[Any], dst: Any, result: Pending | None
 ) -> None:
     """``dst = own (op) decode(p) for p in payloads``, reduced in ``acc``, in order."""
     plan.load(acc, own)
@@ -150,7 +150,13 @@ def waves(nch: int, steps: list[StepBuilder], lag: int) -> Iterator[Round]:
 
 
 def own_round(
-    plan: Plan, x: Any, out: Any, shards: list[Span], own: dict[int, Pending], keep: bool, c: int
+    plan: ScheduleArgs,
+    x: Any,
+    out: Any,
+    shards: list[Span],
+    own: dict[int, Pending],
+    keep: bool,
+    c: int,
 ) -> Round:
     """The first round of an AllGather's chunk c: encode this rank's chunk of its shard
     and decode it into its own slot of ``out`` (so the owner holds bitwise what the others

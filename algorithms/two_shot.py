@@ -29,7 +29,7 @@ from typing import Any
 from coccl.core.rounds import Round
 
 from .footprint import Footprint
-from .plan import Plan, Span, aligned_shards, even_shards
+from .schedule_args import ScheduleArgs, Span, aligned_shards, even_shards
 from .steps import (
     Pending,
     encodes,
@@ -57,12 +57,12 @@ def fuses_hop(collective: str, n: int) -> bool:
     return collective == "allreduce" and n == 2
 
 
-def _peers(plan: Plan) -> list[int]:
+def _peers(plan: ScheduleArgs) -> list[int]:
     """Other ranks, starting after this one (spreads the load of simultaneous sends)."""
     return [(plan.rank + i) % plan.size for i in range(1, plan.size)]
 
 
-def _slot(plan: Plan, shards: list[Span], c: int) -> int:
+def _slot(plan: ScheduleArgs, shards: list[Span], c: int) -> int:
     """The payload slot of chunk c in the AllGather phase: the longest shard's payload,
     rounded up to 256 bytes so every slot starts as aligned as a pool block."""
     longest = max(b - a for a, b in (plan.chunk(shard, c) for shard in shards))
@@ -71,7 +71,7 @@ def _slot(plan: Plan, shards: list[Span], c: int) -> int:
     return -(-plan.codec.encoded_nbytes(longest, plan.dtype) // 256) * 256
 
 
-def _slots(plan: Plan, shards: list[Span], c: int, rnd: Round) -> Pending:
+def _slots(plan: ScheduleArgs, shards: list[Span], c: int, rnd: Round) -> Pending:
     """A block of ``size`` payload slots for chunk c's AllGather, held by ``rnd``; the
     returned Pending's data is this rank's slot, exactly its payload's size."""
     slot = _slot(plan, shards, c)
@@ -83,7 +83,7 @@ def _slots(plan: Plan, shards: list[Span], c: int, rnd: Round) -> Pending:
     return Pending(rnd, own, block.retain())
 
 
-def _exchange(plan: Plan, x: Any, shards: list[Span], c: int, rnd: Round) -> dict[int, Any]:
+def _exchange(plan: ScheduleArgs, x: Any, shards: list[Span], c: int, rnd: Round) -> dict[int, Any]:
     """The ReduceScatter's point-to-point exchange of chunk c, set up in ``rnd``: our
     chunk of every other shard encoded and sent to its owner; the payloads received for
     our shard's chunk, by sender (none when that chunk is empty)."""
@@ -107,7 +107,7 @@ def _exchange(plan: Plan, x: Any, shards: list[Span], c: int, rnd: Round) -> dic
 
 
 def _exchange_by_allgather(
-    plan: Plan, x: Any, shards: list[Span], c: int, rnd: Round
+    plan: ScheduleArgs, x: Any, shards: list[Span], c: int, rnd: Round
 ) -> dict[int, Any]:
     """``_exchange`` on two ranks as one AllGather of two payload slots: our chunk of
     the other's shard encoded into our slot, the other's payload for our shard read from
@@ -134,7 +134,7 @@ def _exchange_by_allgather(
 
 
 def _reduce_round(
-    plan: Plan, x: Any, shards: list[Span], c: int, dst_of: Any, want_payload: bool
+    plan: ScheduleArgs, x: Any, shards: list[Span], c: int, dst_of: Any, want_payload: bool
 ) -> tuple[Round, Pending | None]:
     """Chunk c of the direct ReduceScatter: send our chunk of every other shard to its
     owner; receive every contribution to our shard and reduce them in rank order. With
@@ -166,7 +166,9 @@ def _reduce_round(
     return rnd, result
 
 
-def _gather_round(plan: Plan, shards: list[Span], c: int, out: Any, own: Pending | None) -> Round:
+def _gather_round(
+    plan: ScheduleArgs, shards: list[Span], c: int, out: Any, own: Pending | None
+) -> Round:
     """Chunk c of the direct AllGather: send our encoded chunk to every rank; receive
     every other owner's chunk and decode it into ``out``."""
     nch = plan.nchunks(shards)
@@ -192,7 +194,7 @@ def _gather_round(plan: Plan, shards: list[Span], c: int, out: Any, own: Pending
 
 
 def _allgather_round(
-    plan: Plan, shards: list[Span], c: int, out: Any, own: Pending | None
+    plan: ScheduleArgs, shards: list[Span], c: int, out: Any, own: Pending | None
 ) -> Round | None:
     """Chunk c of the AllGather phase through the transport's AllGather (``plan.gather``):
     every rank contributes its slot (empty or not: the AllGather is collective), then
@@ -220,7 +222,7 @@ def _allgather_round(
     return rnd
 
 
-def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
+def allreduce(plan: ScheduleArgs, x: Any, out: Any) -> Iterator[Round]:
     """Two-shot AllReduce of flat ``x`` into flat ``out`` (same size; may be the same)."""
     shards = aligned_shards(x.size, plan.size, plan.codec.alignment)
     nch = plan.nchunks(shards)
@@ -251,7 +253,7 @@ def allreduce(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
                 result.block.release()
 
 
-def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
+def reduce_scatter(plan: ScheduleArgs, x: Any, out: Any) -> Iterator[Round]:
     """Direct ReduceScatter: ``x`` holds ``size * n`` elements, ``out`` gets shard ``rank``."""
     shards = even_shards(out.size, plan.size)
     base = shards[plan.rank][0]
@@ -260,7 +262,7 @@ def reduce_scatter(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
         yield rnd
 
 
-def allgather(plan: Plan, x: Any, out: Any) -> Iterator[Round]:
+def allgather(plan: ScheduleArgs, x: Any, out: Any) -> Iterator[Round]:
     """Direct AllGather: ``x`` holds n elements, ``out`` gets ``size * n``."""
     shards = even_shards(x.size, plan.size)
     own: dict[int, Pending] = {}

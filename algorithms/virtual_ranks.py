@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.algorithms.plan import aligned_shards
+from coccl.algorithms.schedule_args import aligned_shards
 from coccl.compressors import Compressor, get_compressor, require_graph_safe
 from coccl.core.arrays import Flat, accumulate_dtype, as_flat
 from coccl.core.options import check_chunk_bytes

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 import pytest
 
-from coccl.algorithms import Plan
+from coccl.algorithms import ScheduleArgs
 from coccl.compressors import Compressor, get_compressor
 from coccl.core.pool import host_pool
 
@@ -34,7 +34,14 @@ def one_numba_thread():
 
 
 def plans(
-    size: int, codec: str, dtype: Any, *, op: str = "sum", chunk_elems: int = 256, cls=Plan, **extra
+    size: int,
+    codec: str,
+    dtype: Any,
+    *,
+    op: str = "sum",
+    chunk_elems: int = 256,
+    cls=ScheduleArgs,
+    **extra,
 ) -> list[Any]:
     """One plan per rank, each with its own pool and tag counter (as on real ranks)."""
     return [

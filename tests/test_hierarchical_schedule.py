@@ -25,7 +25,7 @@ from schedule_cases import (  # noqa: F401  (one_numba_thread: an autouse fixtur
 )
 from schedule_sim import run_ranks
 
-from coccl.algorithms.hierarchical import HierarchicalPlan, allreduce, reduce_scatter
+from coccl.algorithms.hierarchical import HierarchicalArgs, allreduce, reduce_scatter
 from coccl.compressors import get_compressor
 from coccl.core.arrays import accumulate_dtype
 
@@ -38,7 +38,7 @@ COUNTS = [0, 1, 3, 130, 700]  # < ranks, odd (a tail), not multiples of the grou
 def _plans(n, local, codec, dtype, levels, op="sum"):
     intra, inter = levels
     return plans(
-        n, codec, dtype, op=op, chunk_elems=128, cls=HierarchicalPlan, local_size=local,
+        n, codec, dtype, op=op, chunk_elems=128, cls=HierarchicalArgs, local_size=local,
         inter_codec=get_compressor(codec), intra_algorithm=intra, inter_algorithm=inter,
     )  # fmt: skip
 

@@ -226,7 +226,7 @@ def test_host_compute_is_waited_for():
 
 
 def _schedule(algorithm: str, collective: str, codec: str = "taco", size: int = 4):
-    plan = algorithms.Plan(
+    plan = algorithms.ScheduleArgs(
         rank=1,
         size=size,
         codec=get_compressor(codec),

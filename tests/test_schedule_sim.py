@@ -96,7 +96,7 @@ def test_dependencies_must_be_the_ranks_own_earlier_rounds():
 @pytest.mark.parametrize("codec", ["int8", "taco"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_two_shot_through_the_transports_allgather(n, codec):
-    """Rounds exchanging through the transport's AllGather (two-shot's ``Plan.gather``,
+    """Rounds exchanging through the transport's AllGather (two-shot's ``ScheduleArgs.gather``,
     on every rank count): bitwise the point-to-point result, on every rank."""
     rng = np.random.default_rng(n)
     xs = [rng.standard_normal(1000).astype(F32) for _ in range(n)]

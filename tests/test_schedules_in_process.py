@@ -1,6 +1,6 @@
 """Schedules of two ranks run in one process, in lockstep, by a small executor standing in
 for a streamed transport (NCCL): two-shot's exchanges through the transport's AllGather
-(``Plan.gather``; on two ranks both phases) give bitwise what point-to-point gives, on
+(``ScheduleArgs.gather``; on two ranks both phases) give bitwise what point-to-point gives, on
 every rank, at every count. On real GPUs tests/mpi/test_nccl_graphs_gpu.py checks the
 same over NCCL."""
 
@@ -45,7 +45,7 @@ def _allreduce_two_ranks(xs: list[np.ndarray], codec: str, gather: bool) -> list
     schedules yield them: pre on both ranks, the exchange, post on both, release."""
     outs = [np.empty_like(x) for x in xs]
     plans = [
-        algorithms.Plan(
+        algorithms.ScheduleArgs(
             rank=r,
             size=2,
             codec=get_compressor(codec),
@@ -97,7 +97,7 @@ def test_gather_rounds_on_two_ranks_carry_both_phases():
     """With ``gather`` on two ranks no round of a two-shot AllReduce sends point to point:
     the ReduceScatter's exchange and the AllGather phase are both AllGathers."""
     x = np.ones(4096, np.float32)
-    plan = algorithms.Plan(
+    plan = algorithms.ScheduleArgs(
         rank=0, size=2, codec=get_compressor("taco"), dtype=x.dtype, op="sum",
         chunk_elems=256, pool=host_pool(), label="t", gather=True,
     )  # fmt: skip

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from coccl.algorithms.plan import aligned_shards
+from coccl.algorithms.schedule_args import aligned_shards
 from coccl.compressors import Compressor, get_compressor
 from coccl.core.arrays import accumulate_dtype
 from coccl.virtual_ranks import simulate_allreduce

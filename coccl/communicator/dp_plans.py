@@ -114,13 +114,13 @@ def hierarchical_notes(
     }
 
 
-def hierarchical_plan(aplan: algorithms.Plan, local_size: int, inter: Compressor) -> Any:
+def hierarchical_plan(aplan: algorithms.ScheduleArgs, local_size: int, inter: Compressor) -> Any:
     """``aplan`` as a two-level plan (two-shot at both levels)."""
-    fields = {f.name: getattr(aplan, f.name) for f in dataclasses.fields(algorithms.Plan)}
-    return hierarchical.HierarchicalPlan(**fields, local_size=local_size, inter_codec=inter)
+    fields = {f.name: getattr(aplan, f.name) for f in dataclasses.fields(algorithms.ScheduleArgs)}
+    return hierarchical.HierarchicalArgs(**fields, local_size=local_size, inter_codec=inter)
 
 
-def dp_rounds(plan: Any, aplan: algorithms.Plan, x: Any, out: Any) -> Any:
+def dp_rounds(plan: Any, aplan: algorithms.ScheduleArgs, x: Any, out: Any) -> Any:
     """The rounds of a data-parallel plan (an all-to-all or a hierarchical one), or None
     for a flat schedule."""
     if plan.collective == "alltoall":

@@ -294,7 +294,7 @@ class PointToPointCalls:
         self, kind: str, peer: int, codec: Compressor, sig: dict, data: Any, finish: Any
     ) -> Posting:
         runner = self._runner  # type: ignore[attr-defined]
-        plan = algorithms.Plan(
+        plan = algorithms.ScheduleArgs(
             rank=self.rank,
             size=self.size,
             codec=codec,

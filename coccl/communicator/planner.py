@@ -176,7 +176,7 @@ class Planner:
                     f"{self.nccl.device_id}"
                 )
             return "nccl", self.nccl
-        return ("device" if self.host.cuda_aware else "staged"), self.host
+        return ("cuda_aware" if self.host.cuda_aware else "staged"), self.host
 
     def _choose(
         self,

@@ -42,7 +42,7 @@ class CallPlan:
         count, out_count: input and output elements.
         device: the GPU ordinal of the data, None for host data.
         route: where the bytes go: "host" (host data over MPI), "staged" (device data over
-            MPI through pinned host memory), "device" (device data to a CUDA-aware MPI) or
+            MPI through pinned host memory), "cuda_aware" (device data to a CUDA-aware MPI) or
             "nccl".
         algorithm, codec: what runs (``auto`` resolved); ``reason``: why.
         requested: the algorithm and codec configuration as the caller gave them.

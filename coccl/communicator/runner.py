@@ -300,7 +300,7 @@ class Runner:
     def _rounds(self, plan: CallPlan, pool: BufferPool, x: Any, out: Any) -> Any:
         """The rounds of ``plan``'s schedule on flat ``x`` and ``out``, with ``plan.codec``
         on the wire."""
-        aplan = algorithms.Plan(
+        aplan = algorithms.ScheduleArgs(
             rank=self.rank,
             size=self.size,
             codec=plan.codec,

@@ -42,7 +42,7 @@ NCCL_STAGING_LIMIT_BYTES = 1 << 30
 # measurements).
 REPLAY_MAX_BYTES = {"nvlink": 128 << 20, "shm": 64 << 20, "socket": 64 << 20, "net": 64 << 20}
 
-ROUTES = ("host", "staged", "device", "nccl")
+ROUTES = ("host", "staged", "cuda_aware", "nccl")
 
 
 def staged_chunk_bytes(shard: int, itemsize: int, compressed: bool) -> int:
@@ -176,7 +176,7 @@ def default_chunk_bytes(
       (``host_pipelined`` False, decided alike on every rank) and no chunk size set, one
       chunk: chunks could only run one after the other on the polling thread, so
       pipelining would add per-chunk cost and overlap nothing (bench/NOTES.md);
-    * ``staged``: ``staged_chunk_bytes``; ``device`` (CUDA-aware MPI): COCCL_CHUNK_BYTES;
+    * ``staged``: ``staged_chunk_bytes``; ``cuda_aware`` (CUDA-aware MPI): COCCL_CHUNK_BYTES;
     * ``nccl``: ``nccl_chunk_bytes``, whether or not the schedule is replayed.
 
     ``count`` is the call's element count (AllGather: each rank's input); ``accumulates``:

@@ -39,7 +39,7 @@ def even_shards(n: int, size: int) -> list[Span]:
 
 
 @dataclass
-class Plan:
+class ScheduleArgs:
     """One collective call's arguments, as the schedules see them.
 
     Attributes:
