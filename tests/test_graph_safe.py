@@ -6,6 +6,8 @@ is not graph_safe (every built-in codec is)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -88,9 +90,20 @@ def test_simulator_under_capture_refuses_a_codec_that_is_not_graph_safe(codec, m
 
 
 def test_runner_under_a_callers_capture_refuses_a_codec_that_is_not_graph_safe():
-    runner = Runner.__new__(Runner)  # the check comes before any device work
+    runner = Runner.__new__(Runner)  # the checks come before any device work
     with pytest.raises(GraphCaptureError, match="'int8'.*Communicator allreduce"):
-        runner._run_device(_plan("unsafe"), None, None, _CapturingStream())
+        runner._run_in_caller_capture(_plan("unsafe"), None, None, _CapturingStream())
+
+
+def test_runner_under_a_callers_capture_refuses_the_staged_route():
+    plan = dataclasses.replace(_plan("int8"), route="staged", calls=3)
+    with pytest.raises(GraphCaptureError, match="over MPI.*backend='nccl'"):
+        Runner.__new__(Runner)._run_in_caller_capture(plan, None, None, _CapturingStream())
+
+
+def test_runner_under_a_callers_capture_asks_for_a_first_call():
+    with pytest.raises(GraphCaptureError, match="run this call once before capturing"):
+        Runner.__new__(Runner)._run_in_caller_capture(_plan("int8"), None, None, _CapturingStream())
 
 
 def _torch_cuda():

@@ -136,6 +136,13 @@ layers)
   timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
     -k "(nccl and 1]) or (test_torch_backend_gpu and 1]) or (test_gpu_collectives and (2] or 4]))" \
     2>&1 | tee "$OUT/pytest_layers2.txt" | grep -v "^SKIPPED" | tail -12 ;;
+callergraph)
+  # coccl calls inside CUDA graphs the caller captures (CuPy, torch.cuda.graph,
+  # torch.compile reduce-overhead) on one-rank NCCL, and the refusals; then the graph-safety
+  # tests the recording path touches. Budget: about 120 s.
+  step pytest gpu: CUDA graphs of the caller
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_caller_graph_gpu.py tests/test_graph_safe.py \
+    2>&1 | tee "$OUT/pytest_callergraph.txt" | grep -v "^SKIPPED" | tail -30 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done

@@ -10,7 +10,9 @@ A call whose plan is settled takes one of these paths (``Runner.run``):
   (``coccl.engine.streamed``), captured as a graph at the plan's second call when the plan
   allows one, and replayed from then on;
 * device data over MPI (staged through pinned memory, or CUDA-aware): the polling engine
-  with kernels on coccl's compute stream.
+  with kernels on coccl's compute stream;
+* a call made while the caller's stream captures a CUDA graph of its own: recorded into
+  that graph (``coccl.engine.graphs.CallerCapture``), over NCCL only.
 
 A failure from the first byte on breaks the communicator (``on_failure``). Tools run a
 plan's schedule eagerly through the one declared call ``run_from_host``.
@@ -47,9 +49,10 @@ from coccl.core.arrays import (
 from coccl.core.pool import BufferPool, host_pool
 from coccl.core.transport import PollingTransport
 from coccl.engine.device import DeviceContext
-from coccl.engine.graphs import CallGraph
+from coccl.engine.graphs import CallerCapture, CallGraph
 from coccl.engine.polling import CpuExecutor, GpuExecutor, InlineExecutor, run_polling
 from coccl.engine.streamed import run_streamed
+from coccl.errors import GraphCaptureError
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +89,17 @@ class Runner:
         self.on_failure = on_failure
         self.host_pool = host_pool()
         self.devices: dict[int, DeviceContext] = {}
+        self.caller_captures: dict[int, CallerCapture] = {}
 
     # --------------------------------------------------------------- the call
     def run(self, plan: CallPlan, x: Any, out: Any) -> Any:
         """Run a call whose plan is settled: per-call checks first (before any byte
         moves), then the route's path; a failure from then on breaks the communicator."""
+        caller = None if plan.route == "host" else caller_stream(x)
+        if caller is not None and _capturing(caller):
+            return self._run_in_caller_capture(plan, x, out, caller)
         if plan.route == "nccl" and (plan.algorithm == "native" or plan.graph is not None):
-            return self._run_nccl_launch(plan, x, out)
+            return self._run_nccl_launch(plan, x, out, caller)
         src = as_flat(x, "x")  # checks contiguity, which the plan's key does not cover
         dst = self._output(plan, src, out)
         plan.calls += 1
@@ -100,7 +107,7 @@ class Runner:
             if plan.route == "host":
                 self._run_host(plan, src, dst)
             else:
-                self._run_device(plan, src, dst, caller_stream(x))
+                self._run_device(plan, src, dst, caller)
         except BaseException as exc:
             self.on_failure(exc)
             raise
@@ -169,13 +176,12 @@ class Runner:
             raise ValueError("out must be on the same device as x")
 
     # --------------------------------------------------------------- paths
-    def _run_nccl_launch(self, plan: CallPlan, x: Any, out: Any) -> Any:
+    def _run_nccl_launch(self, plan: CallPlan, x: Any, out: Any, stream: Any) -> Any:
         """The thin per-call path over NCCL: NCCL's own collective, or the plan's CUDA
         graph, enqueued on the caller's stream from the buffers' addresses alone (no
         array views, and for ``native`` no coccl stream or event but the watchdog's)."""
         out = self._checked_output(plan, x, out)
         plan.calls += 1
-        stream = caller_stream(x)
         nccl = self.nccl
         try:
             if plan.graph is None:
@@ -210,9 +216,6 @@ class Runner:
     def _run_device(self, plan: CallPlan, src: Flat, dst: Flat, caller: Any) -> None:
         """Device data: staged over MPI, or over NCCL (captured at the second call of a
         plan that allows a graph, replayed from then on)."""
-        if not plan.codec.graph_safe and _capturing(caller):
-            # the caller records a graph of its own (torch.cuda.graph, CuPy capture)
-            require_graph_safe(plan.codec, f"a Communicator {plan.label}")
         ctx = self._device(plan.device)
         with ctx.device:
             if plan.route != "nccl":
@@ -228,6 +231,49 @@ class Runner:
                 self._run_streamed(plan, src, dst, ctx, caller)
                 plan.bytes_per_call = self.nccl.bytes_sent - sent
             self.resources.watchdog.track(caller, plan.label)
+
+    def _run_in_caller_capture(self, plan: CallPlan, x: Any, out: Any, caller: Any) -> Any:
+        """The caller's stream captures a CUDA graph of its own: record the call into it
+        (the streamed engine, or NCCL's own collective, on the caller's stream), or refuse
+        before anything is enqueued where a recording could not replay correctly."""
+        require_graph_safe(plan.codec, f"a Communicator {plan.label}")
+        if plan.route != "nccl":
+            raise GraphCaptureError(
+                f"{plan.label}: device data over MPI moves through host memory while the "
+                "call runs, which a CUDA graph cannot record; capture over backend='nccl' "
+                "(one GPU per rank)"
+            )
+        if plan.calls == 0:
+            raise GraphCaptureError(
+                f"{plan.label}: run this call once before capturing it (NCCL connects the "
+                "peers at a plan's first call, which a capture cannot record; the warm-up "
+                "iterations torch.cuda.graph asks for do this)"
+            )
+        src = as_flat(x, "x")
+        dst = self._output(plan, src, out)
+        plan.calls += 1
+        ctx = self._device(plan.device)
+        try:
+            with ctx.device:
+                if plan.algorithm == "native":
+                    self.nccl.native_ptrs(
+                        plan.collective, data_ptr(src.data), data_ptr(dst.data), plan.count,
+                        plan.dtype, plan.op, caller.ptr,
+                    )  # fmt: skip
+                    return dst.obj
+                capture = self.caller_captures.get(plan.device)
+                if capture is None:
+                    capture = self.caller_captures[plan.device] = CallerCapture(ctx)
+                build = lambda pool, a, b: self._rounds(plan, pool, a, b)  # noqa: E731
+                capture.record(build, self.nccl, plan.depth, caller, src.data, dst.data)
+        except Exception as exc:
+            raise GraphCaptureError(
+                f"recording {plan.label} into the caller's CUDA graph failed ({exc}); "
+                "coccl allocates its buffers while recording: if the capture's mode forbids "
+                "that, capture with capture_error_mode='relaxed' (torch.cuda.graph) or "
+                "cudaStreamCaptureModeRelaxed"
+            ) from exc
+        return dst.obj
 
     def _run_streamed(
         self, plan: CallPlan, src: Flat, dst: Flat, ctx: DeviceContext, caller: Any

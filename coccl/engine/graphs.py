@@ -194,3 +194,46 @@ class CallGraph:
         self._keep.clear()
         self.pool = None
         self._in = self._out = None
+
+
+class CallerCapture:
+    """Memory of the schedules recorded into CUDA graphs that callers capture themselves
+    (``torch.cuda.graph``, CuPy stream capture), on one device.
+
+    A call made while its caller's stream captures runs the streamed engine as usual: its
+    streams fork from the caller's stream and join it again by events, so the capture
+    records every kernel and NCCL operation, and each replay of the caller's graph runs
+    the whole call. What those operations touch must outlive the caller's graph, which
+    coccl cannot see: every buffer allocated while recording (a fresh pool's, a codec's
+    temporaries) is kept here as long as the communicator lives.
+    """
+
+    def __init__(self, ctx: DeviceContext) -> None:
+        self.ctx = ctx
+        self._keep: list[Any] = []
+
+    def record(
+        self,
+        build: BuildRounds,
+        transport: StreamedTransport,
+        depth: int,
+        caller: Any,
+        x: Any,
+        out: Any,
+    ) -> None:
+        """Run the schedule ``build`` gives on ``x`` and ``out`` into ``caller``'s capture."""
+        import cupy as cp  # noqa: PLC0415
+
+        memory_pool = cp.get_default_memory_pool()
+
+        def keep(nbytes: int) -> Any:
+            memory = memory_pool.malloc(nbytes)
+            self._keep.append(memory)
+            return memory
+
+        pool = device_pool(self.ctx.device)
+        self._keep.append(pool)
+        with cp.cuda.using_allocator(keep):
+            self.ctx.enter(caller)
+            run_streamed(build(pool, x, out), transport, self.ctx, depth=depth)
+            self.ctx.leave(caller)
