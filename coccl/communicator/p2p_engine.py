@@ -225,6 +225,11 @@ class P2PEngine:
 
     def flush(self) -> None:
         """Launch the open group of streamed messages (see the module docstring)."""
+        if not self._group:
+            return
+        # signatures that already arrived are checked first: a mismatch found now raises
+        # before the group's bytes move (one found later raises at the wait, and aborts)
+        self.poll()
         group, self._group = self._group, []
         group = [m for m in group if m.error is None]
         if not group:
