@@ -91,3 +91,81 @@ def test_merged_rounds_run_every_parts_compute_in_order():
     merged.post()
     assert calls == [("pre", 0), ("pre", 1), ("post", 0), ("post", 1)]
     assert np.all([merged.wire_dtype is None])
+
+
+class _Stream:
+    """A stand-in for a device stream: work runs at once, so waits are no-ops."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def wait_event(self, event):
+        pass
+
+
+class _Ctx:
+    """A stand-in DeviceContext on the host (p2p_nccl needs its streams and events)."""
+
+    def __init__(self):
+        self.device, self.compute, self.comm, self.post = _Stream(), _Stream(), _Stream(), _Stream()
+
+    def event(self, stream):
+        return "event"
+
+
+class _SelfNccl:
+    """One rank's NCCL on the host: a group's sends to itself land in its receives, in
+    the order each was enqueued, as NCCL pairs them; sizes must match."""
+
+    def __init__(self):
+        self.groups = 0
+
+    def group_exchange(self, sends, recvs, stream, wire_dtype=None):
+        assert len(sends) == len(recvs)
+        for (_, s), (_, r) in zip(sends, recvs, strict=True):
+            assert s.size == r.size
+            r[...] = s
+        self.groups += 1
+
+
+def test_launch_group_delivers_every_message_through_merged_rounds():
+    """The data path of a streamed group on a host stand-in for NCCL: two messages of
+    different sizes to one peer and their receives, int8 chunked, arrive as the CPU
+    codec's chunked roundtrip, each in its own place."""
+    import coccl
+    from coccl import algorithms
+    from coccl.algorithms import p2p
+    from coccl.communicator.p2p_nccl import DeviceMessage, launch_group
+    from coccl.core.pool import host_pool
+
+    codec = coccl.get_compressor("int8")
+    pool = host_pool()
+
+    def posting(kind, data):
+        plan = algorithms.ScheduleArgs(
+            rank=0, size=1, codec=codec, dtype=np.dtype(np.float32), op="sum",
+            chunk_elems=256, pool=pool, label=kind,
+        )  # fmt: skip
+        schedule = p2p.send if kind == "send" else p2p.recv
+        return Posting(
+            kind, 0, {}, lambda: schedule(plan, data, 0), InlineExecutor(), lambda: None,
+            streamed=True, device=DeviceMessage(_Stream(), "ready"),
+        )  # fmt: skip
+
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    ra, rb = np.zeros_like(a), np.zeros_like(b)
+    group = [posting("send", a), posting("send", b), posting("recv", ra), posting("recv", rb)]
+    nccl = _SelfNccl()
+    launch_group(group, nccl, _Ctx(), 2, None, "point-to-point")
+    assert nccl.groups == 5  # a's four chunks, then b's one, each with its receive
+    assert all(p.device.done_event == "event" for p in group)
+    for sent, got in ((a, ra), (b, rb)):
+        expected = np.concatenate(
+            [codec.decode(codec.encode(sent[i : i + 256]), count=min(256, sent.size - i),
+                          dtype=np.float32) for i in range(0, sent.size, 256)]
+        )  # fmt: skip
+        np.testing.assert_array_equal(got, expected)
