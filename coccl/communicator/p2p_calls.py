@@ -304,7 +304,12 @@ class PointToPointCalls:
         check_chunk_bytes(chunk_bytes)
         codec = self._planner.codec(compressor)  # type: ignore[attr-defined]
         codec.check_dtype(flat.dtype)
-        chunk = self._settings.chunk_bytes if chunk_bytes is None else int(chunk_bytes)  # type: ignore[attr-defined]
+        settings = self._settings  # type: ignore[attr-defined]
+        chunk = settings.chunk_bytes if chunk_bytes is None else int(chunk_bytes)
+        if streamed and codec.lossless and chunk_bytes is None and not settings.chunk_bytes_set:
+            # an uncompressed message over NCCL has no codec work to overlap, and NCCL's
+            # point-to-point is fastest on large messages: one chunk, the whole message
+            chunk = max(chunk, flat.size * flat.dtype.itemsize)
         elems = chunk_elems(chunk, flat.dtype.itemsize, codec.alignment)
         name = dtype_name(flat.dtype)
         wire = "nccl" if streamed else "mpi"
