@@ -70,11 +70,17 @@ class Reference:
     energy: float
 
 
-def quantizations(collective: str, algorithm: str, nranks: int) -> int:
+def quantizations(collective: str, algorithm: str, nranks: int, stated: str | None = None) -> int:
     """How many times a schedule encodes each element on its way to the result
-    (0 for ``native``: the transport's own collective takes no codec)."""
+    (0 for ``native``: the transport's own collective takes no codec). ``hierarchical``
+    depends on the node layout: its count is what ``Communicator.describe`` states
+    (``stated``, its ``quantizations``: "4 per element (...)")."""
     if algorithm == "native":
         return 0
+    if algorithm == "hierarchical":
+        if not stated or not stated.split()[0].isdigit():
+            raise ValueError("hierarchical needs the quantization count describe() states")
+        return int(stated.split()[0])
     if collective == "allgather":
         return 1
     if algorithm == "ring":
@@ -119,6 +125,7 @@ def rel_error_bound(
     dtype: np.dtype,
     nranks: int,
     ref: Reference,
+    stated: str | None = None,
 ) -> float:
     """The largest ``||y - s|| / ||s||`` a correct run may show (see the module docstring).
 
@@ -130,6 +137,8 @@ def rel_error_bound(
         dtype: the data type.
         nranks: the rank count.
         ref: the exact result's norm and its contributions' energy on this rank.
+        stated: the quantization count ``describe()`` states (``hierarchical``; one
+            codec at both levels, ``codec``).
 
     Returns:
         The bound (0.0 where the result must be exact; ``inf`` if nothing can be said,
@@ -151,7 +160,7 @@ def rel_error_bound(
         rounding = gamma(nranks - 1, u) * math.sqrt(nranks) * ref.energy / ref.norm
     quantization = 0.0
     if lossy:
-        q = quantizations(collective, algorithm, nranks)
+        q = quantizations(collective, algorithm, nranks, stated)
         b = codec.rel_error_bound
         quantization = b * math.sqrt(q) * (1 + b) ** q * ref.energy / ref.norm
     rel = rounding + quantization

@@ -30,6 +30,7 @@ from . import launch
 # Modules whose import registers subcommands (each decorates its runners with @command).
 COMMAND_MODULES: tuple[str, ...] = (
     "coccl.bench.collective",
+    "coccl.bench.exchange",
     "coccl.bench.codec",
     "coccl.bench.fidelity",
     "coccl.bench.tp_step",

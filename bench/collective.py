@@ -30,6 +30,7 @@ from coccl.compressors import Compressor
 from . import bounds, launch, timing
 from .cases import Case, NothingToRun, make_cases, skip_notes
 from .cli import DTYPES, comma_list, command, datatype, parse_size, positive_int
+from .codec import _split_specs, codec_specs
 from .table import (
     MAX_WIDTH,
     Layout,
@@ -365,6 +366,7 @@ class Sweep:
                 self.dtype,
                 self.mpi.Get_size(),
                 bufs.ref_norms,
+                ran.get("quantizations"),
             )
             local_wrong = sum(not error <= local_bound for error in errors)  # NaN: wrong
             rel_err = worst(self.mpi.allgather(worst(errors)))
@@ -558,8 +560,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "the transport of device data")
     add("--algorithm", type=comma_list, default=["ring", "two_shot"],
         help="comma-separated algorithms to compare (ring, two_shot, native, auto)")
-    add("--compressor", type=comma_list, default=["identity"],
-        help="comma-separated compressors to compare, e.g. identity,taco,int8")
+    add("--compressor", type=compressor_labels, default=["identity"],
+        help="comma-separated compressors to compare, each name or name:key=value,... "
+             "e.g. identity,taco,int:bits=4,hadamard=32")
     add("--chunk-bytes", type=parse_size, default=None,
         help="pipeline chunk size (default: COCCL_CHUNK_BYTES, or coccl's choice)")
     add("--device", choices=("cpu", "gpu"), default="cpu",
@@ -842,15 +845,28 @@ def _select_device(mpi: Any, device: str) -> tuple[Any, Callable[[], None], dict
     return cp, timing.device_sync(), {"gpu": name, "gpu_id": device_id}
 
 
+def compressor_labels(text: str) -> list[str]:
+    """argparse type: the ``--compressor`` list as labels, each ``name`` or
+    ``name:key=value,...`` (``int:bits=4,hadamard=32``: a ``key=value`` after a
+    ``name:key=value`` is one more option of it; ``coccl.bench.codec``'s syntax). The
+    codecs are built (and a bad one refused, by rank 0) when the sweep starts."""
+    labels = []
+    for name, options in _split_specs(text):
+        labels.append(f"{name}:{','.join(options)}" if options else name)
+    return list(dict.fromkeys(labels))
+
+
+def codec_of(label: str) -> Compressor:
+    """The codec of a ``--compressor`` label (UsageError if it cannot be built)."""
+    try:
+        return codec_specs(label)[0].codec
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _codecs(names: list[str]) -> dict[str, Any]:
     """Each named compressor (and identity, the reference of the ratio), built once."""
-    codecs = {}
-    for name in dict.fromkeys(["identity", *names]):
-        try:
-            codecs[name] = coccl.get_compressor(name)
-        except Exception as exc:  # unknown, or its module failed to import
-            raise UsageError(f"compressor {name!r} is not available: {exc}") from None
-    return codecs
+    return {name: codec_of(name) for name in dict.fromkeys(["identity", *names])}
 
 
 def _variants(
@@ -966,7 +982,7 @@ def _metadata(sweep: Sweep, args: argparse.Namespace, device: dict[str, Any]) ->
         "chunk_bytes": sweep.chunk_bytes,
         "bus_factor": sweep.spec.bus_factor(mpi.Get_size()),
         "algorithms": args.algorithm,
-        "compressors": {name: coccl.get_compressor(name).get_config() for name in args.compressor},
+        "compressors": {name: codec_of(name).get_config() for name in args.compressor},
         "coccl_version": coccl.__version__,
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
         "environment": recorded_environment(os.environ),

@@ -115,8 +115,9 @@ class Row:
 
     @property
     def compressor_label(self) -> str:
-        """The table's codec: as asked, or ``taco>identity`` when auto ran another."""
-        if self.ran is None or self.ran["compressor"]["id"] == self.compressor:
+        """The table's codec: as asked (``int:bits=4``), or ``taco>identity`` when auto
+        ran another."""
+        if self.ran is None or self.ran["compressor"]["id"] == self.compressor.partition(":")[0]:
             return self.compressor
         return f"{self.compressor}>{self.ran['compressor']['id']}"
 

@@ -143,6 +143,28 @@ callergraph)
   step pytest gpu: CUDA graphs of the caller
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_caller_graph_gpu.py tests/test_graph_safe.py \
     2>&1 | tee "$OUT/pytest_callergraph.txt" | grep -v "^SKIPPED" | tail -30 ;;
+ncclp2p)
+  # Point-to-point over NCCL (one rank sending to itself inside NCCL groups), then on 2 and 4
+  # ranks sharing the GPU over staged MPI: the send/recv sweep (identity, tah, taco beside
+  # MPI_Sendrecv, overlap from 64 MiB), the all-to-all sweep (beside MPI_Alltoall) and the
+  # two-level AllReduce on 2 emulated nodes of 2 ranks (beside MPI_Allreduce). Budget: 200 s
+  # (the four timeouts); JSON in $JSONDIR.
+  step "pytest one-rank NCCL point-to-point"
+  timeout ${P2P_TEST_TIMEOUT:-60} python3 -m pytest -q -p no:cacheprovider tests/test_nccl_p2p.py \
+    2>&1 | tee "$OUT/pytest_nccl_p2p.txt" | grep -v "^SKIPPED" | tail -15
+  step "2-rank staged send/recv sweep on the GPU, 1 MiB to 1 GiB, overlap from 64 MiB"
+  timeout ${P2P_SENDRECV_TIMEOUT:-70} python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 1M -e 1G -f 4 \
+    -n 2 -w 1 --no-progress --compressor identity,tah:row=4096,taco --overlap-min 64M --overlap-iters 3 \
+    --json "$JSONDIR/h200-mpi-2ranks-sendrecv.json" 2>&1 | tee "$OUT/sendrecv.txt" | tail -28
+  step "4-rank staged all-to-all sweep on the GPU, 4 to 256 MiB"
+  timeout ${P2P_ALLTOALL_TIMEOUT:-35} python3 -m coccl.bench.cli alltoall --np 4 --device gpu -b 4M -e 256M -f 4 \
+    -n 2 -w 1 --no-progress --compressor identity,int:bits=4,int:bits=8 \
+    --json "$JSONDIR/h200-mpi-4ranks-alltoall.json" 2>&1 | tee "$OUT/alltoall.txt" | tail -20
+  step "4-rank staged two-level AllReduce on the GPU, 2 emulated nodes of 2 ranks"
+  COCCL_LOCAL_SIZE=2 timeout ${P2P_HIER_TIMEOUT:-35} python3 -m coccl.bench.cli allreduce --np 4 --device gpu \
+    -b 4M -e 256M -f 4 -n 2 -w 1 --no-progress --algorithm hierarchical,native --compressor identity,int:bits=8 \
+    -d float32 --json "$JSONDIR/h200-mpi-4ranks-hierarchical.json" 2>&1 | tee "$OUT/hierarchical.txt" \
+    | grep -v "^#  Rank" | tail -16 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done

@@ -4,7 +4,7 @@ its messages travel under.
 Messages between two ranks pair in the order they are posted, one sequence per
 (peer, direction), on both sides (as NCCL pairs them; the user's tag is checked, not
 used for matching). Every message opens with a small exchange of the two ends'
-signatures (count, dtype, codec config, tag, chunking): the sender's goes with its
+signatures (count, dtype, codec config, tag, chunking, wire): the sender's goes with its
 data, the receiver's back at once; the receiver posts its data receives only once the
 sender's signature matches its own, and each end raises ``CocclError`` naming what
 differs if it does not, so a mismatch is never a wrong decode, and never a hang.
@@ -47,14 +47,20 @@ def chunk_slot(chunk: int) -> int:
     return HEADER_SLOTS + chunk % CHUNK_SLOTS
 
 
-def signature(count: int, dtype: str, config: dict, tag: int, chunk_elems: int) -> dict:
-    """What both ends of a message must agree on (JSON-serialisable)."""
+def signature(
+    count: int, dtype: str, config: dict, tag: int, chunk_elems: int, wire: str = "mpi"
+) -> dict:
+    """What both ends of a message must agree on (JSON-serialisable). ``wire``: the
+    transport of its data, ``"mpi"`` (host data, or device data through host copies) or
+    ``"nccl"`` (device data on a communicator with NCCL): a host array cannot meet a
+    device array there."""
     return {
         "count": count,
         "dtype": dtype,
         "compressor": config,
         "tag": tag,
         "chunk_elems": chunk_elems,
+        "wire": wire,
     }
 
 

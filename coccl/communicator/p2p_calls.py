@@ -4,10 +4,12 @@
 Messages between two ranks pair in the order they are posted, on both sides; the tag is
 checked, not used for matching (``coccl.communicator.p2p_agreement``). Every argument is
 checked before any byte moves; then the message is handed to the communicator's
-progress engine (``coccl.communicator.p2p_engine``), which runs on a transport of its
-own, so its messages never meet the collectives'. Device data travels over MPI through
-host copies (the caller's stream is synchronised first; a received message is copied
-to the device on the stream that was current at ``irecv``); over NCCL it is not done yet.
+progress engine (``coccl.communicator.p2p_engine``), which exchanges the two ends'
+signatures over a transport of its own (an MPI duplicate), so its messages never meet
+the collectives'. Host data travels over that transport. Device data on a communicator
+with NCCL travels over NCCL, in groups (``coccl.communicator.p2p_nccl``); on one without,
+over MPI through host copies (the caller's stream is synchronised first; a received
+message is copied to the device on the stream that was current at ``irecv``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from coccl import algorithms
 from coccl.algorithms import p2p
 from coccl.communicator import p2p_agreement as agreement
 from coccl.communicator.p2p_engine import Message, P2PEngine, Posting
+from coccl.communicator.p2p_nccl import DeviceMessage, launch_group
 from coccl.communicator.sizing import chunk_elems
 from coccl.compressors import Compressor
 from coccl.core.arrays import (
@@ -35,6 +38,7 @@ from coccl.core.arrays import (
 )
 from coccl.core.options import check_chunk_bytes
 from coccl.core.transport import PollingTransport
+from coccl.engine.polling import InlineExecutor
 from coccl.errors import CocclError
 
 
@@ -50,7 +54,12 @@ class P2PHandle:
     """A posted point-to-point message: ``wait()`` blocks until it is complete and returns
     the received array (None for a send); ``test()`` says whether it is, without blocking.
     Either drives every message of the communicator in flight; on a communicator that
-    was closed or broke since, either raises CocclError."""
+    was closed or broke since, either raises CocclError.
+
+    Over NCCL, ``wait()`` returns once both ends matched and the message's group is
+    enqueued: the received array is ready in the order of the stream that was current at
+    the post (as a collective's result over NCCL), and the host does not wait for the
+    device; ``test()`` is True once the device work has ended too."""
 
     def __init__(self, engine: P2PEngine, message: Message, check: Callable[[], None]) -> None:
         self._engine = engine
@@ -92,6 +101,7 @@ class PointToPointCalls:
             # weakly: the engine lives in the resources a finalizer holds, so a bound
             # method would keep an unclosed communicator alive forever
             partial(_break_weakly, weakref.ref(self)),
+            None if self._nccl is None else partial(_launch_weakly, weakref.ref(self)),  # type: ignore[attr-defined]
         )
 
     # ------------------------------------------------------------ public calls
@@ -188,7 +198,9 @@ class PointToPointCalls:
         """Post several sends and receives at once (torch's ``batch_isend_irecv``):
         ``("send", x, peer)`` and ``("recv", out, peer)``, every one checked before any
         is posted; all progress together, so rings of exchanges in both directions
-        cannot deadlock. Several messages to one peer pair in the order given.
+        cannot deadlock. Several messages to one peer pair in the order given. Over
+        NCCL the batch is one group of its own, launched at once (after the messages
+        posted before it).
 
         Returns:
             one handle per op, in order (``wait()`` returns ``out`` for receives).
@@ -205,11 +217,13 @@ class PointToPointCalls:
                 postings.append(self._sending(arr, peer, compressor, tag, chunk_bytes))
             else:
                 postings.append(self._receiving(arr, peer, compressor, tag, chunk_bytes))
-        return self._handles(engine, postings)
+        return self._handles(engine, postings, group=True)
 
-    def _handles(self, engine: P2PEngine, postings: list[Posting]) -> list[P2PHandle]:
+    def _handles(
+        self, engine: P2PEngine, postings: list[Posting], group: bool = False
+    ) -> list[P2PHandle]:
         check = self._check_usable  # type: ignore[attr-defined]
-        return [P2PHandle(engine, m, check) for m in engine.post(postings)]
+        return [P2PHandle(engine, m, check) for m in engine.post(postings, group)]
 
     # --------------------------------------------------------------- checks
     def _engine(self) -> P2PEngine:
@@ -236,14 +250,17 @@ class PointToPointCalls:
         return int(peer)
 
     def _sending(self, x: Any, dst: Any, compressor: Any, tag: Any, chunk_bytes: Any) -> Posting:
-        """A send's checks and its posting: the data as host bytes (device data is
-        copied to the host after the caller's stream)."""
+        """A send's checks and its posting: over NCCL for device data on a communicator
+        with NCCL, else as host bytes (device data is copied to the host after the
+        caller's stream)."""
         peer = self._check_peer(dst, "dst")
         src = as_flat(x, "x")
-        codec, sig = self._signature(src, compressor, tag, chunk_bytes)
+        streamed = self._streams(src)
+        codec, sig = self._signature(src, compressor, tag, chunk_bytes, streamed)
+        if streamed:
+            return self._streamed("send", peer, codec, sig, src)
         data = src.data
         if src.device_id is not None:
-            self._device_route()
             caller_stream(x).synchronize()  # the caller's work on x is done
             data = data.get()
         return self._posting("send", peer, codec, sig, data, lambda: None)
@@ -256,10 +273,12 @@ class PointToPointCalls:
         peer = self._check_peer(src, "src")
         require_writeable(out, "out")
         dst = as_flat(out, "out")
-        codec, sig = self._signature(dst, compressor, tag, chunk_bytes)
+        streamed = self._streams(dst)
+        codec, sig = self._signature(dst, compressor, tag, chunk_bytes, streamed)
+        if streamed:
+            return self._streamed("recv", peer, codec, sig, dst)
         if dst.device_id is None:
             return self._posting("recv", peer, codec, sig, dst.data, lambda: dst.obj)
-        self._device_route()
         stream = caller_stream(out)
         host = np.empty(dst.size, dtype=dst.dtype)
 
@@ -270,25 +289,31 @@ class PointToPointCalls:
 
         return self._posting("recv", peer, codec, sig, host, finish)
 
-    def _device_route(self) -> None:
-        if self._nccl is not None:  # type: ignore[attr-defined]
-            raise CocclError(
-                "point-to-point of device data is not yet over NCCL; this communicator's "
-                "device data travels over NCCL (create it with backend='mpi' to send device "
-                "data through host copies, or send host arrays)"
-            )
+    def _streams(self, flat: Flat) -> bool:
+        """Whether ``flat`` travels over NCCL: device data on a communicator with NCCL
+        (ValueError for data on another GPU than NCCL's)."""
+        if flat.device_id is None:
+            return False
+        route, _ = self._planner.route(flat.device_id)  # type: ignore[attr-defined]
+        return route == "nccl"
 
     def _signature(
-        self, flat: Flat, compressor: Any, tag: Any, chunk_bytes: Any
+        self, flat: Flat, compressor: Any, tag: Any, chunk_bytes: Any, streamed: bool
     ) -> tuple[Compressor, dict]:
         tag = agreement.check_tag(tag)
         check_chunk_bytes(chunk_bytes)
         codec = self._planner.codec(compressor)  # type: ignore[attr-defined]
         codec.check_dtype(flat.dtype)
-        chunk = self._settings.chunk_bytes if chunk_bytes is None else int(chunk_bytes)  # type: ignore[attr-defined]
+        settings = self._settings  # type: ignore[attr-defined]
+        chunk = settings.chunk_bytes if chunk_bytes is None else int(chunk_bytes)
+        if streamed and codec.lossless and chunk_bytes is None and not settings.chunk_bytes_set:
+            # an uncompressed message over NCCL has no codec work to overlap, and NCCL's
+            # point-to-point is fastest on large messages: one chunk, the whole message
+            chunk = max(chunk, flat.size * flat.dtype.itemsize)
         elems = chunk_elems(chunk, flat.dtype.itemsize, codec.alignment)
         name = dtype_name(flat.dtype)
-        return codec, agreement.signature(flat.size, name, codec.get_config(), tag, elems)
+        wire = "nccl" if streamed else "mpi"
+        return codec, agreement.signature(flat.size, name, codec.get_config(), tag, elems, wire)
 
     def _posting(
         self, kind: str, peer: int, codec: Compressor, sig: dict, data: Any, finish: Any
@@ -308,6 +333,45 @@ class PointToPointCalls:
         schedule = p2p.send if kind == "send" else p2p.recv
         executor = runner._executor(min(sig["chunk_elems"], data.size) * data.dtype.itemsize)
         return Posting(kind, peer, sig, lambda: schedule(plan, data, peer), executor, finish)
+
+    def _streamed(self, kind: str, peer: int, codec: Compressor, sig: dict, flat: Flat) -> Posting:
+        """The posting of a message over NCCL: its chunks from (or into) the caller's
+        array, its stream state recorded now (``p2p_nccl``); launched by the engine."""
+        runner = self._runner  # type: ignore[attr-defined]
+        ctx = runner._device(flat.device_id)
+        with ctx.device:
+            caller = caller_stream(flat.obj)
+            device = DeviceMessage(caller, ctx.event(caller))
+        plan = algorithms.ScheduleArgs(
+            rank=self.rank,
+            size=self.size,
+            codec=codec,
+            dtype=flat.dtype,
+            op="sum",
+            chunk_elems=sig["chunk_elems"],
+            pool=ctx.pool,
+            label=f"point-to-point {kind}",
+            depth=self._p2p.depth,  # type: ignore[union-attr]
+        )
+        schedule = p2p.send if kind == "send" else p2p.recv
+        result = flat.obj if kind == "recv" else None
+
+        def finish() -> Any:
+            device.order_caller()
+            return result
+
+        return Posting(
+            kind, peer, sig, lambda: schedule(plan, flat.data, peer), InlineExecutor(), finish,
+            streamed=True, device=device,
+        )  # fmt: skip
+
+    def _launch_group(self, postings: list[Posting]) -> None:
+        """The engine's launch of a group of streamed messages (``p2p_nccl``)."""
+        runner = self._runner  # type: ignore[attr-defined]
+        nccl = self._nccl  # type: ignore[attr-defined]
+        ctx = runner._device(nccl.device_id)
+        depth = self._p2p.depth  # type: ignore[union-attr]
+        launch_group(postings, nccl, ctx, depth, runner.resources.watchdog, "point-to-point")
 
 
 def _output(out: Any, count: Any, dtype: Any, shape: Any) -> Any:
@@ -332,6 +396,14 @@ def _output(out: Any, count: Any, dtype: Any, shape: Any) -> Any:
     if any(s < 0 for s in shape):
         raise ValueError(f"shape {shape} has a negative dimension")
     return np.empty(shape, dtype=dtype)
+
+
+def _launch_weakly(ref: weakref.ref, postings: list[Posting]) -> None:
+    """The engine's launch of a streamed group, on the communicator if it still exists."""
+    comm = ref()
+    if comm is None:
+        raise CocclError("the communicator of these point-to-point messages was collected")
+    comm._launch_group(postings)
 
 
 def _break_weakly(ref: weakref.ref, exc: BaseException) -> None:

@@ -9,6 +9,17 @@ engine's ``advance``. The engine polls every message each time a handle is waite
 or tested, and when a new message is posted. A wait that makes no progress for
 COCCL_TIMEOUT_S raises ``CocclError`` naming the peer; any failure gives up every
 message in flight (their receives are cancelled) and breaks the communicator.
+
+Device data over NCCL (a *streamed* message) exchanges its signature the same way, over
+the engine's polling transport, but its chunks travel over NCCL, stream-ordered: the
+engine does not poll them. NCCL pairs sends and receives in posting order and a send
+waits on the device until its receive is posted, so two ranks whose NCCL operations are
+launched one at a time could each wait on the other (both isend, then irecv). The
+engine therefore launches streamed messages in *groups*: the ones posted since the last
+launch form one group, launched (``launch``: every chunk round of the group's messages
+as one NCCL group) at the next ``wait``/``test`` of any handle, or at once for a
+``batch_p2p``. A streamed message is finished once its group is launched and both ends'
+signatures matched; its data is then ordered on the caller's stream.
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ class Posting:
     rounds: Callable[[], Iterator[Round]]
     executor: Any
     finish: Callable[[], Any]
+    streamed: bool = False  # its chunks travel over NCCL, launched in a group
+    device: Any = None  # a streamed message's stream state (p2p_nccl.DeviceMessage)
 
 
 @dataclass(eq=False)
@@ -62,6 +75,7 @@ class Message:
     source: Iterator[Round] | None = None
     active: list[Round] = field(default_factory=list)
     chunks: int = 0
+    launched: bool = False  # a streamed message's group was launched
 
     @property
     def channel(self) -> tuple[int, str]:
@@ -80,7 +94,7 @@ class Message:
         sig = agreement.encode_signature(p.sig)
         self.sig_send = transport.isend(sig, p.peer, self._tag(mine))
         transport.bytes_sent -= sig.size  # statistics count payloads, not signatures
-        if p.kind == "send":
+        if p.kind == "send" and not p.streamed:
             self.source = p.rounds()
         self.started = True
 
@@ -96,7 +110,8 @@ class Message:
                 progressed |= advance(rnd, transport, self.posting.executor)
         while self.active and self.active[0].finished:
             self.active.pop(0).release()
-        if self.verified and self.source is None and not self.active and self.sig_send.test():
+        data_done = self.launched if self.posting.streamed else not self.active
+        if self.verified and self.source is None and data_done and self.sig_send.test():
             self.result = self.posting.finish()
             self.finished = progressed = True
         return progressed
@@ -112,7 +127,7 @@ class Message:
         if problem is not None:
             raise CocclError(problem)
         self.verified = True
-        if p.kind == "recv":
+        if p.kind == "recv" and not p.streamed:
             self.source = p.rounds()
 
     def _admit(self, transport: PollingTransport) -> bool:
@@ -141,8 +156,15 @@ class Message:
             return f"{what}: waiting for earlier messages with rank {p.peer} to finish"
         if not self.verified:
             other = "recv" if p.kind == "send" else "send"
+            if p.streamed and not self.launched:
+                return f"{what}: its NCCL group was not launched"
             return f"{what} (tag {p.sig['tag']}): rank {p.peer} has not posted the matching {other}"
         return f"{what}: waiting for chunk {self.chunks - len(self.active) + 1}'s transfer"
+
+    def device_done(self) -> bool:
+        """Whether a finished streamed message's device work has ended (True otherwise)."""
+        device = self.posting.device
+        return device is None or device.done_event is None or bool(device.done_event.done)
 
 
 class P2PEngine:
@@ -155,6 +177,8 @@ class P2PEngine:
         timeout_s: how long a wait may make no progress (COCCL_TIMEOUT_S).
         depth: rounds of one message in flight.
         on_failure: called with the exception when a message fails (bytes have moved).
+        launch: enqueues a group of streamed messages' chunks (over NCCL); None: the
+            communicator has no NCCL, and no message is streamed.
     """
 
     def __init__(
@@ -165,6 +189,7 @@ class P2PEngine:
         timeout_s: float,
         depth: int,
         on_failure: Callable[[BaseException], None],
+        launch: Callable[[list[Posting]], None] | None = None,
     ) -> None:
         self.rank = rank
         self.transport = transport
@@ -172,19 +197,52 @@ class P2PEngine:
         self.timeout_s = timeout_s
         self.depth = max(1, min(depth, agreement.MAX_DEPTH))
         self.on_failure = on_failure
+        self.launch = launch
         self._seqs: dict[tuple[int, str], int] = {}
         self._messages: list[Message] = []
+        self._group: list[Message] = []  # streamed messages posted, not yet launched
 
-    def post(self, postings: list[Posting]) -> list[Message]:
-        """Number and start the messages (in order), then poll them all once."""
+    def post(self, postings: list[Posting], group: bool = False) -> list[Message]:
+        """Number and start the messages (in order), then poll them all once.
+
+        ``group``: launch the streamed ones among them at once, as one group of their
+        own (``batch_p2p``), after the group still open; otherwise they join the open
+        group, launched at the next ``wait`` or ``test``."""
         messages = []
         for p in postings:
             seq = self._seqs.get((p.peer, p.kind), 0)
             self._seqs[(p.peer, p.kind)] = seq + 1
             messages.append(Message(p, seq, self.slots, self.depth))
         self._messages.extend(messages)
+        streamed = [m for m in messages if m.posting.streamed]
+        if group:
+            self.flush()
+        self._group.extend(streamed)
+        if group:
+            self.flush()
         self.poll()
         return messages
+
+    def flush(self) -> None:
+        """Launch the open group of streamed messages (see the module docstring)."""
+        if not self._group:
+            return
+        # signatures that already arrived are checked first: a mismatch found now raises
+        # before the group's bytes move (one found later raises at the wait, and aborts)
+        self.poll()
+        group, self._group = self._group, []
+        group = [m for m in group if m.error is None]
+        if not group:
+            return
+        if self.launch is None:  # p2p_calls streams nothing without NCCL
+            raise CocclError("a streamed point-to-point message on a communicator without NCCL")
+        try:
+            self.launch([m.posting for m in group])
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        for m in group:
+            m.launched = True
 
     def poll(self) -> bool:
         """Advance every message once; True if any made progress."""
@@ -205,7 +263,10 @@ class P2PEngine:
             raise
 
     def wait(self, message: Message) -> Any:
-        """Poll until ``message`` is finished; its result (CocclError after a timeout)."""
+        """Poll until ``message`` is finished; its result (CocclError after a timeout).
+        Launches the open group of streamed messages first."""
+        if not message.finished:
+            self.flush()
         last = time.monotonic()
         spins = 0
         while not self._check(message):
@@ -224,10 +285,12 @@ class P2PEngine:
         return message.result
 
     def test(self, message: Message) -> bool:
-        """Poll once; whether ``message`` is finished."""
+        """Poll once (after launching the open group of streamed messages); whether
+        ``message`` is finished, and its device work too."""
         if not self._check(message):
+            self.flush()
             self.poll()
-        return self._check(message)
+        return self._check(message) and message.device_done()
 
     @staticmethod
     def _check(message: Message) -> bool:
@@ -242,12 +305,14 @@ class P2PEngine:
         """Give up the messages still in flight (their receives cancelled; their handles
         then raise as the closed communicator's calls do) and close the transport."""
         messages, self._messages = self._messages, []
+        self._group = []
         self.transport.cancel([h for m in messages for h in m.handles()])
         self.transport.close()
 
     def fail(self, exc: BaseException) -> None:
         """Give up every message in flight (their receives cancelled) after ``exc``."""
         messages, self._messages = self._messages, []
+        self._group = []
         self.transport.cancel([h for m in messages for h in m.handles()])
         for m in messages:
             m.error = exc
