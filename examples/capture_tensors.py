@@ -180,7 +180,7 @@ def train_and_capture(
     opt = tp_gpt.make_optimizer(model, args.lr)
     log(f"[capture] {sum(p.numel() for p in params) / 1e6:.2f} M parameters, {cfg}")
 
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), time.process_time()
     losses: list[dict[str, float]] = []
     arrays: dict[str, np.ndarray] = {}
     for step in range(args.steps):
@@ -203,12 +203,12 @@ def train_and_capture(
         if (step + 1) % args.log_every == 0 or last:
             losses.append({"step": step + 1, "train_loss": loss.item()})
             log(f"[capture] step {step + 1:5d}  train {loss.item():.4f}")
-    wall = time.perf_counter() - began
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     val_loss = tp_gpt.evaluate(
         model, [(torch.from_numpy(v[:, :-1].astype(np.int64)),
                  torch.from_numpy(v[:, 1:].astype(np.int64))) for v in val]
     )  # fmt: skip
-    log(f"[capture] final validation loss {val_loss:.4f}, {wall:.0f} s of training")
+    log(f"[capture] final validation loss {val_loss:.4f}; training: {wall:.0f} s, {cpu:.0f} s CPU")
     run = {
         "model": {**cfg.__dict__, "params": sum(p.numel() for p in params)},
         "steps": args.steps,
@@ -224,6 +224,7 @@ def train_and_capture(
         "val_batches": args.val_batches,
         "losses": losses,
         "train_wall_s": wall,
+        "train_cpu_s": cpu,
         "corpus": corpus.info,
     }
     return arrays, run
