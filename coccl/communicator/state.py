@@ -234,6 +234,8 @@ class StatefulCalls:
             plan, key = self._state_plan(call, state)
             note = check_state(self, call.collective, state, plan)
             src = as_flat(call.x, "x")
+            if out is not None and not isinstance(state, DeltaState):
+                self._runner._check_out(plan, out)  # here, not after the residual moved
             if isinstance(state, DeltaState):
                 out = state.output(src, out, self.size)
                 replica = as_flat(out, "out")

@@ -237,3 +237,15 @@ def test_bad_out_refused_before_bytes_move(comm):
             delta=coccl.DeltaState(),
         )  # fmt: skip
     assert MPI.COMM_WORLD.allreduce(1) == n
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "alltoall"])
+def test_feedback_bad_out_on_one_rank_raises_on_every_rank(comm, collective):
+    n, r = comm.size, comm.rank
+    x = np.ones(4 * n, F32)
+    out = np.empty(4 * n, F64 if r == 0 else F32)
+    fb = coccl.Feedback()
+    expected = TypeError if r == 0 else coccl.CocclError
+    with pytest.raises(expected, match="out has dtype float64|rank 0 refused"):
+        getattr(comm, collective)(x, out, compressor="int8", feedback=fb)
+    assert fb.residual is None and not fb.bound  # nothing moved, nothing bound
