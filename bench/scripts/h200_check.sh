@@ -136,6 +136,13 @@ layers)
   timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
     -k "(nccl and 1]) or (test_torch_backend_gpu and 1]) or (test_gpu_collectives and (2] or 4]))" \
     2>&1 | tee "$OUT/pytest_layers2.txt" | grep -v "^SKIPPED" | tail -12 ;;
+state)
+  # Caller-kept states (#31) on device data: the delta AllGather and error feedback give
+  # bitwise the host's results, call after call: 1, 2 and 4 ranks sharing the GPU over
+  # staged MPI, and one-rank NCCL (the 1-rank case). Budget: about 4 minutes.
+  step "pytest stateful calls on the GPU (1, 2, 4 ranks)"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
+    -k "test_gpu_state and (1] or 2] or 4])" 2>&1 | tee "$OUT/pytest_gpu_state.txt" | tail -8 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
