@@ -231,7 +231,7 @@ class StatefulCalls:
         error: BaseException | None = None
         plan: CallPlan | None = None
         try:
-            plan, key = self._state_plan(call, state)
+            plan = self._state_plan(call, state)
             note = check_state(self, call.collective, state, plan)
             src = as_flat(call.x, "x")
             if out is not None and not isinstance(state, DeltaState):
@@ -251,19 +251,20 @@ class StatefulCalls:
         assert plan is not None
         state._bind(self, binding_of(plan))
         if isinstance(state, DeltaState):
-            return self._run_delta(plan, key, src, out, state)
+            return self._run_delta(plan, src, out, state)
         return run_fed(self._runner, plan, src, out, state, self.size)
 
-    def _state_plan(self, call: Call, state: Any) -> tuple[CallPlan, Any]:
+    def _state_plan(self, call: Call, state: Any) -> CallPlan:
         """The stateful call's plan (cached apart from plain calls' plans): no graph, and
         for a delta state the delta schedule (exact at the state's first call)."""
-        phase = "delta_exact" if isinstance(state, DeltaState) and not state.bound else ""
-        if isinstance(state, DeltaState) and not phase:
-            phase = "delta"
+        phase = ""
+        if isinstance(state, DeltaState):
+            phase = "delta" if state.bound else "delta_exact"
         base = self._planner.key(call)
         key = None if base is None else ("state", phase, base)
         plan = None if key is None else self._plans.get(key)
-        if plan is not None and plan.compressor_arg not in (None, call.compressor):
+        arg = None if plan is None else plan.compressor_arg
+        if arg is not None and arg is not call.compressor:  # another object at a reused id
             plan = None
         if plan is None:
             plan = self._planner.resolve(call)
@@ -275,9 +276,9 @@ class StatefulCalls:
                     if victim.graph is not None:
                         victim.graph.release()
                         victim.graph = None
-        return plan, key
+        return plan
 
-    def _run_delta(self, plan: CallPlan, key: Any, src: Flat, out: Any, state: DeltaState) -> Any:
+    def _run_delta(self, plan: CallPlan, src: Flat, out: Any, state: DeltaState) -> Any:
         result = self._runner.run(plan, src.obj, out)
         if state._flat is None:
             state.replica, state._flat = result, as_flat(result, "out").data
