@@ -37,7 +37,7 @@ from coccl.core.rounds import Round
 from .footprint import Footprint
 from .p2p import receive_chunk
 from .schedule_args import ScheduleArgs, Span
-from .steps import encodes, new_round, payload_of, run_all, send_own
+from .steps import encode_own, encodes, new_round, payload_of, run_all, send_own
 
 
 def check_counts(counts: Any, total: int, size: int, name: str) -> list[int]:
@@ -161,7 +161,7 @@ def _rounds(
         for d in peers:
             a, b = plan.chunk(blocks[d], c)
             if b > a:
-                rnd.sends.append((d, _send(plan, rnd, x[a:b], stage, pres)))
+                rnd.sends.append((d, _send(plan, rnd, x[a:b], stage, pres, a)))
         posts = [_own_block(plan, rnd, x, out, blocks[r], slots[r], c, stage)]
         for s in peers:
             a, b = plan.chunk(slots[s], c)
@@ -173,17 +173,17 @@ def _rounds(
             yield rnd
 
 
-def _send(plan: ScheduleArgs, rnd: Round, src: Any, stage: bool, pres: list[Any]) -> Any:
-    """The payload that sends chunk ``src``; its encode, if any, joins ``pres``. Staged
-    (in place), the identity codec copies into a pooled payload too, so ``src`` may be
-    rewritten once ``pre`` ran."""
+def _send(plan: ScheduleArgs, rnd: Round, src: Any, stage: bool, pres: list[Any], at: int) -> Any:
+    """The payload that sends chunk ``src`` (at offset ``at`` of ``x``: error feedback);
+    its encode, if any, joins ``pres``. Staged (in place), the identity codec copies into
+    a pooled payload too, so ``src`` may be rewritten once ``pre`` ran."""
     if not stage:
-        item = send_own(plan, rnd, src)
+        item = send_own(plan, rnd, src, at)
         pres.extend(encodes([item]))
         return payload_of(item)
     block = plan.payload(src.size)
     rnd.holds.append(block)
-    pres.append(partial(plan.encode, src, block.data, plan.next_salt()))
+    pres.append(partial(encode_own, plan, src, block.data, plan.next_salt(), at))
     return block.data
 
 
@@ -208,7 +208,7 @@ def _own_block(
         return None if in_place else partial(_copy, dst, src)
     payload = plan.payload(b - a)
     rnd.holds.append(payload)
-    encode = partial(plan.encode, src, payload.data, plan.next_salt())
+    encode = partial(encode_own, plan, src, payload.data, plan.next_salt(), a)
     return run_all(encode, partial(plan.decode, payload.data, dst))
 
 

@@ -55,12 +55,14 @@ def fuses_hop(collective: str, n: int) -> bool:
 
 
 def _reduce_encode(
-    plan: ScheduleArgs, acc: Any, own: Any, received: Any, out: Any, salt: int = 0
+    plan: ScheduleArgs, acc: Any, own: Any, received: Any, out: Any, salt: int = 0, at: int = 0
 ) -> None:
-    """One hop of the ring: out = encode(own + decode(received))."""
+    """One hop of the ring: out = encode(own + decode(received)); with error feedback
+    this rank records what the encode of the partial sum lost, at ``own``'s offset."""
     plan.load(acc, own)
     plan.reduce(acc, received)
     plan.encode(acc, out, salt)
+    plan.feed_back(at, acc, out)
 
 
 class _ReduceScatterSteps:
@@ -89,7 +91,7 @@ class _ReduceScatterSteps:
         a, b = plan.chunk(self.shards[send_shard], c)
         if b > a:
             if t == 0:
-                item = send_own(plan, rnd, x[a:b])
+                item = send_own(plan, rnd, x[a:b], at=a)
                 rnd.pre = run_all(*encodes([item]))
                 rnd.sends.append((right, payload_of(item)))
             else:
@@ -103,7 +105,7 @@ class _ReduceScatterSteps:
                     rnd.holds.append(acc_block)
                     rnd.pre = partial(
                         _reduce_encode, plan, acc, x[a:b], partial_sum, out_block.data,
-                        plan.next_salt(),
+                        plan.next_salt(), a,
                     )  # fmt: skip
                 rnd.sends.append((right, out_block.data))
         a, b = plan.chunk(self.shards[recv_shard], c)
@@ -126,7 +128,9 @@ class _ReduceScatterSteps:
                 else:
                     acc_block, acc = plan.accumulator(b - a)
                     rnd.holds.append(acc_block)
-                    rnd.post = partial(reduce_chunk, plan, acc, x[a:b], [block.data], dst, result)
+                    rnd.post = partial(
+                        reduce_chunk, plan, acc, x[a:b], [block.data], dst, result, a
+                    )
         return rnd if rnd.sends or rnd.recvs else None
 
 
@@ -193,7 +197,7 @@ def _local(plan: ScheduleArgs, x: Any, out: Any, want_payload: bool) -> Iterator
         result = result_payload(plan, out, want_payload, rnd)
         if result is not None and result.block is not None:
             result.block.release()  # nobody else consumes it
-        rnd.pre = partial(reduce_chunk, plan, acc, x, [], out, result)
+        rnd.pre = partial(reduce_chunk, plan, acc, x, [], out, result, 0)
     yield rnd
 
 

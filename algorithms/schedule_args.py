@@ -60,6 +60,9 @@ class ScheduleArgs:
         call: the call's number (its plan's call count): a stochastic codec's salts.
         stream_rank: the rank in the salts (-1: ``rank``; a sub-group's plan keeps its
             global rank, so two sub-groups never draw alike).
+        residual: error feedback (``coccl.Feedback``): a flat accumulate-type array of
+            ``x``'s size into which every encode this rank makes adds what it lost, at
+            the positions of ``x`` it encodes (``feed_back``), or None.
     """
 
     rank: int
@@ -75,6 +78,7 @@ class ScheduleArgs:
     gather: bool = False
     call: int = 0
     stream_rank: int = -1
+    residual: Any = None
     _tags: itertools.count = field(default_factory=itertools.count)
     _salts: itertools.count = field(default_factory=itertools.count)
 
@@ -151,3 +155,29 @@ class ScheduleArgs:
 
     def finalize(self, acc: Any) -> None:
         finalize(acc, self.op, self.size)
+
+    # ------------------------------------------------------------ error feedback
+    def feed_back(self, at: int, value: Any, payload: Any) -> None:
+        """``residual[at:] += value - decode(payload)``: what the encode of ``value`` (the
+        elements of ``x`` from ``at`` on, or a partial sum over them) into ``payload``
+        lost, decoded in the accumulate type as a receiver decodes it. Negating around a
+        decode-accumulate keeps it to exact operations besides the sum itself."""
+        if self.residual is None:
+            return
+        res = self.residual[at : at + value.size]
+        res += value.astype(res.dtype, copy=False)
+        res *= -1
+        self.codec.decode_into(payload, res, self.dtype, True)
+        res *= -1
+
+    def feed_back_result(self, at: int, acc: Any, dst: Any) -> None:
+        """``residual[at:] += scale * (acc - dst)``: what the encode of a reduced chunk
+        ``acc`` lost, ``dst`` holding what every rank decoded; ``scale`` is the rank
+        count for ``avg`` (``acc`` was divided by it), so the loss is in sum terms."""
+        if self.residual is None:
+            return
+        res = self.residual[at : at + acc.size]
+        lost = acc - dst.astype(acc.dtype, copy=False)
+        if self.op == "avg":
+            lost *= self.size
+        res += lost

@@ -43,28 +43,36 @@ def new_round(plan: ScheduleArgs, label: str) -> Round:
     return Round(label=f"{plan.label} {label}", tag=plan.next_tag(), wire_dtype=wire)
 
 
-def send_own(plan: ScheduleArgs, rnd: Round, src: Any) -> Any:
+def send_own(plan: ScheduleArgs, rnd: Round, src: Any, at: int | None = None) -> Any:
     """The payload of this rank's own data ``src``, sent by ``rnd``: a view of ``src`` for
-    the identity codec, else a pooled buffer that ``rnd``'s pre encodes into."""
+    the identity codec, else a pooled buffer that ``rnd``'s pre encodes into. ``at``:
+    ``src``'s offset in the call's input, where error feedback records its loss."""
     view = plan.zero_copy(src)
     if view is not None:
         return view
     block = plan.payload(src.size)
     rnd.holds.append(block)
-    return _Encode(plan, src, block.data)
+    return _Encode(plan, src, block.data, at)
+
+
+def encode_own(plan: ScheduleArgs, src: Any, payload: Any, salt: int, at: int | None) -> None:
+    """``payload = encode(src)``, and with error feedback what it lost, at ``at``."""
+    plan.encode(src, payload, salt)
+    if at is not None:
+        plan.feed_back(at, src, payload)
 
 
 class _Encode:
     """A deferred encode of ``src`` into ``data`` (run as part of a round's pre)."""
 
-    __slots__ = ("plan", "src", "data", "salt")
+    __slots__ = ("plan", "src", "data", "salt", "at")
 
-    def __init__(self, plan: ScheduleArgs, src: Any, data: Any) -> None:
-        self.plan, self.src, self.data = plan, src, data
+    def __init__(self, plan: ScheduleArgs, src: Any, data: Any, at: int | None = None) -> None:
+        self.plan, self.src, self.data, self.at = plan, src, data, at
         self.salt = plan.next_salt()  # drawn as the round is built
 
     def __call__(self) -> None:
-        self.plan.encode(self.src, self.data, self.salt)
+        encode_own(self.plan, self.src, self.data, self.salt, self.at)
 
 
 def payload_of(item: Any) -> Any:
@@ -103,11 +111,14 @@ def result_payload(plan: ScheduleArgs, dst: Any, want: bool, rnd: Round) -> Pend
     return Pending(rnd, block.data, block.retain(), plan.next_salt())
 
 
-def finish(plan: ScheduleArgs, acc: Any, dst: Any, result: Pending | None) -> None:
+def finish(
+    plan: ScheduleArgs, acc: Any, dst: Any, result: Pending | None, at: int | None = None
+) -> None:
     """``acc`` holds a fully reduced chunk: apply avg's division, then write ``dst``.
 
     For an AllReduce the chunk is encoded once and the owner decodes its own payload,
-    so it holds bitwise what every other rank will decode.
+    so it holds bitwise what every other rank will decode; with error feedback the
+    owner records what that encode lost at ``at`` (the chunk's offset in ``x``).
     """
     plan.finalize(acc)
     if result is None or result.block is None:  # no payload, or the payload is dst itself
@@ -115,16 +126,25 @@ def finish(plan: ScheduleArgs, acc: Any, dst: Any, result: Pending | None) -> No
         return
     plan.encode(acc, result.data, result.salt)
     plan.decode(result.data, dst)
+    if at is not None:
+        plan.feed_back_result(at, acc, dst)
 
 
 def reduce_chunk(
-    plan: ScheduleArgs, acc: Any, own: Any, payloads: list[Any], dst: Any, result: Pending | None
+    plan: ScheduleArgs,
+    acc: Any,
+    own: Any,
+    payloads: list[Any],
+    dst: Any,
+    result: Pending | None,
+    at: int | None = None,
 ) -> None:
-    """``dst = own (op) decode(p) for p in payloads``, reduced in ``acc``, in order."""
+    """``dst = own (op) decode(p) for p in payloads``, reduced in ``acc``, in order
+    (``at``: the chunk's offset in ``x``, for error feedback; see ``finish``)."""
     plan.load(acc, own)
     for payload in payloads:
         plan.reduce(acc, payload)
-    finish(plan, acc, dst, result)
+    finish(plan, acc, dst, result, at)
 
 
 StepBuilder = Callable[[int], "Round | None"]

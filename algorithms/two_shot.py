@@ -32,6 +32,7 @@ from .footprint import Footprint
 from .schedule_args import ScheduleArgs, Span, aligned_shards, even_shards
 from .steps import (
     Pending,
+    encode_own,
     encodes,
     new_round,
     own_round,
@@ -91,7 +92,7 @@ def _exchange(plan: ScheduleArgs, x: Any, shards: list[Span], c: int, rnd: Round
     for k in _peers(plan):
         a, b = plan.chunk(shards[k], c)
         if b > a:
-            item = send_own(plan, rnd, x[a:b])
+            item = send_own(plan, rnd, x[a:b], at=a)
             items.append(item)
             rnd.sends.append((k, payload_of(item)))
     rnd.pre = run_all(*encodes(items))
@@ -124,7 +125,7 @@ def _exchange_by_allgather(
     a, b = plan.chunk(shards[peer], c)
     if b > a:
         payload = mine[: plan.codec.encoded_nbytes(b - a, plan.dtype)]
-        rnd.pre = partial(plan.encode, x[a:b], payload, plan.next_salt())
+        rnd.pre = partial(encode_own, plan, x[a:b], payload, plan.next_salt(), a)
     a, b = plan.chunk(shards[r], c)
     if b == a:
         return {}
@@ -162,7 +163,7 @@ def _reduce_round(
         else:
             acc_block, acc = plan.accumulator(b - a)
             rnd.holds.append(acc_block)
-            rnd.post = partial(reduce_chunk, plan, acc, x[a:b], in_rank_order, dst, result)
+            rnd.post = partial(reduce_chunk, plan, acc, x[a:b], in_rank_order, dst, result, a)
     return rnd, result
 
 

@@ -29,6 +29,10 @@ def __getattr__(name: str) -> Any:
         from coccl import communicator  # noqa: PLC0415
 
         return getattr(communicator, name)
+    if name in ("DeltaState", "Feedback"):
+        from coccl.communicator import state  # noqa: PLC0415
+
+        return getattr(state, name)
     if name in ("P2POp", "P2PHandle"):
         from coccl.communicator import p2p_calls  # noqa: PLC0415
 
@@ -40,6 +44,8 @@ __all__ = [
     "CocclError",
     "Communicator",
     "Compressor",
+    "DeltaState",
+    "Feedback",
     "P2PHandle",
     "P2POp",
     "available_compressors",

@@ -179,11 +179,11 @@ def test_import_checks_the_torch_version(monkeypatch):
 
 
 # ---------------------------------------------------------------- launches
-def run_cases(cmd: list[str], logdir: Path) -> None:
+def run_cases(cmd: list[str], logdir: Path, cases: str = CASES) -> None:
     logdir.mkdir(parents=True, exist_ok=True)
     try:
         proc = subprocess.run(
-            [*cmd, str(RANKS), str(logdir), CASES], cwd=ROOT, capture_output=True,
+            [*cmd, str(RANKS), str(logdir), cases], cwd=ROOT, capture_output=True,
             text=True, timeout=600,
         )  # fmt: skip
         code, out = proc.returncode, proc.stdout + proc.stderr

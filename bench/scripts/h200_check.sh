@@ -165,6 +165,13 @@ ncclp2p)
     -b 4M -e 256M -f 4 -n 2 -w 1 --no-progress --algorithm hierarchical,native --compressor identity,int:bits=8 \
     -d float32 --json "$JSONDIR/h200-mpi-4ranks-hierarchical.json" 2>&1 | tee "$OUT/hierarchical.txt" \
     | grep -v "^#  Rank" | tail -16 ;;
+state)
+  # Caller-kept states (#31) on device data: the delta AllGather and error feedback give
+  # bitwise the host's results, call after call: 1, 2 and 4 ranks sharing the GPU over
+  # staged MPI, and one-rank NCCL (the 1-rank case). Budget: about 4 minutes.
+  step "pytest stateful calls on the GPU (1, 2, 4 ranks)"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
+    -k "test_gpu_state and (1] or 2] or 4])" 2>&1 | tee "$OUT/pytest_gpu_state.txt" | tail -8 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done

@@ -21,6 +21,7 @@ from coccl.communicator.agreement import disagreement
 from coccl.communicator.dp_plans import NodeLayout
 from coccl.communicator.planner import Call
 from coccl.communicator.plans import CallPlan
+from coccl.communicator.state import Feedback, binding_of, check_state, run_fed
 from coccl.compressors import Compressor
 from coccl.core.arrays import as_flat, signature
 from coccl.core.options import check_chunk_bytes
@@ -56,6 +57,7 @@ class DataParallelCalls:
         compressor: str | dict | Compressor = "identity",
         algorithm: str = "auto",
         chunk_bytes: int | None = None,
+        feedback: Feedback | None = None,
     ) -> Any:
         """Send block d of ``x`` to rank d; slot s of the result receives rank s's block,
         as ``torch.distributed.all_to_all_single``. Collective.
@@ -74,6 +76,8 @@ class DataParallelCalls:
             algorithm: ``"auto"`` or ``"direct"`` (the one schedule: every block straight
                 to its rank).
             chunk_bytes: pipeline chunk size.
+            feedback: a ``coccl.Feedback`` (``coccl.communicator.state``): every block's
+                encode loss is added to the next call's input; bound to the split too.
 
         Returns:
             ``out``, or a new array of ``x``'s kind: ``x``'s shape for an equal split,
@@ -86,7 +90,9 @@ class DataParallelCalls:
         self._check_usable()
         call = Call("alltoall", x, "sum", algorithm, compressor, chunk_bytes)
         key = self._planner.key(call)
-        if send_counts is None and recv_counts is None:  # equal: the key is every rank's
+        if feedback is not None:  # agreed every call: the state is checked on every rank
+            plan = self._agreed_alltoall(call, key, send_counts, recv_counts, out, None, feedback)
+        elif send_counts is None and recv_counts is None:  # equal: the key is every rank's
             plan = None if key is None else self._plans.get(key)
             if plan is not None and not _same_codec(plan, compressor):
                 plan = None
@@ -96,24 +102,41 @@ class DataParallelCalls:
             plan = self._agreed_alltoall(call, key, send_counts, recv_counts, out, None)
         if out is None and recv_counts is not None:
             out = as_flat(x, "x").new((plan.out_count,))[1]
+        if feedback is not None:
+            return run_fed(self._runner, plan, as_flat(x, "x"), out, feedback, self.size)
         return self._runner.run(plan, x, out)
 
     def _agreed_alltoall(
-        self, call: Call, key: Any, send_counts: Any, recv_counts: Any, out: Any, cached: Any
+        self,
+        call: Call,
+        key: Any,
+        send_counts: Any,
+        recv_counts: Any,
+        out: Any,
+        cached: Any,
+        state: Feedback | None = None,
     ) -> CallPlan:
-        """The call's plan, agreed: this rank's checks, one exchange of every rank's
-        fingerprint and counts (``_agree_split``), then the plan of the whole split (the
-        cache's, or this one sized from the split, alike on every rank)."""
+        """The call's plan, agreed: this rank's checks (and its ``state``'s), one
+        exchange of every rank's fingerprint and counts (``_agree_split``), then the plan
+        of the whole split (the cache's, or this one sized from the split, alike on every
+        rank); ``state`` binds once the exchange succeeded."""
         mine: CallPlan | None = cached
         error: BaseException | None = None
         try:
             if mine is None:
                 mine = self._check_alltoall(call, send_counts, recv_counts, out)
-            entry: Any = (_split_fingerprint(mine), mine.sends, mine.recvs)
+            fingerprint = _split_fingerprint(mine)
+            if state is not None:
+                fingerprint["state"] = check_state(self, "alltoall", state, mine)
+                if out is not None:  # before any rank moves its residual or a byte
+                    self._runner._check_out(mine, out)
+            entry: Any = (fingerprint, mine.sends, mine.recvs)
         except (TypeError, ValueError) as exc:
             error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")
         matrix = self._agree_split(entry, error)
         assert mine is not None  # else _agree_split raised
+        if state is not None:
+            state._bind(self, binding_of(mine))
         # an equal split's key already is every rank's; an uneven one's needs the split
         full = key if key is None or send_counts is None else (*key, matrix)
         plan = None if full is None else self._plans.get(full)

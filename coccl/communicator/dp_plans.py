@@ -1,6 +1,7 @@
 """The plans of the data-parallel calls: the nodes of the two-level schedules, the
 codec pair of ``algorithm="hierarchical"``, and the schedules' rounds of the plans that
-are not one flat schedule (``Runner`` asks ``dp_rounds`` for them).
+are not one flat schedule (``Runner`` asks ``dp_rounds`` for them: all-to-all, the
+two-level schedules, a ``DeltaState``'s AllGather).
 
 Nodes are ``COCCL_LOCAL_SIZE`` consecutive ranks, or the ranks of each host; the
 hierarchical schedules need them node-major (rank = node * local size + local index,
@@ -17,6 +18,7 @@ from typing import Any
 
 from coccl import algorithms
 from coccl.algorithms import alltoall, hierarchical
+from coccl.algorithms.delta_allgather import allgather_delta
 from coccl.compressors import Compressor
 
 HIERARCHICAL_COLLECTIVES = ("allreduce", "reduce_scatter")
@@ -125,6 +127,8 @@ def dp_rounds(plan: Any, aplan: algorithms.ScheduleArgs, x: Any, out: Any) -> An
     for a flat schedule."""
     if plan.collective == "alltoall":
         return alltoall.alltoall(aplan, x, out, plan.sends, plan.recvs)
+    if plan.algorithm in ("delta", "delta_exact"):  # a DeltaState's (communicator.state)
+        return allgather_delta(aplan, x, out, exact=plan.algorithm == "delta_exact")
     if plan.algorithm == "hierarchical":
         two = hierarchical_plan(aplan, plan.local_size, plan.inter_codec)
         return getattr(hierarchical, plan.collective)(two, x, out)

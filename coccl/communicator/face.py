@@ -31,6 +31,7 @@ from coccl.communicator.planner import Call, Planner
 from coccl.communicator.plans import CallPlan, PlanCache
 from coccl.communicator.resources import Resources, release_unclosed, set_numba_threads
 from coccl.communicator.runner import Runner
+from coccl.communicator.state import DeltaState, Feedback, StatefulCalls
 from coccl.compressors import Compressor
 from coccl.config import Settings
 from coccl.core.pool import BufferPool
@@ -42,7 +43,7 @@ from coccl.transports.bootstrap import Bootstrap
 log = logging.getLogger(__name__)
 
 
-class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
+class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls, StatefulCalls):
     """A group of ranks that run collectives together (build it with ``coccl.init``).
 
     Attributes:
@@ -148,6 +149,7 @@ class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
         algorithm: str = "auto",
         compressor: str | dict | Compressor = "identity",
         chunk_bytes: int | None = None,
+        feedback: Feedback | None = None,
     ) -> Any:
         """Reduce ``x`` across ranks; every rank gets the (bitwise identical) result.
 
@@ -162,6 +164,7 @@ class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
             compressor: a codec name, config dict or Compressor.
             chunk_bytes: pipeline chunk size (default: ``coccl.communicator.sizing``'s
                 rules).
+            feedback: a ``coccl.Feedback`` (``coccl.communicator.state``; reduce_scatter too).
 
         Returns:
             ``out``, or a new array of ``x``'s kind, shape, dtype and device.
@@ -169,7 +172,9 @@ class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
         Example:
             >>> y = comm.allreduce(x, algorithm="two_shot", compressor="taco")
         """
-        return self._collective("allreduce", x, out, op, algorithm, compressor, chunk_bytes)
+        return self._collective(
+            "allreduce", x, out, op, algorithm, compressor, chunk_bytes, feedback
+        )
 
     def reduce_scatter(
         self,
@@ -180,11 +185,14 @@ class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
         algorithm: str = "auto",
         compressor: str | dict | Compressor = "identity",
         chunk_bytes: int | None = None,
+        feedback: Feedback | None = None,
     ) -> Any:
         """Reduce ``x`` (``size * n`` elements) and keep shard ``rank`` (``n`` elements),
         as ``ncclReduceScatter``. A new result has shape ``(x.shape[0] // size,
         *x.shape[1:])`` when the first dimension divides, else ``(n,)``."""
-        return self._collective("reduce_scatter", x, out, op, algorithm, compressor, chunk_bytes)
+        return self._collective(
+            "reduce_scatter", x, out, op, algorithm, compressor, chunk_bytes, feedback
+        )
 
     def allgather(
         self,
@@ -194,11 +202,15 @@ class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
         algorithm: str = "auto",
         compressor: str | dict | Compressor = "identity",
         chunk_bytes: int | None = None,
+        delta: DeltaState | None = None,
     ) -> Any:
         """Gather every rank's ``x`` (``n`` elements) into ``size * n`` elements, rank
         ``r``'s at offset ``r * n``, as ``ncclAllGather``. A new result has shape
-        ``(size * x.shape[0], *x.shape[1:])`` (``(size,)`` for a 0-d ``x``)."""
-        return self._collective("allgather", x, out, "sum", algorithm, compressor, chunk_bytes)
+        ``(size * x.shape[0], *x.shape[1:])`` (``(size,)`` for a 0-d ``x``).
+        ``delta``: a ``coccl.DeltaState``; ``out`` is its replica (``communicator.state``)."""
+        return self._collective(
+            "allgather", x, out, "sum", algorithm, compressor, chunk_bytes, delta
+        )
 
     def describe(
         self,
@@ -322,9 +334,12 @@ class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
         algorithm: str,
         compressor: Any,
         chunk_bytes: int | None,
+        state: Any = None,
     ) -> Any:
         self._check_usable()
         call = Call(collective, x, op, algorithm, compressor, chunk_bytes)
+        if state is not None:  # a caller-kept state (coccl.communicator.state)
+            return self._stateful(call, out, state)
         return self._runner.run(self._plan(call), x, out)
 
     def _plan(self, call: Call) -> CallPlan:

@@ -85,6 +85,9 @@ class CallPlan:
     sends: list[int] | None = None
     recvs: list[int] | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    # error feedback (coccl.communicator.state): the running call's residual, set for
+    # the call only (a plan is shared by every Feedback of its signature)
+    residual: Any = field(default=None, repr=False)
 
     @property
     def graph_follows(self) -> bool:

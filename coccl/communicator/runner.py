@@ -359,7 +359,9 @@ class Runner:
             gather=plan.gather,
             call=plan.calls,
         )
-        aplan.hop = algorithms.hop_kernel(plan.codec, x, plan.dtype, plan.op)
+        if plan.residual is None:  # feedback needs every sum it encodes: no fused hop
+            aplan.hop = algorithms.hop_kernel(plan.codec, x, plan.dtype, plan.op)
+        aplan.residual = plan.residual
         rounds = dp_rounds(plan, aplan, x, out)
         if rounds is not None:
             return rounds

@@ -1,5 +1,7 @@
 """coccl for PyTorch (L4): ``import coccl.torch`` registers the torch.distributed backend
-``"coccl"`` (``coccl.torch.backend``); ``coccl.torch.tensor_parallel`` holds the TP layers.
+``"coccl"`` (``coccl.torch.backend``); ``coccl.torch.tensor_parallel`` holds the TP layers,
+``coccl.torch.comm_hooks`` the DDP communication hook, ``coccl.torch.zero`` a ZeRO-1
+sharded optimizer.
 Uses only public names of the layers below. The supported torch versions
 (``coccl.torch.versions.TORCH_RANGE``) are checked first."""
 
@@ -20,16 +22,21 @@ from coccl.torch.backend import (  # noqa: E402  (after the version check)
     options,
     register_backend,
 )
+from coccl.torch.comm_hooks import CocclHookState, allreduce_hook  # noqa: E402
 from coccl.torch.introspect import describe, stats  # noqa: E402
 from coccl.torch.launch import init_process_group  # noqa: E402
+from coccl.torch.zero import ShardedOptimizer  # noqa: E402
 
 __all__ = [
     "BACKEND",
     "DEFAULT_MIN_COMPRESS_BYTES",
+    "CocclHookState",
     "CocclOptions",
     "CocclProcessGroup",
     "CocclWork",
+    "ShardedOptimizer",
     "TORCH_RANGE",
+    "allreduce_hook",
     "create_group",
     "describe",
     "init_process_group",
