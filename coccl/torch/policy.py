@@ -28,7 +28,8 @@ exact); on ``dp`` the group carries ``reduce`` and ``gather`` is applied per cal
 (``call_options("dp", "gather")`` in a ``coccl.torch.options`` block, as the FSDP2 comm
 objects of ``examples/train_3d.py`` do); ``pp``'s codecs become ``CocclOptions``'
 ``p2p_forward`` / ``p2p_backward`` where the installed backend has those fields (coccl's
-torch send/recv), else sending them raises, naming the missing field.
+torch send/recv); where it has not, PP traffic runs exact and ``pp_codecs_carried()``
+says so (the caller reports it).
 
 State: a ``delta`` gather and ``feedback`` reduce need a per-buffer state kept by their
 caller (``coccl.DeltaState``, ``coccl.Feedback``), which FSDP2's ``fully_shard`` cannot
@@ -139,9 +140,7 @@ class Policy:
             if not isinstance(entries, Mapping):
                 raise PolicyError(f"policy.{dim} must be a dict of {TRAFFIC[dim]}")
             _check_keys(entries, TRAFFIC[dim], f"policy.{dim}")
-            traffic[dim] = {
-                kind: _entry(entries.get(kind, {}), dim, kind) for kind in TRAFFIC[dim]
-            }
+            traffic[dim] = {kind: _entry(entries.get(kind, {}), dim, kind) for kind in TRAFFIC[dim]}
         policy = cls(str(spec.get("name", name)), backend, traffic)
         if backend == "plain" and policy.lossy_kinds():
             raise PolicyError(
@@ -280,7 +279,9 @@ class Policy:
         first_kind, first = next(iter(lossy.items()))
         for kind, t in lossy.items():
             if (t.codec, t.schedule, t.min_compress_bytes) != (
-                first.codec, first.schedule, first.min_compress_bytes
+                first.codec,
+                first.schedule,
+                first.min_compress_bytes,
             ):
                 raise PolicyError(
                     f"policy.tp.{kind} and policy.tp.{first_kind} name different codecs, "
