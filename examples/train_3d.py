@@ -10,12 +10,18 @@ by FSDP2's ``fully_shard`` over ``mesh["dp"]`` (each block, then the stage), and
 ``torch.distributed.pipelining`` (``PipelineStage`` over ``mesh["pp"]``, ``ScheduleGPipe``
 or ``Schedule1F1B``).
 
-DP: ``fully_shard`` gathers the parameters and reduce-scatters the gradients of buffers it
-packs itself every step, so it cannot keep a per-buffer state: a policy's ``delta``
-parameter gather or ``feedback`` reduce runs exact here (``Policy.without_state``; the
-JSON's ``state_dropped`` lists them). Its gather and reduce use FSDP2's custom comm hooks
-(``set_custom_all_gather`` / ``set_custom_reduce_scatter``), each call inside a
-``coccl.torch.options`` block with the policy's codec for that kind of traffic.
+DP: FSDP2 gathers the parameters and reduce-scatters the gradients of flat buffers it
+packs itself every step, through the comm objects ``set_custom_all_gather`` /
+``set_custom_reduce_scatter`` give it: each call here runs inside a
+``coccl.torch.options`` block with the policy's codec for its kind of traffic. One pair
+per FSDP module (one parameter group, one flat layout at every call), so the gather can
+keep the ``delta`` state: a replica of the gathered parameters, to which every rank adds
+the gathered 4-bit differences (SDP4Bit's weight differences; the first gather exact).
+The master shards FSDP2 keeps stay exact; forward and backward use the replica. What no
+hook can carry runs exact and the JSON's ``state_dropped`` says so: a ``feedback``
+reduce (FSDP2 reduces into buffers it frees, and the residual of a two-shot
+ReduceScatter is formed inside coccl's schedule), and any state on TP (DTensor's
+collectives take none).
 
     # 8 CPU ranks, 2 x 2 x 2, a seconds-long model
     python -m torch.distributed.run --standalone --nproc-per-node 8 examples/train_3d.py \\
@@ -48,6 +54,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -104,16 +111,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # --------------------------------------------------------------- the policy
 def make_policy(args: argparse.Namespace) -> tuple[Policy, list[str]]:
-    """The policy filled for this model, without the state FSDP2 cannot carry."""
+    """The policy filled for this model, without the state this script cannot carry
+    (all but the DP gather's delta: DTensor's TP collectives and FSDP2's gradient
+    reduce-scatter take no state)."""
     policy = load_policy(args.policy).fill(d_model=args.d_model)
     if args.min_compress_bytes is not None:
         policy = policy.with_threshold(args.min_compress_bytes)
-    return policy.without_state()
+    return policy.without_state(carried=("dp.gather",))
 
 
 class PolicyComm:
-    """FSDP2's custom AllGather / ReduceScatter (``fully_shard``'s comm hooks): the
-    default call inside ``coccl.torch.options`` with the policy's codec for the kind."""
+    """A custom comm of FSDP2 (``fully_shard``'s hooks): torch's call inside a
+    ``coccl.torch.options`` block with the policy's codec for its kind of traffic."""
 
     def __init__(self, policy: Policy, group: Any, kind: str) -> None:
         self.changes = policy.call_options("dp", kind) if policy.backend == "coccl" else None
@@ -130,7 +139,8 @@ class PolicyComm:
 
 
 def fsdp_comms(policy: Policy, group: Any) -> tuple[Any, Any]:
-    """The parameter gather and gradient reduce of FSDP2 with the policy's codecs."""
+    """A new parameter gather and gradient reduce for one FSDP module, with the policy's
+    codecs; a ``delta`` gather keeps its replica (one module: one flat layout)."""
     from torch.distributed.fsdp._fully_shard._fsdp_api import (  # noqa: PLC0415
         AllGather,
         ReduceScatter,
@@ -140,11 +150,34 @@ def fsdp_comms(policy: Policy, group: Any) -> tuple[Any, Any]:
     # warn there); 2.11 and 2.12 have only the older ones
     gather_call = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
     reduce_call = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    entry = policy.traffic["dp"]["gather"]
+    delta = policy.backend == "coccl" and entry.state == "delta" and entry.lossy
 
     class Gather(PolicyComm, AllGather):
+        replica: torch.Tensor | None = None
+
         def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
-            return self.run(lambda: gather_call(
-                output_tensor, input_tensor, group=group, async_op=async_op))  # fmt: skip
+            if not delta:
+                return self.run(lambda: gather_call(
+                    output_tensor, input_tensor, group=group, async_op=async_op))  # fmt: skip
+            self.gather_delta(output_tensor, input_tensor, group)
+            # the Work's event follows the replica's update on this stream
+            return coccl.torch.CocclWork([output_tensor]) if async_op else None
+
+        def gather_delta(self, out: torch.Tensor, x: torch.Tensor, group: Any) -> None:
+            """SDP4Bit's weight differences: every rank adds the gathered decoded
+            ``x - replica[own slot]`` (its own slot decoded too, so the replicas stay
+            bitwise equal) to its replica; the first call exact."""
+            if self.replica is None or self.replica.shape != out.shape:
+                with coccl.torch.options(group, compressor="identity", algorithm="auto"):
+                    gather_call(out, x, group=group)
+                self.replica = out.detach().clone()
+                return
+            diff = x - self.replica.view(group.size(), -1)[group.rank()]
+            gathered = torch.empty_like(self.replica)
+            self.run(lambda: gather_call(gathered, diff, group=group))
+            self.replica += gathered
+            out.copy_(self.replica)
 
     class Reduce(PolicyComm, ReduceScatter):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
@@ -200,12 +233,43 @@ def build_stage(args: argparse.Namespace, mesh: Any, policy: Policy, device: tor
                   "mlp.fc1": ColwiseParallel, "mlp.fc2": RowwiseParallel}  # fmt: skip
         plan |= {f"blocks.{i}.{name}": style() for name, style in styles.items()}
     stage = parallelize_module(stage.to(device), mesh["tp"], plan)
-    gather, reduce = fsdp_comms(policy, mesh["dp"].get_group())
-    for module in [*stage.blocks, stage]:
-        fully_shard(module, mesh=mesh["dp"])
+    # A lossy DP codec's groups run over FSDP2's flat buffers: a group that held both a
+    # TP-sharded and a TP-replicated parameter would quantize the replicated one with
+    # other scales on each TP rank, and the TP replicas would drift apart. So the
+    # replicated parameters get FSDP units of their own (the layer norms; the stage's
+    # root holds the embeddings, final norm and head), and the row-parallel biases,
+    # which share their module with a sharded weight, stay out of FSDP: replicated over
+    # DP, their gradients averaged exactly (``average_biases``).
+    # (in the parameters' order: every DP rank must reduce the same one at a time)
+    biases = [p for p in stage.parameters() if isinstance(p, DTensor) and tp_replicated(p)]
+    units = [m for b in stage.blocks for m in (b.ln1, b.ln2, b)] + [stage]
+    for module in units:
+        fully_shard(module, mesh=mesh["dp"], ignored_params=set(biases))
+        gather, reduce = fsdp_comms(policy, mesh["dp"].get_group())
         module.set_custom_all_gather(gather)
         module.set_custom_reduce_scatter(reduce)
-    return stage
+    return stage, biases
+
+
+def tp_replicated(p: torch.Tensor) -> bool:
+    """Whether TP replicates ``p``: a plain tensor, or a DTensor Replicate on "tp"."""
+    if not isinstance(p, DTensor):
+        return True
+    names = p.device_mesh.mesh_dim_names or ()
+    return "tp" not in names or isinstance(p.placements[names.index("tp")], Replicate)
+
+
+def average_biases(biases: list[torch.Tensor], group: Any) -> None:
+    """The DP average of the gradients of parameters FSDP2 does not hold, exact (a
+    DTensor gradient may be pending a TP reduction: made Replicate first)."""
+    with coccl.torch.options(group, compressor="identity", algorithm="auto"):
+        for p in biases:
+            if p.grad is None:
+                continue
+            replicate = [Replicate()] * p.device_mesh.ndim
+            g = p.grad.redistribute(p.device_mesh, replicate).to_local().contiguous()
+            dist.all_reduce(g, group=group)
+            p.grad = DTensor.from_local(g.div_(group.size()), p.device_mesh, replicate)
 
 
 # ---------------------------------------------------------------- training
@@ -260,7 +324,7 @@ def train(args: argparse.Namespace, mesh: Any, policy: Policy, device: torch.dev
         group = mesh[dim].get_group()
         if isinstance(group, coccl.torch.CocclProcessGroup):
             group.comm = CountingComm(group.comm, group)
-    stage_module = build_stage(args, mesh, policy, device)
+    stage_module, biases = build_stage(args, mesh, policy, device)
     pp_rank, pp = mesh["pp"].get_local_rank(), mesh["pp"].size()
     stage = PipelineStage(stage_module, pp_rank, pp, device, group=mesh["pp"].get_group())
 
@@ -290,6 +354,7 @@ def train(args: argparse.Namespace, mesh: Any, policy: Policy, device: torch.dev
             schedule.step(target=y, losses=micro)
         else:
             schedule.step()
+        average_biases(biases, mesh["dp"].get_group())
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -309,7 +374,7 @@ def tp_replicated_digest(module: nn.Module) -> str:
     coordinate must hold the same bytes, also when the TP sums are compressed."""
     h = hashlib.sha256()
     for name, p in module.named_parameters():
-        if "tp" not in (p.device_mesh.mesh_dim_names or ()):
+        if tp_replicated(p):
             h.update(name.encode())
             h.update(bytes(p.to_local().detach().cpu().contiguous().view(torch.uint8).numpy()))
     return h.hexdigest()

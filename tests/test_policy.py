@@ -70,11 +70,16 @@ def test_taco3d_recipes() -> None:
 
 
 def test_without_state_makes_stateful_entries_exact() -> None:
-    policy, changed = named_policy("taco3d").fill(d_model=64).without_state()
+    taco3d = named_policy("taco3d").fill(d_model=64)
+    policy, changed = taco3d.without_state()
     assert changed == ["dp.gather: delta (int) -> exact"]
     assert policy.traffic["dp"]["gather"].codec["id"] == "identity"
     assert policy.traffic["dp"]["gather"].state is None
     assert policy.traffic["dp"]["reduce"].lossy  # stateless entries stay
+    kept, changed = taco3d.without_state(carried=("dp.gather",))
+    assert kept == taco3d and changed == []
+    with pytest.raises(PolicyError, match="carried names"):
+        taco3d.without_state(carried=("dp.params",))
 
 
 def test_with_threshold_sets_every_entry() -> None:

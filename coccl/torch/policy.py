@@ -31,11 +31,14 @@ objects of ``examples/train_3d.py`` do); ``pp``'s codecs become ``CocclOptions``
 torch send/recv); where it has not, PP traffic runs exact and ``pp_codecs_carried()``
 says so (the caller reports it).
 
-State: a ``delta`` gather and ``feedback`` reduce need a per-buffer state kept by their
-caller (``coccl.DeltaState``, ``coccl.Feedback``), which FSDP2's ``fully_shard`` cannot
-carry (it calls ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` on buffers of its
-own, freshly packed every step). ``without_state()`` turns those entries exact, and says
-which, for such a caller.
+State: a ``delta`` gather (every rank keeps the gathered replica; the difference to it is
+sent) and a ``feedback`` reduce (the last call's residual is added) need a state per
+buffer, kept by their caller. FSDP2's ``fully_shard`` has no place for one: it calls
+``all_gather_into_tensor`` / ``reduce_scatter_tensor`` on flat buffers it packs afresh
+every step, with no state argument. Its custom comm hooks can keep one, though: a comm
+object per FSDP module sees one parameter group, the same flat layout at every call
+(``examples/train_3d.py`` keeps the delta gather's replica so). ``without_state(carried)``
+turns the stateful entries a caller does not carry exact, and says which.
 """
 
 from __future__ import annotations
@@ -163,14 +166,20 @@ class Policy:
         }
         return Policy.from_dict(_spec(self.name, self.backend, traffic), self.name)
 
-    def without_state(self) -> tuple[Policy, list[str]]:
-        """For a caller that cannot keep per-buffer state (FSDP2): the policy with every
-        stateful entry exact, and the ``dim.kind: state`` lines it changed."""
+    def without_state(self, carried: tuple[str, ...] = ()) -> tuple[Policy, list[str]]:
+        """For a caller that keeps the state of the ``carried`` entries only (``dim.kind``,
+        e.g. ``("dp.gather",)``): the policy with every other stateful entry exact, and
+        the ``dim.kind: state (codec) -> exact`` lines it changed."""
+        unknown = [
+            c for c in carried if c.partition(".")[2] not in TRAFFIC.get(c.partition(".")[0], ())
+        ]
+        if unknown:
+            raise PolicyError(f"carried names {unknown}, not dim.kind entries of {TRAFFIC}")
         changed: list[str] = []
         traffic = copy.deepcopy(self.traffic)
         for dim, kinds in traffic.items():
             for kind, t in kinds.items():
-                if t.state is not None:
+                if t.state is not None and f"{dim}.{kind}" not in carried:
                     changed.append(f"{dim}.{kind}: {t.state} ({t.codec['id']}) -> exact")
                     kinds[kind] = Traffic({"id": "identity"}, "auto", t.min_compress_bytes)
         return Policy.from_dict(_spec(self.name, self.backend, traffic), self.name), changed
