@@ -1,5 +1,6 @@
 """coccl for PyTorch (L4): ``import coccl.torch`` registers the torch.distributed backend
-``"coccl"`` (``coccl.torch.backend``); ``coccl.torch.tensor_parallel`` holds the TP layers.
+``"coccl"`` (``coccl.torch.backend``); ``coccl.torch.tensor_parallel`` holds the TP layers,
+``coccl.torch.policy`` a 3D job's per-dimension policy (``load_policy``).
 Uses only public names of the layers below. The supported torch versions
 (``coccl.torch.versions.TORCH_RANGE``) are checked first."""
 
@@ -22,6 +23,7 @@ from coccl.torch.backend import (  # noqa: E402  (after the version check)
 )
 from coccl.torch.introspect import describe, stats  # noqa: E402
 from coccl.torch.launch import init_process_group  # noqa: E402
+from coccl.torch.policy import Policy, PolicyError, load_policy, named_policy  # noqa: E402
 
 __all__ = [
     "BACKEND",
@@ -29,10 +31,14 @@ __all__ = [
     "CocclOptions",
     "CocclProcessGroup",
     "CocclWork",
+    "Policy",
+    "PolicyError",
     "TORCH_RANGE",
     "create_group",
     "describe",
     "init_process_group",
+    "load_policy",
+    "named_policy",
     "options",
     "register_backend",
     "stats",
