@@ -6,7 +6,8 @@ file), in torchtitan's order: the model is cut into ``--pp`` stages by hand (sta
 its share of the blocks; the first the embeddings, the last the final norm and LM head),
 each stage is tensor-parallelized by ``parallelize_module`` (QKV and fc1
 ``ColwiseParallel``, proj and fc2 ``RowwiseParallel`` over ``mesh["tp"]``), then sharded
-by FSDP2's ``fully_shard`` over ``mesh["dp"]`` (each block, then the stage), and run by
+by FSDP2's ``fully_shard`` over ``mesh["dp"]`` (each layer norm and block, then the
+stage; the row-parallel biases stay out: see ``build_stage``), and run by
 ``torch.distributed.pipelining`` (``PipelineStage`` over ``mesh["pp"]``, ``ScheduleGPipe``
 or ``Schedule1F1B``).
 
@@ -337,8 +338,9 @@ def train(args: argparse.Namespace, mesh: Any, policy: Policy, device: torch.dev
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
     # every DP replica its own data; the TP and PP ranks of one replica the same
     dp_rank = mesh["dp"].get_local_rank()
-    cfg_seq = args.seq
-    batches = train_batches(split(load_text())[0], args.batch, cfg_seq, args.seed + dp_rank, device)
+    batches = train_batches(
+        split(load_text())[0], args.batch, args.seq, args.seed + dp_rank, device
+    )
     losses: list[float] = []
     step_s: list[float] = []
     for step in range(args.steps):
