@@ -172,6 +172,17 @@ state)
   step "pytest stateful calls on the GPU (1, 2, 4 ranks)"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
     -k "test_gpu_state and (1] or 2] or 4])" 2>&1 | tee "$OUT/pytest_gpu_state.txt" | tail -8 ;;
+policy3d)
+  # examples/train_3d.py on the GPU: one rank (a 1 x 1 x 1 mesh: coccl groups over NCCL,
+  # FSDP2's CUDA streams and custom comms, pipelining's stage), none / identity / taco3d;
+  # identity's losses must equal none's. Budget: about 3 minutes.
+  step "train_3d on one GPU: none, identity, taco3d"
+  for pol in none identity taco3d; do
+    timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 1 examples/train_3d.py \
+      --device cuda --tp 1 --pp 1 --dp 1 --policy $pol --steps 10 --min-compress-bytes 1024 \
+      --out "$JSONDIR/train3d-gpu-$pol.json" 2>&1 | tail -4
+  done
+  python3 -c "import json,sys; l=[json.load(open(f'$JSONDIR/train3d-gpu-{p}.json'))['losses'] for p in ('none','identity')]; print('identity == none:', l[0] == l[1] or max(abs(a-b)/abs(a) for a,b in zip(*l)))" ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done

@@ -1,7 +1,7 @@
 """coccl for PyTorch (L4): ``import coccl.torch`` registers the torch.distributed backend
 ``"coccl"`` (``coccl.torch.backend``); ``coccl.torch.tensor_parallel`` holds the TP layers,
 ``coccl.torch.comm_hooks`` the DDP communication hook, ``coccl.torch.zero`` a ZeRO-1
-sharded optimizer.
+sharded optimizer, ``coccl.torch.policy`` a 3D job's per-dimension policy (``load_policy``).
 Uses only public names of the layers below. The supported torch versions
 (``coccl.torch.versions.TORCH_RANGE``) are checked first."""
 
@@ -25,6 +25,7 @@ from coccl.torch.backend import (  # noqa: E402  (after the version check)
 from coccl.torch.comm_hooks import CocclHookState, allreduce_hook  # noqa: E402
 from coccl.torch.introspect import describe, stats  # noqa: E402
 from coccl.torch.launch import init_process_group  # noqa: E402
+from coccl.torch.policy import Policy, PolicyError, load_policy, named_policy  # noqa: E402
 from coccl.torch.zero import ShardedOptimizer  # noqa: E402
 
 __all__ = [
@@ -35,11 +36,15 @@ __all__ = [
     "CocclProcessGroup",
     "CocclWork",
     "ShardedOptimizer",
+    "Policy",
+    "PolicyError",
     "TORCH_RANGE",
     "allreduce_hook",
     "create_group",
     "describe",
     "init_process_group",
+    "load_policy",
+    "named_policy",
     "options",
     "register_backend",
     "stats",

@@ -1,0 +1,166 @@
+"""coccl.torch.policy: a 3D job's per-dimension policy, parsed and validated (one process,
+no launch): the named policies, files, placeholders, the errors, the groups' options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from coccl.torch import CocclOptions  # noqa: E402
+from coccl.torch.policy import (  # noqa: E402
+    DIMS,
+    NAMED,
+    TRAFFIC,
+    Policy,
+    PolicyError,
+    load_policy,
+    named_policy,
+)
+
+TACO3D = {"tp": "taco", "dp": "int", "pp_forward": "tah", "pp_backward": "int"}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_named_policies_parse_and_roundtrip(name: str) -> None:
+    policy = named_policy(name).fill(d_model=256)
+    assert policy.name == name
+    assert set(policy.traffic) == set(DIMS)
+    assert all(set(policy.traffic[d]) == set(TRAFFIC[d]) for d in DIMS)
+    again = Policy.from_dict(json.loads(json.dumps(policy.to_dict())), name)
+    assert again == policy
+
+
+def test_none_is_plain_and_identity_is_exact() -> None:
+    assert named_policy("none").backend_override("cpu") == {d: "gloo" for d in DIMS}
+    assert named_policy("none").backend_override("cuda") == {d: "nccl" for d in DIMS}
+    assert named_policy("none").group_options("tp") is None
+    identity = named_policy("identity")
+    assert identity.lossy_kinds() == []
+    for dim, (backend, opts) in identity.backend_override("cpu").items():
+        assert backend == "coccl" and isinstance(opts, CocclOptions), dim
+        assert opts.codec.lossless
+
+
+def test_taco3d_recipes() -> None:
+    policy = named_policy("taco3d")
+    assert policy.placeholders() == ["pp.forward.row={d_model}"]
+    policy = policy.fill(d_model=768)
+    t = policy.traffic
+    tp_ar = t["tp"]["allreduce"]
+    assert tp_ar.codec["id"] == "taco" and tp_ar.schedule == "two_shot"
+    assert t["pp"]["forward"].codec["id"] == "tah" and t["pp"]["forward"].codec["row"] == 768
+    assert {k: t["pp"]["backward"].codec[k] for k in ("id", "bits", "group_size")} == {
+        "id": "int", "bits": 6, "group_size": 32}  # fmt: skip
+    assert {k: t["dp"]["reduce"].codec[k] for k in ("id", "bits", "group_size")} == {
+        "id": "int", "bits": 8, "group_size": 128}  # fmt: skip
+    gather = t["dp"]["gather"]
+    assert (gather.codec["bits"], gather.codec["group_size"], gather.state) == (4, 2048, "delta")
+    tp = policy.group_options("tp")
+    assert tp.codec.codec_id == "taco" and tp.algorithm == "two_shot"
+    assert set(tp.compress) == {"allreduce", "reduce_scatter"}
+    dp = policy.group_options("dp")
+    assert dp.codec.get_config()["bits"] == 8 and "allgather" not in dp.compress
+    changes = policy.call_options("dp", "gather")
+    assert changes["compress"] == ("allgather",) and changes["compressor"]["bits"] == 4
+    CocclOptions(**changes)  # what coccl.torch.options takes
+
+
+def test_without_state_makes_stateful_entries_exact() -> None:
+    taco3d = named_policy("taco3d").fill(d_model=64)
+    policy, changed = taco3d.without_state()
+    assert changed == ["dp.gather: delta (int) -> exact"]
+    assert policy.traffic["dp"]["gather"].codec["id"] == "identity"
+    assert policy.traffic["dp"]["gather"].state is None
+    assert policy.traffic["dp"]["reduce"].lossy  # stateless entries stay
+    kept, changed = taco3d.without_state(carried=("dp.gather",))
+    assert kept == taco3d and changed == []
+    with pytest.raises(PolicyError, match="carried names"):
+        taco3d.without_state(carried=("dp.params",))
+
+
+def test_with_threshold_sets_every_entry() -> None:
+    policy = named_policy("taco3d").fill(d_model=64).with_threshold(1024)
+    assert {t.min_compress_bytes for ks in policy.traffic.values() for t in ks.values()} == {1024}
+    assert policy.group_options("tp").min_compress_bytes == 1024
+
+
+def test_pp_codecs_go_where_the_backend_has_fields() -> None:
+    policy = named_policy("taco3d").fill(d_model=64)
+    carried = policy.pp_codecs_carried()
+    opts = policy.group_options("pp")
+    for kind, field in (("forward", "p2p_forward"), ("backward", "p2p_backward")):
+        assert carried[kind] == hasattr(CocclOptions(), field)
+        if carried[kind]:
+            assert getattr(opts, field) == policy.traffic["pp"][kind].codec
+    assert opts.codec.lossless  # the PP group's collectives stay exact
+
+
+def test_json_and_toml_files(tmp_path: Path) -> None:
+    spec = {"tp": {"allreduce": {"codec": "int8", "schedule": "ring", "min_compress_bytes": 0}}}
+    (tmp_path / "mine.json").write_text(json.dumps(spec))
+    (tmp_path / "mine.toml").write_text(
+        '[tp.allreduce]\ncodec = "int8"\nschedule = "ring"\nmin_compress_bytes = 0\n'
+    )
+    a, b = load_policy(tmp_path / "mine.json"), load_policy(str(tmp_path / "mine.toml"))
+    assert a == b and a.name == "mine" and a.lossy_kinds() == ["tp.allreduce"]
+    assert a.group_options("tp").compress == ("allreduce",)
+    assert load_policy(spec).traffic == a.traffic
+    with pytest.raises(PolicyError, match="does not exist"):
+        load_policy(tmp_path / "missing.json")
+    with pytest.raises(PolicyError, match="named policies|.json"):
+        load_policy("taco4d")
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"tpp": {}}, r"policy has unknown keys \['tpp'\]"),
+        ({"backend": "mpi"}, "policy.backend must be one of"),
+        ({"tp": {"all_reduce": {}}}, r"policy.tp has unknown keys \['all_reduce'\]"),
+        ({"tp": {"allreduce": {"codek": "taco"}}}, r"policy.tp.allreduce has unknown keys"),
+        ({"tp": {"allreduce": {"codec": "tacco"}}}, "unknown compressor 'tacco'"),
+        ({"tp": {"allreduce": {"codec": {"id": "int", "bitz": 4}}}}, "policy.tp.allreduce.codec"),
+        ({"tp": {"allreduce": {"codec": {"id": "no", "row": "{d_model}"}}}}, "unknown compressor"),
+        ({"tp": {"allreduce": {"schedule": "tree"}}}, "policy.tp.allreduce.schedule"),
+        ({"pp": {"forward": {"schedule": "ring"}}}, "point-to-point has no schedule"),
+        ({"dp": {"reduce": {"min_compress_bytes": -1}}}, "min_compress_bytes must be an int"),
+        ({"dp": {"reduce": {"min_compress_bytes": True}}}, "min_compress_bytes must be an int"),
+        ({"dp": {"reduce": {"state": "delta"}}}, r"policy.dp.reduce.state must be one of"),
+        ({"dp": {"gather": {"state": "feedback"}}}, r"policy.dp.gather.state must be one of"),
+        ({"pp": {"forward": {"state": "delta"}}}, r"policy.pp.forward.state must be one of none"),
+        ({"tp": {"allreduce": {"codec": "taco", "schedule": "native"}}}, "'native' is exact"),
+        ({"tp": {"allreduce": {"codec": "taco"}, "allgather": {"codec": "int8"}}},
+         "one coccl group"),
+        ({"backend": "plain", "tp": {"allreduce": {"codec": "taco"}}}, "compresses nothing"),
+        ({"tp": []}, "policy.tp must be a dict"),
+        ({"tp": {"allreduce": "taco"}}, "policy.tp.allreduce must be a dict"),
+        ({"tp": {"allreduce": {"codec": 3}}}, "is a codec name or config dict"),
+    ],
+)  # fmt: skip
+def test_bad_policies_name_what_is_wrong(spec: dict, match: str) -> None:
+    with pytest.raises(PolicyError, match=match):
+        Policy.from_dict(spec)
+
+
+def test_placeholders_must_be_filled() -> None:
+    policy = named_policy("taco3d")
+    with pytest.raises(PolicyError, match="open placeholders"):
+        policy.group_options("pp")
+    with pytest.raises(PolicyError, match="no value given for {d_model}"):
+        policy.fill(width=64)
+    with pytest.raises(PolicyError, match="row must be"):  # the filled codec is checked
+        policy.fill(d_model=30)
+
+
+def test_unknown_dimension_and_kind() -> None:
+    policy = named_policy("identity")
+    with pytest.raises(PolicyError, match="mesh dimensions are"):
+        policy.group_options("ep")
+    with pytest.raises(PolicyError, match="pp.forward is not a collective"):
+        policy.call_options("pp", "forward")
+    with pytest.raises(PolicyError, match=r"\(pp, dp, tp\)"):
+        policy.device_mesh("cpu", (2, 2))

@@ -1,0 +1,69 @@
+"""examples/train_3d.py under torchrun on 8 CPU ranks (PP 2 x DP 2 x TP 2, tiny): the
+coccl identity policy trains to the losses of torch's own groups, taco3d compresses the TP
+and DP traffic (the DP parameter gather as delta) and keeps the TP replicas bitwise equal,
+and rank 0's JSON has its fields."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "train_3d.py"
+STEPS = 2
+
+
+def run_3d(policy: str, out: Path) -> dict:
+    """One 8-rank tiny run of ``policy``; rank 0's JSON."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8"]
+    cmd += [str(SCRIPT), "--tp", "2", "--pp", "2", "--dp", "2", "--policy", policy, "--tiny"]
+    cmd += ["--steps", str(STEPS), "--warmup", "0", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COCCL_TIMEOUT_S": "300"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.launch
+def test_identity_trains_as_torch_groups(tmp_path: Path) -> None:
+    plain = run_3d("none", tmp_path / "none.json")
+    exact = run_3d("identity", tmp_path / "identity.json")
+    assert len(plain["losses"]) == len(exact["losses"]) == STEPS
+    assert exact["losses"] == pytest.approx(plain["losses"], rel=1e-5, abs=0)
+    for record in (plain, exact):
+        assert record["mesh"] == {"pp": 2, "dp": 2, "tp": 2}
+        assert record["tokens_per_s"] > 0 and record["tp_replicas_identical"] is True
+        assert set(record["traffic"]) == {"pp", "dp", "tp"}
+    assert {d["backend"] for d in plain["traffic"].values()} == {"gloo"}
+    traffic = exact["traffic"]
+    assert all(d["backend"] == "coccl" for d in traffic.values())
+    assert traffic["tp"]["calls"]["allreduce:exact"] > 0  # DTensor's TP AllReduces
+    assert traffic["dp"]["calls"]["allgather:exact"] > 0  # FSDP2's parameter gathers
+    assert traffic["dp"]["calls"]["reduce_scatter:exact"] > 0  # and gradient reduces
+    assert not any(k.endswith(":compressed") for d in traffic.values() for k in d["calls"])
+    assert exact["policy"]["name"] == "identity" and exact["state_dropped"] == []
+
+
+@pytest.mark.launch
+def test_taco3d_compresses_tp_and_dp(tmp_path: Path) -> None:
+    record = run_3d("taco3d", tmp_path / "taco3d.json")
+    assert len(record["losses"]) == STEPS and all(0 < x < 10 for x in record["losses"])
+    assert record["tp_replicas_identical"] is True  # compressed TP sums alike on every rank
+    tp, dp = record["traffic"]["tp"], record["traffic"]["dp"]
+    assert tp["calls"]["allreduce:compressed"] > 0
+    assert dp["calls"]["reduce_scatter:compressed"] > 0
+    for dim in (tp, dp):  # a compressed call sends fewer bytes than it reduces
+        for key in [k for k in dim["bytes"] if k.endswith(":compressed:sent")]:
+            assert 0 < dim["bytes"][key] < dim["bytes"][key.replace(":sent", ":input")]
+    # the 4-bit weight differences: the first gather of each FSDP unit exact, then compressed
+    assert record["state_dropped"] == []
+    assert dp["calls"]["allgather:compressed"] > 0 and dp["calls"]["allgather:exact"] > 0
+    assert record["policy"]["pp"]["forward"]["codec"]["row"] == record["model"]["d_model"]
+    assert set(record["pp_codecs_carried"]) == {"forward", "backward"}
