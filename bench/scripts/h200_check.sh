@@ -136,6 +136,13 @@ layers)
   timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
     -k "(nccl and 1]) or (test_torch_backend_gpu and 1]) or (test_gpu_collectives and (2] or 4]))" \
     2>&1 | tee "$OUT/pytest_layers2.txt" | grep -v "^SKIPPED" | tail -12 ;;
+torchp2p)
+  # The torch backend's point-to-point of CUDA tensors, 2 ranks sharing the GPU under
+  # torchrun: host-staged messages bitwise, side streams ordered, a 2-stage GPipe on the
+  # GPU against the CPU run (tests/scripts/torch_p2p_gpu_cases.py). Budget 60 s.
+  step pytest torch point-to-point on the GPU, 2 ranks sharing it
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_p2p.py -k gpu \
+    2>&1 | tee "$OUT/pytest_torchp2p.txt" | tail -60 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done

@@ -1,11 +1,11 @@
 """Point-to-point of CUDA tensors on a coccl group, 2 ranks sharing one GPU (under
 torchrun: tests/scripts/torch_ranks.py LOGDIR tests/scripts/torch_p2p_gpu_cases.py;
 bench/scripts/h200_check.sh's ``torchp2p`` part). CUDA tensors travel through host
-copies (coccl/torch/p2p.py): the identity codec bitwise, a lossy one as the CPU's
-codec roundtrip bitwise, a producer on a side stream ordered before its send, the
-received tensor ordered before its consumer by ``Work.wait()``, and a 2-stage GPipe
-schedule on the GPU whose losses are the CPU run's (to float rounding). Skipped without
-a GPU."""
+copies (coccl/torch/p2p.py), so codecs run on the host as in the CPU cases; here: the
+identity codec bitwise on CUDA tensors, a producer on a side stream ordered before its
+send, the received tensor ordered before its consumer by ``Work.wait()``, and a 2-stage
+GPipe schedule on the GPU whose losses are the CPU run's (to float rounding). Skipped
+without a GPU."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import coccl.torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_p2p_cases import INT6, LOSSY, TAH, data, pair_exchange, pipeline_losses, roundtrip  # noqa: E402
+from torch_p2p_cases import data, pair_exchange, pipeline_losses  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
@@ -56,15 +56,6 @@ def test_cuda_identity_is_exact(dtype, count):
     assert got.is_cuda and torch.equal(got.cpu(), bwd if me == 0 else fwd)
 
 
-def test_cuda_codec_per_direction_is_the_cpu_roundtrip():
-    g = group("lossy", **LOSSY)
-    me = dist.get_rank(g)
-    fwd, bwd = data(torch.float32, 4099, "gpu-fwd"), data(torch.float32, 4099, "gpu-bwd")
-    got = pair_exchange(g, fwd.to(CUDA), bwd.to(CUDA))
-    expected = roundtrip(INT6, bwd) if me == 0 else roundtrip(TAH, fwd)
-    assert torch.equal(got.cpu(), expected)
-
-
 def test_streams_order_the_send_and_the_consumer():
     """The sender produces on a side stream and sends from it; the receiver waits its
     Work on a side stream and consumes there."""
@@ -81,19 +72,16 @@ def test_streams_order_the_send_and_the_consumer():
             out = torch.empty(n, device=CUDA)
             work = dist.irecv(out, group=g, group_src=0)
             work.wait()
-            total = out.sum()  # on the side stream, after the copy in
-    if me == 1:
+            same = (out == torch.arange(n, device=CUDA, dtype=torch.float32)).all()
+    if me == 1:  # compared on the side stream, after the copy in
         side.synchronize()
-        assert float(total) == float(torch.arange(n, dtype=torch.float64).sum())
+        assert bool(same)
 
 
 def test_gpipe_on_the_gpu_matches_the_cpu_run():
-    exact, lossy = group("exact"), group("lossy", **LOSSY)
-    me = dist.get_rank(exact)
-    cpu_losses, _ = pipeline_losses(exact)
-    gpu_losses, _ = pipeline_losses(exact, CUDA)
-    lossy_losses, _ = pipeline_losses(lossy, CUDA)
-    if me == 1:
+    g = group("exact")
+    cpu_losses, _ = pipeline_losses(g)
+    gpu_losses, _ = pipeline_losses(g, CUDA)
+    if dist.get_rank(g) == 1:
+        assert all(math.isfinite(v) for v in gpu_losses)
         assert gpu_losses == pytest.approx(cpu_losses, rel=1e-4)
-        assert all(math.isfinite(v) for v in lossy_losses)
-        assert lossy_losses == pytest.approx(cpu_losses, rel=0.05)
