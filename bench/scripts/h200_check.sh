@@ -183,6 +183,13 @@ policy3d)
       --out "$JSONDIR/train3d-gpu-$pol.json" 2>&1 | tail -4
   done
   python3 -c "import json,sys; l=[json.load(open(f'$JSONDIR/train3d-gpu-{p}.json'))['losses'] for p in ('none','identity')]; print('identity == none:', l[0] == l[1] or max(abs(a-b)/abs(a) for a,b in zip(*l)))" ;;
+torchp2p)
+  # The torch backend's point-to-point of CUDA tensors, 2 ranks sharing the GPU under
+  # torchrun: host-staged messages bitwise, side streams ordered, a 2-stage GPipe on the
+  # GPU against the CPU run (tests/scripts/torch_p2p_gpu_cases.py). Budget 60 s.
+  step pytest torch point-to-point on the GPU, 2 ranks sharing it
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_p2p.py -k gpu \
+    2>&1 | tee "$OUT/pytest_torchp2p.txt" | tail -60 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done

@@ -3,10 +3,12 @@
 TP code talks to ``torch.distributed`` (``dist.all_reduce``, ``reduce_scatter_tensor``,
 ``all_gather_into_tensor``, DeviceMesh, DTensor's ``parallelize_module``, Megatron's
 process groups). A group created with ``backend="coccl"`` runs those three collectives
-through a coccl Communicator, with the codec and schedule chosen per group, and forwards
-every other operation (broadcast, send/recv, barrier, scatter, ...) to an inner Gloo group
-(CPU tensors) or an inner NCCL group (CUDA tensors, created on first use), so a training
-script runs unchanged::
+through a coccl Communicator, with the codec and schedule chosen per group, and so do
+``all_to_all_single`` and point-to-point (``send``/``recv``, ``isend``/``irecv``,
+``batch_isend_irecv``, with a codec per direction: ``coccl.torch.p2p``); it forwards
+every other operation (broadcast, barrier, scatter, ...) to an inner Gloo group (CPU
+tensors) or an inner NCCL group (CUDA tensors, created on first use,
+``coccl.torch.forwarding``), so a training script runs unchanged::
 
     import coccl.torch
     import torch.distributed as dist
@@ -19,8 +21,9 @@ script runs unchanged::
         dist.all_reduce(exact_sum, group=tp)    # this call exact
 
 What compresses (``CocclOptions``): AllReduce and ReduceScatter of floating tensors of at
-least ``min_compress_bytes`` (64 KiB) with the group's codec; AllGather stays exact unless
-``compress`` names it (gathering parameters lossily is rarely wanted); smaller messages
+least ``min_compress_bytes`` (64 KiB) with the group's codec; AllGather and all-to-all
+stay exact unless ``compress`` names them (gathering parameters lossily is rarely
+wanted); smaller messages
 (a loss scalar, metrics), integer tensors, MAX / MIN / PRODUCT (a vocab-parallel logits
 max) and the collectives not named take coccl's exact path (identity codec;
 ``algorithm="auto"`` where the group's codec is lossy). ReduceOps: SUM, AVG, MAX, MIN,
@@ -56,7 +59,7 @@ import dataclasses
 import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -69,19 +72,20 @@ from coccl import algorithms
 from coccl.compressors import Compressor, get_compressor
 from coccl.config import settings
 from coccl.core.options import check_chunk_bytes
+from coccl.torch import alltoall, p2p
+from coccl.torch.forwarding import Forwarding
+from coccl.torch.forwarding import or_default as _or
 from coccl.torch.gloo_transport import GlooTransport, StoreBootstrap, as_timedelta
 
 log = logging.getLogger(__name__)
 
 BACKEND = "coccl"
 COLLECTIVES = algorithms.COLLECTIVES
+COMPRESSIBLE = (*COLLECTIVES, "alltoall")  # what CocclOptions.compress may name
 DEVICE_BACKENDS = ("auto", "nccl", "none")
 DEFAULT_MIN_COMPRESS_BYTES = 64 << 10
-# torch dtypes a coccl Communicator carries (others forward to the inner group).
-_CARRIED = frozenset(
-    {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
-     torch.int16, torch.int32, torch.int64}
-)  # fmt: skip
+P2P_WAITERS = 256  # point-to-point waits in flight at once (threads, started as needed)
+_CARRIED = p2p.CARRIED  # the collectives forward other dtypes to the inner group
 _EXACT_OPS = {
     dist.ReduceOp.SUM: "sum",
     dist.ReduceOp.AVG: "avg",
@@ -105,11 +109,17 @@ class CocclOptions:
         chunk_bytes: pipeline chunk size (None: coccl's sizing rules).
         min_compress_bytes: messages (input bytes) smaller than this run exact, so a
             loss-averaging AllReduce of a scalar or a metric is never quantized.
-        compress: which collectives use a lossy ``compressor``; AllGather is left out by
-            default (gathering parameters lossily is rarely what a user wants).
+        compress: which collectives use a lossy ``compressor`` (``"allreduce"``,
+            ``"reduce_scatter"``, ``"allgather"``, ``"alltoall"``); AllGather and all-to-all
+            are left out by default (gathering parameters lossily is rarely wanted).
         device_backend: ``"auto"``: CUDA tensors travel over coccl's NCCL transport when
             every rank has a GPU of its own; ``"nccl"``: require it; ``"none"``: CPU
             tensors only (no NCCL communicator is created).
+        p2p_forward: codec of point-to-point messages to a higher group rank (a pipeline's
+            activations); the receiver of a message from a lower rank uses it too.
+        p2p_backward: codec of messages to a lower group rank (activation gradients).
+            Both exact by default; lossy ones apply as ``compressor`` does (floating
+            tensors of at least ``min_compress_bytes``; ``coccl.torch.p2p``).
     """
 
     compressor: str | dict = "identity"
@@ -118,6 +128,8 @@ class CocclOptions:
     min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
     compress: tuple[str, ...] = ("allreduce", "reduce_scatter")
     device_backend: str = "auto"
+    p2p_forward: str | dict = "identity"
+    p2p_backward: str | dict = "identity"
 
     def __post_init__(self) -> None:
         codec = get_compressor(self.compressor)  # ValueError for an unknown codec
@@ -130,9 +142,10 @@ class CocclOptions:
         ):
             raise ValueError(f"min_compress_bytes must be an int, got {self.min_compress_bytes!r}")
         object.__setattr__(self, "compress", tuple(self.compress))
-        unknown = [c for c in self.compress if c not in COLLECTIVES]
+        unknown = [c for c in self.compress if c not in COMPRESSIBLE]
         if unknown:
-            raise ValueError(f"compress names {unknown}; coccl's collectives are {COLLECTIVES}")
+            raise ValueError(f"compress names {unknown}; coccl's collectives are {COMPRESSIBLE}")
+        self.p2p_codecs  # noqa: B018  (ValueError for an unknown codec)
         if self.device_backend not in DEVICE_BACKENDS:
             raise ValueError(
                 f"device_backend must be one of {DEVICE_BACKENDS}, got {self.device_backend!r}"
@@ -148,6 +161,11 @@ class CocclOptions:
     def codec(self) -> Compressor:
         """The group's codec object."""
         return get_compressor(self.compressor)
+
+    @functools.cached_property
+    def p2p_codecs(self) -> tuple[Compressor, Compressor]:
+        """The point-to-point codec objects: (forward, backward)."""
+        return get_compressor(self.p2p_forward), get_compressor(self.p2p_backward)
 
 
 # (group or None for every coccl group, field changes), innermost last. Process-wide, not
@@ -180,13 +198,16 @@ def options(group: Any = None, **changes: Any) -> Iterator[None]:
 
 # ------------------------------------------------------------------------- work
 class CocclWork(dist._Work):
-    """A coccl collective's ``Work``. The collective has run (CPU) or is enqueued on the
-    issuing stream (CUDA), so ``wait()`` only makes the current stream wait for the event
-    recorded after it; ``get_future()`` is a completed future of the output tensors."""
+    """A coccl call's ``Work``. A collective has run (CPU) or is enqueued on the issuing
+    stream (CUDA), so ``wait()`` only makes the current stream wait for the event recorded
+    after it; ``get_future()`` is a completed future of the output tensors. A
+    point-to-point message is in flight until ``handle`` (``wait()``, ``test()``; None:
+    complete) says it is done: ``wait()`` waits for it, ``get_future()`` too."""
 
-    def __init__(self, outputs: list[torch.Tensor]) -> None:
+    def __init__(self, outputs: list[torch.Tensor], handle: Any = None) -> None:
         super().__init__()
         self._outputs = outputs
+        self._handle = handle
         device = outputs[0].device if outputs else torch.device("cpu")
         self._event: Any = None
         if device.type == "cuda":
@@ -197,9 +218,18 @@ class CocclWork(dist._Work):
         else:
             self._future = torch.futures.Future()
         self._device = device
-        self._future.set_result(outputs)
+        if handle is None:
+            self._future.set_result(outputs)
+
+    def _done(self) -> None:
+        if self._handle is not None:
+            self._handle = None
+            self._future.set_result(self._outputs)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        if self._handle is not None:
+            self._handle.wait()
+            self._done()
         if self._event is not None:
             torch.cuda.current_stream(self._device).wait_event(self._event)
         return True
@@ -208,6 +238,10 @@ class CocclWork(dist._Work):
         self.wait()
 
     def is_completed(self) -> bool:
+        if self._handle is not None:
+            if not self._handle.test():
+                return False
+            self._done()
         return self._event is None or self._event.query()
 
     def is_success(self) -> bool:
@@ -220,11 +254,13 @@ class CocclWork(dist._Work):
         return self._outputs
 
     def get_future(self) -> torch.futures.Future:
+        if self._handle is not None:
+            self.wait()
         return self._future
 
 
 # ------------------------------------------------------------------ the group
-class CocclProcessGroup(dist.ProcessGroup):
+class CocclProcessGroup(Forwarding, dist.ProcessGroup):
     """The process group behind ``backend="coccl"`` (build it through torch.distributed).
 
     Attributes:
@@ -245,24 +281,27 @@ class CocclProcessGroup(dist.ProcessGroup):
         self._options = opts
         self._group_name: str | None = None
         self._counts: Counter[str] = Counter()
+        self._batch: list[p2p.Pending] | None = None  # messages of a coalesced batch
         # Collective creation, in the same order on every rank: the Gloo group that
         # forwarded operations use, then the Communicator (its bootstrap over the store,
-        # its own Gloo group for host bytes, NCCL for device bytes where it can).
+        # its own Gloo groups for host bytes and for point-to-point messages, so these
+        # never meet the collectives', NCCL for device bytes where it can).
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
         self._nccl: Any = None
         env = settings()
         env = dataclasses.replace(env, timeout_s=min(env.timeout_s, timeout.total_seconds()))
 
-        def make_host(env: Any) -> GlooTransport:
-            wire_store = dist.PrefixStore("wire/", store)
+        def make_host(env: Any, prefix: str = "wire/", waiters: int | None = None) -> Any:
+            wire_store = dist.PrefixStore(prefix, store)
             wire = dist.ProcessGroupGloo(wire_store, rank, size, as_timedelta(env.timeout_s))
-            return GlooTransport(wire, env.timeout_s, env.pipeline_depth)
+            return GlooTransport(wire, env.timeout_s, env.pipeline_depth, waiters)
 
         from coccl.communicator import create  # noqa: PLC0415
 
         backend = {"auto": "auto", "nccl": "nccl", "none": "mpi"}[opts.device_backend]
         boot = StoreBootstrap(dist.PrefixStore("boot/", store), rank, size)
-        self.comm = create(boot, make_host, backend, env)  # keeps torch's thread count
+        make_p2p = functools.partial(make_host, prefix="p2p/", waiters=P2P_WAITERS)
+        self.comm = create(boot, make_host, backend, env, make_p2p)  # keeps torch's threads
 
     # ------------------------------------------------------------ identity
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
@@ -368,11 +407,7 @@ class CocclProcessGroup(dist.ProcessGroup):
         non-contiguous (strided, a view's) ``x`` or ``out`` is copied in or out, counted
         as ``copied:<collective>``."""
         name, factor = op
-        if x.is_cuda and self.comm.backend != "nccl":
-            raise ValueError(
-                "this coccl group moves no CUDA tensors: its ranks do not each have a GPU of "
-                "their own with CuPy, or device_backend='none' (CocclOptions)"
-            )
+        self._check_device(x)
         path, kwargs = self.call_arguments(collective, x, name)
         self._counts[f"{collective}:{path}"] += 1
         src = x if x.is_contiguous() else x.contiguous()
@@ -390,6 +425,13 @@ class CocclProcessGroup(dist.ProcessGroup):
             out.copy_(dst)
         if factor is not None:  # PREMUL_SUM: the sum of factor * x is factor * the sum
             out.mul_(factor)
+
+    def _check_device(self, x: torch.Tensor) -> None:
+        if x.is_cuda and self.comm.backend != "nccl":
+            raise ValueError(
+                "this coccl group moves no CUDA tensors: its ranks do not each have a GPU of "
+                "their own with CuPy, or device_backend='none' (CocclOptions)"
+            )
 
     def call_arguments(
         self, collective: str, x: torch.Tensor, op: str = "sum"
@@ -410,10 +452,12 @@ class CocclProcessGroup(dist.ProcessGroup):
         else:
             algorithm, compressor = opts.algorithm, opts.compressor
             path = "compressed" if lossy else "exact"
+        if collective == "alltoall":  # one schedule: the direct exchange
+            algorithm = "auto"
         kwargs: dict[str, Any] = {
             "algorithm": algorithm, "compressor": compressor, "chunk_bytes": opts.chunk_bytes,
         }  # fmt: skip
-        if collective != "allgather":
+        if collective in ("allreduce", "reduce_scatter"):
             kwargs["op"] = op
         return path, kwargs
 
@@ -425,57 +469,6 @@ class CocclProcessGroup(dist.ProcessGroup):
                 opts = dataclasses.replace(opts, **changes)
         return opts
 
-    # ------------------------------------------------------------ forwarded
-    def _inner(self, tensors: Any) -> Any:
-        """The inner group for these tensors: NCCL (created on first use) for CUDA
-        tensors, Gloo otherwise."""
-        flat = _flatten(tensors)
-        if not any(t.is_cuda for t in flat):
-            return self._gloo
-        if self._nccl is None:
-            # Creating a ProcessGroupNCCL does not communicate (NCCL's communicator is
-            # made by its first operation), so any subset of ranks may get here first.
-            nccl_opts = dist.ProcessGroupNCCL.Options()
-            nccl_opts._timeout = self._timeout
-            self._nccl = dist.ProcessGroupNCCL(
-                dist.PrefixStore("nccl/", self._store), self.rank(), self.size(), nccl_opts
-            )
-        return self._nccl
-
-    def _forward(self, method: str, *args: Any) -> Any:
-        """Run ``method`` on the inner group that fits the tensors in ``args``."""
-        self._counts[f"forwarded:{method}"] += 1
-        log.debug("coccl group %s: %s forwarded to the inner group", self._group_name, method)
-        return getattr(self._inner(args), method)(*args)
-
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._forward("broadcast", tensors, _or(opts, c10d.BroadcastOptions))
-
-    def allgather(self, outputs: list, inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._forward("allgather", outputs, inputs, _or(opts, c10d.AllgatherOptions))
-
-    def allgather_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
-        return self._forward(
-            "allgather_coalesced", outputs, inputs, _or(opts, c10d.AllgatherOptions)
-        )
-
-    def gather(self, outputs: list, inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._forward("gather", outputs, inputs, _or(opts, c10d.GatherOptions))
-
-    def scatter(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None) -> Any:
-        return self._forward("scatter", outputs, inputs, _or(opts, c10d.ScatterOptions))
-
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._forward("reduce", tensors, _or(opts, c10d.ReduceOptions))
-
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None):
-        return self._forward(
-            "reduce_scatter", outputs, inputs, _or(opts, c10d.ReduceScatterOptions)
-        )
-
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None) -> Any:
-        return self._forward("alltoall", outputs, inputs, _or(opts, c10d.AllToAllOptions))
-
     def alltoall_base(
         self,
         output: torch.Tensor,
@@ -484,34 +477,52 @@ class CocclProcessGroup(dist.ProcessGroup):
         input_splits: list[int],
         opts: Any = None,
     ) -> Any:
-        return self._forward(
-            "alltoall_base", output, input, output_splits, input_splits,
-            _or(opts, c10d.AllToAllOptions),
-        )  # fmt: skip
+        """``all_to_all_single`` through the Communicator (``coccl.torch.alltoall``)."""
+        if not self._carries([input, output], ("sum", None)):
+            return self._forward(
+                "alltoall_base", output, input, output_splits, input_splits,
+                _or(opts, c10d.AllToAllOptions),
+            )  # fmt: skip
+        self._check_device(input)
+        path, kwargs = self.call_arguments("alltoall", input)
+        self._counts[f"alltoall:{path}"] += 1
+        if alltoall.run(self.comm, output, input, output_splits, input_splits, kwargs):
+            self._counts["copied:alltoall"] += 1
+        return CocclWork([output])
 
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_splits: list[int],
-        input_splits: list[int],
-        opts: Any = None,
-    ) -> Any:
-        return self.alltoall_base(output, input, output_splits, input_splits, opts)
+    all_to_all_single = alltoall_base  # torch 2.13's name
 
+    # ----------------------------------------------------------- point to point
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        return self._forward("send", tensors, dst, tag)
+        """Post a send through the Communicator with the direction's codec
+        (``coccl.torch.p2p``); the Work completes with the message."""
+        return self._post("send", tensors, dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
-        return self._forward("recv", tensors, src, tag)
+        """Post a receive (see ``send``)."""
+        return self._post("recv", tensors, src, tag)
+
+    def _post(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> Any:
+        pending = p2p.post(self.comm, self._effective(), kind, tensors, peer, tag, self._counts)
+        if self._batch is not None:
+            self._batch.append(pending)
+        return CocclWork(list(tensors), handle=pending)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
-        return self._forward("recv_anysource", tensors, tag)
+        raise ValueError(
+            "a coccl group pairs point-to-point messages by peer and posting order: a receive "
+            "from any source cannot be paired; give recv a src"
+        )
 
-    def barrier(self, opts: Any = None) -> Any:
-        """A Gloo barrier: every rank of the group has reached it (host order only)."""
-        self._counts["forwarded:barrier"] += 1
-        return self._gloo.barrier(_or(opts, c10d.BarrierOptions))
+    def _start_coalescing(self, device: Any) -> None:
+        """torch's coalescing manager (``batch_isend_irecv`` of CUDA tensors in some torch
+        versions) opens a batch: the messages posted until ``_end_coalescing``."""
+        self._batch = []
+
+    def _end_coalescing(self, device: Any) -> Any:
+        """One Work for every message of the batch (each was posted as it came)."""
+        batch, self._batch = self._batch or [], None
+        return CocclWork([], handle=p2p.Pending(batch))
 
     # ------------------------------------------------------------ lifecycle
     def shutdown(self) -> None:
@@ -525,19 +536,6 @@ class CocclProcessGroup(dist.ProcessGroup):
         self.comm.close()
         if self._nccl is not None:
             self._nccl.abort()
-
-
-def _or(opts: Any, default: Callable[[], Any]) -> Any:
-    return default() if opts is None else opts
-
-
-def _flatten(items: Any) -> list[torch.Tensor]:
-    """The tensors in nested lists (other leaves, such as split sizes, left out)."""
-    if isinstance(items, torch.Tensor):
-        return [items]
-    if isinstance(items, (list, tuple)):
-        return [t for item in items for t in _flatten(item)]
-    return []
 
 
 def _reduce_op(opts: Any) -> tuple[str, Any] | None:

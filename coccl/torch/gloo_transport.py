@@ -128,13 +128,18 @@ class GlooTransport:
             deadline, COCCL_TIMEOUT_S, also bounds point-to-point rounds).
         timeout_s: that timeout, for messages.
         depth: the pipeline depth (rounds in flight), which bounds the messages in flight.
+        waiters: at most this many messages waited for at once (default: a round's
+            ``2 (size - 1) depth``); point-to-point, whose messages in flight the caller
+            decides, takes more. A message beyond it is waited for once one ends.
     """
 
     name = "gloo"
     cuda_aware = False
     sends_follow_stream = False
 
-    def __init__(self, group: Any, timeout_s: float, depth: int) -> None:
+    def __init__(
+        self, group: Any, timeout_s: float, depth: int, waiters: int | None = None
+    ) -> None:
         self.group = group
         self.rank: int = group.rank()
         self.size: int = group.size()
@@ -142,8 +147,10 @@ class GlooTransport:
         self.bytes_sent = 0
         # A message in flight holds one thread; a round has at most size - 1 sends and
         # size - 1 receives. Threads start only as messages need them.
+        if waiters is None:
+            waiters = 2 * (self.size - 1) * depth
         self._waiters = ThreadPoolExecutor(
-            max_workers=max(1, 2 * (self.size - 1) * depth), thread_name_prefix="coccl-gloo"
+            max_workers=max(1, waiters), thread_name_prefix="coccl-gloo"
         )
 
     # ----------------------------------------------------------- point to point
