@@ -210,11 +210,19 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
   float t;
   bool tiny;
   const float d = int_scale(amax, m, t, tiny);
-  const float inv = ab != 0u ? f_div(as_f(BITS_ONE), t) : 0.0f;
+  // y_i = v_i * (1 / t), or v_i / t for a tiny step (rare): two loops behind one branch,
+  // so that the common path holds no division (a select of both would run one per value).
+  if (tiny) {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = f_div(v[i], t);
+  } else {
+    const float inv = ab != 0u ? f_div(as_f(BITS_ONE), t) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], inv);
+  }
 #pragma unroll
   for (int i = 0; i < NPL; ++i) {
-    const float y = tiny ? f_div(v[i], t) : f_mul(v[i], inv);
-    const u32 f = (u32)int_round(y, key, base + i) & ((1u << BITS) - 1u);
+    const u32 f = (u32)int_round(v[i], key, base + i) & ((1u << BITS) - 1u);
     const int bit = i * BITS;  // constants after unrolling
     cw[bit >> 5] |= f << (bit & 31);
     if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= f >> (32 - (bit & 31));
