@@ -67,8 +67,8 @@ def _ratio_bits(ratio: float) -> str:
     return f"{int(np.float32(ratio).view(np.uint32)):#010x}u"
 
 
-def _tile_defines(tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
-    return {"TILE": int(tile), "BH": int(bits_high), "BL": int(bits_low)}
+def _tile_defines(row: int, tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
+    return {"ROW": int(row), "TILE": int(tile), "BH": int(bits_high), "BL": int(bits_low)}
 
 
 def tah_encode(
@@ -103,7 +103,7 @@ def tah_encode(
         defs = {
             "TAH_OP": _OP_ENCODE,
             "XT": xt,
-            **_tile_defines(tile, bits_high, bits_low),
+            **_tile_defines(row, tile, bits_high, bits_low),
             "PIVOT": int(bool(pivot)),
             "RATIO_BITS": _ratio_bits(pivot_ratio),
         }
@@ -138,7 +138,7 @@ def tah_decode(
         defs = {
             "TAH_OP": _OP_DECODE,
             "XT": xt,
-            **_tile_defines(tile, bits_high, bits_low),
+            **_tile_defines(row, tile, bits_high, bits_low),
             "ACC": int(bool(accumulate)),
         }
         warps = -(-lay.tiles // (32 // (tile // 8)))

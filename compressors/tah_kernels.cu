@@ -14,6 +14,8 @@
 //   PIVOT   encode: 1 lets tiles with one dominant value pivot (option pivot="auto")
 //   RATIO_BITS  encode: the bits of the float32 pivot_ratio
 //   ACC     decode: add into a float32 out (1) or overwrite (0)
+//   ROW     encode, decode: the token length (the kernels' row argument is then unused), so
+//           that a tile's token is a division by a constant (a shift for powers of two)
 //   SC_CACHE  scores: chunks of 8 elements a thread keeps in registers (a token of up to
 //           8 THREADS SC_CACHE elements is read once; longer ones twice)
 //
@@ -53,6 +55,12 @@
 #endif
 #ifndef SC_CACHE
 #define SC_CACHE 2
+#endif
+
+#ifdef ROW
+#define TROW ((i64)ROW)
+#else
+#define TROW row
 #endif
 
 #define LT (TILE / 8)  // lanes per tile
@@ -310,13 +318,26 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
       const long long score = live ? log2_fixed(ss) + (ll << SCORE_FRAC) / ss : 0;
       st32(pay + 4 * t, (u32)score, a4);
     }
-    __syncthreads();  // red_* are rewritten by the next token
+    // No barrier here: the next token writes red_m (read before the last barrier) and
+    // red_s / red_l only after its first barrier, which thread 0 reaches after its reads.
   }
 }
 #endif
 
 // ========================================================================= encode (2)
 #if TAH_OP == 2
+// A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB first.
+template <int B>
+DEV u64 pack_codes(const float* u, int ml, float qh) {
+  u64 acc = 0;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const int q = min(max(f2i_rn(f_add(u[r], qh)), 0), (1 << B) - 1);
+    if (r < ml) acc |= (u64)q << (r * B);
+  }
+  return acc;
+}
+
 // One tile's asymmetric quantization (FORMAT.md): v holds the lane's 8 values (ml real),
 // b the tile's width; returns the codes packed LSB first, sets c and step.
 DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
@@ -355,13 +376,8 @@ DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
 #pragma unroll
     for (int r = 0; r < 8; ++r) u[r] = f_mul(f_sub(v[r], c), inv);
   }
-  u64 acc = 0;
-#pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const int q = min(max(f2i_rn(f_add(u[r], qh)), 0), qmax);
-    if (r < ml) acc |= (u64)q << (r * b);
-  }
-  return acc;
+  // The codes at the tile's width, a constant in each branch (no shuffle in them).
+  return b == BH ? pack_codes<BH>(u, ml, qh) : pack_codes<BL>(u, ml, qh);
 }
 
 // The tile's largest |v| bits (first), the lowest index holding it (idx) and the largest
@@ -406,14 +422,16 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vec = (((u64)xb) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
   const i64 codes0 = 8 * K;
+  const i64 rowc = TROW;  // a constant where ROW is defined
+  (void)row;
   i64 g0, g1;
   block_range((K + TPW - 1) / TPW, g0, g1);
   if (g0 >= g1) return;  // the whole block, before any barrier
   LowRun run;
-  run.byte0 = (g0 * TPW * TILE / row) >> 3;
+  run.byte0 = (g0 * TPW * TILE / rowc) >> 3;
   run.pre = block_popc(bm, run.byte0, red);
   for (i64 gs = g0; gs < g1; gs += WARPS) {
-    low_advance(bm, gs * TPW * TILE / row, run);  // the same in every thread of the block
+    low_advance(bm, gs * TPW * TILE / rowc, run);  // the same in every thread of the block
     const i64 g = gs + (threadIdx.x >> 5);
     if (g >= g1) break;  // the whole warp
     const TileLane tl = tile_lane(g, lane, li, count, K);
@@ -443,8 +461,8 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
     if (active) {
       i64 l0;
       bool low;
-      low_before(bm, base / row, run, l0, low);
-      tile_place(l0, low, k, row, codes0, b, off);
+      low_before(bm, base / rowc, run, l0, low);
+      tile_place(l0, low, k, rowc, codes0, b, off);
     }
     float c, step;
     u64 codes = quantize8(v, ml, b, c, step);
@@ -502,6 +520,17 @@ DEV void store8(char* ob, i64 e0, int ml, bool vout, const float* v) {
 #endif
 }
 
+// A lane's 8 values from its codes: sat(c + ((float) q_r - qh) * step), B bits a code.
+template <int B>
+DEV void unpack_codes(u64 codes, float c, float step, float* v) {
+  const float qh = f_mul((float)((1 << B) - 1), as_f(BITS_HALF));
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const float k8 = f_sub((float)(int)((codes >> (r * B)) & (u64)((1 << B) - 1)), qh);
+    v[r] = sat_inf(f_add(c, f_mul(k8, step)));
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 count, i64 row,
            i64 K, i64 piv0, i64 bm0) {
@@ -511,14 +540,16 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vout = (((u64)ob) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
   const i64 codes0 = 8 * K;
+  const i64 rowc = TROW;  // a constant where ROW is defined
+  (void)row;
   i64 g0, g1;
   block_range((K + TPW - 1) / TPW, g0, g1);
   if (g0 >= g1) return;  // the whole block, before any barrier
   LowRun run;
-  run.byte0 = (g0 * TPW * TILE / row) >> 3;
+  run.byte0 = (g0 * TPW * TILE / rowc) >> 3;
   run.pre = block_popc(bm, run.byte0, red);
   for (i64 gs = g0; gs < g1; gs += WARPS) {
-    low_advance(bm, gs * TPW * TILE / row, run);  // the same in every thread of the block
+    low_advance(bm, gs * TPW * TILE / rowc, run);  // the same in every thread of the block
     const i64 g = gs + (threadIdx.x >> 5);
     if (g >= g1) break;  // the whole warp
     const TileLane tl = tile_lane(g, lane, li, count, K);
@@ -531,21 +562,18 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
     if (tl.active) {
       i64 l0, off;
       bool low;
-      low_before(bm, base / row, run, l0, low);
-      tile_place(l0, low, k, row, codes0, b, off);
+      low_before(bm, base / rowc, run, l0, low);
+      tile_place(l0, low, k, rowc, codes0, b, off);
       c = as_f(ld32(pay + 4 * k, a4));
       step = as_f(ld32(pay + 4 * K + 4 * k, a4));
       p = pay[piv0 + k];
       if (ml > 0) codes = get_codes(pay + off + li * b, (ml * b + 7) >> 3);
     }
-    const int qmax = (1 << b) - 1;
-    const float qh = f_mul((float)qmax, as_f(BITS_HALF));
     float v[8];
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const float k8 = f_sub((float)(int)((codes >> (r * b)) & (u64)qmax), qh);
-      v[r] = sat_inf(f_add(c, f_mul(k8, step)));
-    }
+    if (b == BH)  // the width a constant in each branch (no shuffle in them)
+      unpack_codes<BH>(codes, c, step, v);
+    else
+      unpack_codes<BL>(codes, c, step, v);
     const bool piv = (p & 0x80u) != 0u;
     if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoted tiles keep it
       float w[8];

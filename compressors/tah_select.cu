@@ -5,8 +5,9 @@
 // ties on the score go to the lower token index).
 //
 // One block (THREADS threads, launched as a grid of one) finds the nlow-th smallest score
-// s* by a radix select over its bits, three digits of 11, 11 and 10 bits from the top,
-// each a shared-memory histogram of the candidates (warps add one count per distinct digit,
+// s* by a radix select over the bits of score - min (the scores' span, max - min, sets
+// how many digits of up to 11 bits: one to three, none when all are equal), each digit
+// a shared-memory histogram of the candidates (warps add one count per distinct digit,
 // __match_any_sync) and a scan of it; then a token is low when its score is below s*, or
 // equal to it with fewer than `need` equal scores at lower indices (a scan of the equal
 // ones in token order). Token t of a chunk of SEL_CHUNK is thread t % THREADS's value
@@ -51,10 +52,43 @@ DEV void load_scores(const unsigned char* pay, i64 base, i64 n, bool a4, u32* sc
   }
 }
 
-// One digit of the radix select: among the full tokens whose score agrees with prefix
-// above bit shift + width, the digit (bits [shift, shift + width)) holding the k-th
-// smallest (1-based); prefix takes it, k becomes the rank within it.
-DEV void select_digit(const unsigned char* pay, i64 nfull, bool a4, bool cached, u32* sc,
+// The block's minimum (or maximum) of x; red: WARPS words of shared memory. Barriers.
+DEV u32 block_extreme(u32 x, bool largest, u32* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u32 y = __shfl_xor_sync(FULL_MASK, x, o);
+    x = largest ? max(x, y) : min(x, y);
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  for (int w = 0; w < WARPS; ++w) x = largest ? max(x, red[w]) : min(x, red[w]);
+  __syncthreads();
+  return x;
+}
+
+// The smallest and largest score of the full tokens (the whole block gets them).
+DEV void score_range(const unsigned char* pay, i64 nfull, bool a4, bool cached, u32* sc,
+                     u32* red, u32& lo, u32& hi) {
+  lo = 0xffffffffu;
+  hi = 0u;
+  for (i64 base = 0; base < nfull; base += SEL_CHUNK) {
+    if (!cached) load_scores(pay, base, nfull, a4, sc);
+#pragma unroll
+    for (int j = 0; j < SEL_CACHE; ++j) {
+      if (base + threadIdx.x + (i64)j * THREADS < nfull) {
+        lo = min(lo, sc[j]);
+        hi = max(hi, sc[j]);
+      }
+    }
+  }
+  lo = block_extreme(lo, false, red);
+  hi = block_extreme(hi, true, red);
+}
+
+// One digit of the radix select over score - lo: among the full tokens whose relative
+// score agrees with prefix above bit shift + width, the digit (bits [shift, shift +
+// width)) holding the k-th smallest (1-based); prefix takes it, k becomes the rank within.
+DEV void select_digit(const unsigned char* pay, i64 nfull, bool a4, bool cached, u32* sc, u32 lo,
                       int shift, int width, u32& prefix, u32& k, u32* hist, u32* red, u32* pick) {
   const int lane = threadIdx.x & 31;
   const int top = shift + width;
@@ -65,8 +99,9 @@ DEV void select_digit(const unsigned char* pay, i64 nfull, bool a4, bool cached,
 #pragma unroll
     for (int j = 0; j < SEL_CACHE; ++j) {
       const i64 t = base + threadIdx.x + (i64)j * THREADS;
-      const bool in = t < nfull && (top >= 32 || (sc[j] >> top) == (prefix >> top));
-      const u32 d = in ? (sc[j] >> shift) & ((1u << width) - 1u) : 0xffffffffu;
+      const u32 rel = sc[j] - lo;
+      const bool in = t < nfull && (top >= 32 || (rel >> top) == (prefix >> top));
+      const u32 d = in ? (rel >> shift) & ((1u << width) - 1u) : 0xffffffffu;
       const u32 peers = __match_any_sync(FULL_MASK, d);
       if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[d], (u32)__popc(peers));
     }
@@ -143,9 +178,15 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 b
   load_scores(pay, 0, nfull, a4, sc);
   u32 s = 0u, k = (u32)nlow;  // nlow = 0: no score is below 0 and none is taken at it
   if (nlow > 0) {
-    select_digit(pay, nfull, a4, cached, sc, 21, 11, s, k, hist, red, pick);
-    select_digit(pay, nfull, a4, cached, sc, 10, 11, s, k, hist, red, pick);
-    select_digit(pay, nfull, a4, cached, sc, 0, 10, s, k, hist, red, pick);
+    u32 lo, hi;
+    score_range(pay, nfull, a4, cached, sc, red, lo, hi);
+    const int nb = hi == lo ? 0 : 32 - __clz(hi - lo);  // bits of the relative scores
+    for (int top = nb; top > 0;) {  // the same in the whole block
+      const int width = top < 11 ? top : 11;
+      select_digit(pay, nfull, a4, cached, sc, lo, top - width, width, s, k, hist, red, pick);
+      top -= width;
+    }
+    s += lo;
   }
   const i64 nbytes = (ntok + 7) >> 3;
   u32 run = 0;

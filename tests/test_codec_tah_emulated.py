@@ -79,7 +79,7 @@ def build(tmp_path_factory):
 
 
 def _variant(c: TahCompressor) -> dict:
-    return {"TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low}
+    return {"ROW": c.row, "TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low}
 
 
 def launch(lib: ctypes.CDLL, grid: int, *args) -> None:
@@ -183,9 +183,9 @@ def test_the_kernels_score_tables_are_tah_formats() -> None:
 
 @pytest.mark.parametrize("tokens", [1, 7, 8, 9, 255, 256, 257, 700, 1500])
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.5, 1.0])
-@pytest.mark.parametrize("spread", [3, 1 << 26])
+@pytest.mark.parametrize("spread", [1, 3, 1 << 26])
 def test_emulated_selection_is_the_cpu_sort(build, tokens: int, fraction: float, spread) -> None:
-    # Few distinct scores (most keys tie on the score and the token index decides), or
+    # One score, few distinct ones (most keys tie on the score and the token index decides), or
     # scores over all three radix digits; the last token short (never low) for odd
     # counts. Two scores a thread: 512 a chunk, so the larger payloads have several.
     row, rng = 32, np.random.default_rng(tokens)

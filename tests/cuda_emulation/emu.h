@@ -77,5 +77,6 @@ inline unsigned __match_any_sync(unsigned, unsigned v) {
   for (int l = 0; l < 32; ++l) m |= (all[l] == v ? 1u : 0u) << l;
   return m;
 }
+inline int __clz(unsigned x) { return x == 0u ? 32 : __builtin_clz(x); }
 inline int __ffs(unsigned x) { return x == 0u ? 0 : __builtin_ctz(x) + 1; }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
