@@ -13,7 +13,8 @@ synchronisation, no copy from the host per call, so a CUDA graph may capture the
 ``codec_kernels.cu`` (whose float32 arithmetic and conversions it uses), ``tah_tables.cu``
 (the score's tables) and ``tah_select.cu`` (the selection) by
 ``gpu_build.compile_function``. Everything runs on CuPy's current stream of the arrays'
-device. Importing this module touches neither CuPy nor the GPU.
+device. The scores' kernel is ``tah_score.cu``, compiled after ``tah_kernels.cu``.
+Importing this module touches neither CuPy nor the GPU.
 
 Bytes moved per encode of n elements of e bytes (P the payload's bytes): the scores read
 the input (n e), the selection reads the NT scores three to five times in one block, the
@@ -40,14 +41,17 @@ from .gpu_build import (
 )
 from .tah_format import tah_layout
 
-_SOURCE = Path(__file__).with_name("tah_kernels.cu")
+_SOURCE = (
+    Path(__file__).with_name("tah_kernels.cu"),
+    Path(__file__).with_name("tah_score.cu"),
+)
 _PRELUDE = (
     Path(__file__).with_name("codec_kernels.cu"),
     Path(__file__).with_name("tah_tables.cu"),
     Path(__file__).with_name("tah_select.cu"),
 )
 _THREADS = 256
-_SELECT_THREADS = 1024  # the selection's one block
+_SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
 _BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
 _TILE_BLOCKS_PER_SM = 8  # tile kernels: one range a block, about one wave of blocks
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
@@ -55,7 +59,7 @@ _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
 
 def _kernel(defines: dict[str, Any]) -> Any:
     full = {"OP": 0, "THREADS": _THREADS, "MIN_BLOCKS": 4, **defines}
-    return compile_function((*_PRELUDE, _SOURCE), full, "tah_kernel")
+    return compile_function((*_PRELUDE, *_SOURCE), full, "tah_kernel")
 
 
 def _grid(cp: Any, warps: int) -> int:

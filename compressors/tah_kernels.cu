@@ -4,9 +4,11 @@
 // Compiled by compressors/tah_gpu.py after codec_kernels.cu (with OP=0, which defines its
 // float32 inline-PTX arithmetic, element loads and output conversions and no kernel),
 // tah_tables.cu (the score's tables) and tah_select.cu (the low-token selection, TAH_OP 4),
-// with -D defines; every variant defines one kernel, `tah_kernel`:
+// and before tah_score.cu (the token scores, TAH_OP 1, which use the helpers here), with
+// -D defines; every variant defines one kernel, `tah_kernel`:
 //
-//   TAH_OP  1 token scores, 4 low-token selection (tah_select.cu), 2 encode, 3 decode
+//   TAH_OP  1 token scores (tah_score.cu), 4 low-token selection (tah_select.cu), 2 encode,
+//           3 decode
 //   XT      element type of x (score, encode) or out (decode): 0 float32, 1 float16,
 //           2 bfloat16 (codec_kernels.cu's define)
 //   TILE    elements per tile: 32, 64 or 128
@@ -202,128 +204,6 @@ DEV u64 get_codes(const unsigned char* p, int nb) {
   return c;
 }
 
-// =================================================================== token scores (1)
-#if TAH_OP == 1
-#define SC_COPIES 16  // copies of the table: a half-warp's 64-bit loads hit 16 bank pairs
-
-DEV long long log2_fixed(long long s) {  // floor(log2(s) * 2^20), s >= 1, integers only
-  const int n = 63 - __clzll(s);
-  long long x = n >= 30 ? s >> (n - 30) : s << (30 - n);
-  long long frac = 0;
-#pragma unroll 1
-  for (int i = 0; i < SCORE_FRAC; ++i) {
-    x = (x * x) >> 30;
-    frac <<= 1;
-    if (x >= (1LL << 31)) {
-      x >>= 1;
-      frac |= 1;
-    }
-  }
-  return ((long long)n << SCORE_FRAC) | frac;
-}
-
-// The |x| bits of a thread's chunk ch (8 elements) of the token at s0 with n elements.
-DEV void chunk_abs(const char* xb, i64 s0, i64 n, i64 ch, bool vec, u32* a) {
-  const i64 left = n - 8 * ch;
-  const int ml = left <= 0 ? 0 : (left < 8 ? (int)left : 8);
-  float v[8];
-  load8(xb, s0 + 8 * ch, ml, vec, v);
-#pragma unroll
-  for (int r = 0; r < 8; ++r) a[r] = as_u(v[r]) & 0x7fffffffu;  // zeros past n weigh 0
-}
-
-// A chunk's terms: the packed (W << 32 | WL) of each element's level, summed (each half
-// of a thread's sum stays below 2^32: at most MAX_ROW / THREADS elements of < 2^17).
-DEV u64 chunk_terms(const u32* a, u32 amax, const u64* tab, int copy) {
-  u64 acc = 0;
-#pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    u32 lev = (amax - a[r]) >> 19;
-    lev = a[r] == 0u ? SCORE_LEVELS : min(lev, (u32)SCORE_LEVELS);
-    acc += tab[lev * SC_COPIES + copy];
-  }
-  return acc;
-}
-
-// One block per token (grid-stride): token t's score, a uint32, little-endian at payload
-// bytes [4 t, 4 t + 4) (scratch until the encode kernel writes the tiles' centres). A
-// thread reads chunks of 8 elements, ch = tid, tid + THREADS, ..., the first SC_CACHE
-// kept in registers for the second sweep (the sums).
-extern "C" __global__ void __launch_bounds__(THREADS)
-tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 count, i64 row,
-           i64 ntok) {
-  __shared__ u64 tab[(SCORE_LEVELS + 1) * SC_COPIES];
-  __shared__ u32 red_m[WARPS];
-  __shared__ long long red_s[WARPS], red_l[WARPS];
-  const char* xb = (const char*)src;
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5, copy = lane & (SC_COPIES - 1);
-  const bool a4 = (((u64)pay) & 3) == 0, vec = (((u64)xb) & 15) == 0;
-  for (int i = threadIdx.x; i < (SCORE_LEVELS + 1) * SC_COPIES; i += THREADS) {
-    const int l = i / SC_COPIES;
-    tab[i] = ((u64)TAH_SCORE_W[l] << 32) | (u64)TAH_SCORE_WL[l];
-  }
-  __syncthreads();
-  for (i64 t = blockIdx.x; t < ntok; t += gridDim.x) {
-    const i64 s0 = t * row, n = s0 + row < count ? row : count - s0;
-    const i64 nch = (n + 7) >> 3;
-    u32 a[SC_CACHE][8];
-    u32 m = 0;
-#pragma unroll
-    for (int c = 0; c < SC_CACHE; ++c) {
-      chunk_abs(xb, s0, n, threadIdx.x + (i64)c * THREADS, vec, a[c]);
-#pragma unroll
-      for (int r = 0; r < 8; ++r) m = max(m, a[c][r]);
-    }
-    for (i64 ch = threadIdx.x + (i64)SC_CACHE * THREADS; ch < nch; ch += THREADS) {
-      u32 b[8];
-      chunk_abs(xb, s0, n, ch, vec, b);
-#pragma unroll
-      for (int r = 0; r < 8; ++r) m = max(m, b[r]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max(m, (u32)__shfl_xor_sync(FULL_MASK, m, o));
-    if (lane == 0) red_m[wib] = m;
-    __syncthreads();
-    u32 amax = 0;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) amax = max(amax, red_m[w]);
-    const bool live = amax != 0u && amax < 0x7f800000u;
-    u64 acc = 0;
-    if (live) {
-#pragma unroll
-      for (int c = 0; c < SC_CACHE; ++c) acc += chunk_terms(a[c], amax, tab, copy);
-      for (i64 ch = threadIdx.x + (i64)SC_CACHE * THREADS; ch < nch; ch += THREADS) {
-        u32 b[8];
-        chunk_abs(xb, s0, n, ch, vec, b);
-        acc += chunk_terms(b, amax, tab, copy);
-      }
-    }
-    long long s = (long long)(acc >> 32), l = (long long)(acc & 0xffffffffull);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      s += __shfl_xor_sync(FULL_MASK, s, o);
-      l += __shfl_xor_sync(FULL_MASK, l, o);
-    }
-    if (lane == 0) {
-      red_s[wib] = s;
-      red_l[wib] = l;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      long long ss = 0, ll = 0;
-      for (int w = 0; w < WARPS; ++w) {
-        ss += red_s[w];
-        ll += red_l[w];
-      }
-      const long long score = live ? log2_fixed(ss) + (ll << SCORE_FRAC) / ss : 0;
-      st32(pay + 4 * t, (u32)score, a4);
-    }
-    // No barrier here: the next token writes red_m (read before the last barrier) and
-    // red_s / red_l only after its first barrier, which thread 0 reaches after its reads.
-  }
-}
-#endif
-
 // ========================================================================= encode (2)
 #if TAH_OP == 2
 // A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB first.
@@ -338,10 +218,11 @@ DEV u64 pack_codes(const float* u, int ml, float qh) {
   return acc;
 }
 
-// One tile's asymmetric quantization (FORMAT.md): v holds the lane's 8 values (ml real),
-// b the tile's width; returns the codes packed LSB first, sets c and step.
-DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
-  int lo = 0x7fffffff, hi = (int)0x80000000;
+// The tile's smallest and largest value as order keys (over its LT lanes; ml of the
+// lane's 8 values v are real).
+DEV void tile_range(const float* v, int ml, int& lo, int& hi) {
+  lo = 0x7fffffff;
+  hi = (int)0x80000000;
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
     if (r < ml) {
@@ -355,6 +236,12 @@ DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
     lo = min(lo, __shfl_xor_sync(FULL_MASK, lo, t));
     hi = max(hi, __shfl_xor_sync(FULL_MASK, hi, t));
   }
+}
+
+// One tile's asymmetric quantization (FORMAT.md) from its range (tile_range's lo, hi):
+// v holds the lane's 8 values (ml real), b the tile's width; returns the codes packed
+// LSB first, sets c and step.
+DEV u64 quantize8(const float* v, int ml, int lo, int hi, int b, float& c, float& step) {
   const float flo = from_key(lo), fhi = from_key(hi);
   c = f_add(f_mul(fhi, as_f(BITS_HALF)), f_mul(flo, as_f(BITS_HALF)));
   const float r1 = f_sub(fhi, c), r2 = f_sub(c, flo);
@@ -440,21 +327,37 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
     const int m = tl.m, ml = tl.ml;
     float v[8];
     load8(xb, base + 8 * li, ml, vec, v);
-    u32 first, second;
-    int idx;
-    tile_top2(v, ml, li, first, second, idx);
+    int lo, hi;
+    tile_range(v, ml, lo, hi);
+    // The largest |v| is at the smallest or the largest value, and the second largest is
+    // at least the smaller of those two magnitudes (another element, or all are equal):
+    // a tile with first < ratio * that cannot pivot, and warps of such tiles only skip
+    // the exact top two (FORMAT.md's test, on the same first).
+    const u32 alo = as_u(from_key(lo)) & 0x7fffffffu, ahi = as_u(from_key(hi)) & 0x7fffffffu;
+    const u32 first = max(alo, ahi);
     const bool bad = first >= 0x7f800000u;
-    const bool piv = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
-                     first < PIVOT_MAX_BITS &&
-                     first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
-    if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoting tiles keep it
-      float w[8];
+    const bool maybe = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
+                       first < PIVOT_MAX_BITS &&
+                       first >= as_u(f_mul(as_f(RATIO_BITS), as_f(min(alo, ahi))));
+    bool piv = false;
+    int idx = 0;
+    if (__any_sync(FULL_MASK, maybe)) {  // the whole warp: shuffles
+      u32 top, second;
+      tile_top2(v, ml, li, top, second, idx);
+      piv = maybe && first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
+      if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoting tiles keep it
+        float w[8];
 #pragma unroll
-      for (int r = 0; r < 8; ++r) w[r] = v[r];
-      swap_first(w, li, lane, idx);
-      wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+        for (int r = 0; r < 8; ++r) w[r] = v[r];
+        swap_first(w, li, lane, idx);
+        wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+        int wlo, whi;
+        tile_range(w, ml, wlo, whi);
 #pragma unroll
-      for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
+        for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
+        lo = piv ? wlo : lo;
+        hi = piv ? whi : hi;
+      }
     }
     int b = BH;
     i64 off = 0;
@@ -465,7 +368,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
       tile_place(l0, low, k, rowc, codes0, b, off);
     }
     float c, step;
-    u64 codes = quantize8(v, ml, b, c, step);
+    u64 codes = quantize8(v, ml, lo, hi, b, c, step);
     if (bad) codes = 0;
     if (active) {
       if (ml > 0) put_codes(pay + off + li * b, codes, (ml * b + 7) >> 3);

@@ -135,12 +135,11 @@ DEV void select_digit(const unsigned char* pay, i64 nfull, bool a4, bool cached,
 DEV void select_write(unsigned char* bm, i64 base, i64 nfull, i64 nbytes, const u32* sc, u32 s,
                       u32 need, u32& run, u32* slots, u32* red) {
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-  u32 eqm[SEL_CACHE];
 #pragma unroll
   for (int j = 0; j < SEL_CACHE; ++j) {
     const i64 t = base + threadIdx.x + (i64)j * THREADS;
-    eqm[j] = __ballot_sync(FULL_MASK, t < nfull && sc[j] == s);
-    if (lane == 0) slots[j * WARPS + wib] = (u32)__popc(eqm[j]);
+    const u32 eqm = __ballot_sync(FULL_MASK, t < nfull && sc[j] == s);
+    if (lane == 0) slots[j * WARPS + wib] = (u32)__popc(eqm);
   }
   __syncthreads();
   const u32 mine = threadIdx.x < SEL_SLOTS ? slots[threadIdx.x] : 0u;
@@ -154,8 +153,9 @@ DEV void select_write(unsigned char* bm, i64 base, i64 nfull, i64 nbytes, const 
   for (int j = 0; j < SEL_CACHE; ++j) {
     const i64 t = base + threadIdx.x + (i64)j * THREADS;
     const bool full = t < nfull;
-    const bool eq = ((eqm[j] >> lane) & 1u) != 0u;
-    const u32 rank = slots[j * WARPS + wib] + (u32)__popc(eqm[j] & below);
+    const bool eq = full && sc[j] == s;
+    const u32 eqm = __ballot_sync(FULL_MASK, eq);  // again: fewer registers than keeping it
+    const u32 rank = slots[j * WARPS + wib] + (u32)__popc(eqm & below);
     const bool low = full && (sc[j] < s || (eq && rank < need));
     const u32 lm = __ballot_sync(FULL_MASK, low);
     const i64 b0 = (t - lane) >> 3;  // the warp's 32 tokens: 4 whole bytes

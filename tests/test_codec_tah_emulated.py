@@ -40,6 +40,7 @@ SOURCES = [
     HERE.parent / "compressors" / "tah_tables.cu",
     HERE.parent / "compressors" / "tah_select.cu",
     HERE.parent / "compressors" / "tah_kernels.cu",
+    HERE.parent / "compressors" / "tah_score.cu",
     HERE / "cuda_emulation" / "launch.cpp",
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)
