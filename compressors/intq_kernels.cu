@@ -17,9 +17,10 @@
 // Layout: a warp works on tiles of 32 * NPL consecutive elements; lane l holds elements
 // [NPL l, NPL l + NPL) of its tile in registers, as NPL / 32 halves of 32. Its codes are
 // NPL * BITS / 32 whole words (a lane's first element is a multiple of 32), so a tile's
-// codes are written and read as coalesced words through shared memory, and its elements
-// as coalesced 16-byte chunks (staged_load / staged_store), wherever the tile is whole
-// and the buffers aligned; elsewhere each lane accesses its own elements and bytes.
+// codes are written and read as coalesced words (each lane's 16-byte vectors, or through
+// shared memory), and the decode's elements as coalesced 16-byte chunks (staged_store),
+// wherever the tile is whole and the buffers aligned; elsewhere each lane accesses its own
+// elements and bytes. The encode reads its elements lane by lane, one tile ahead.
 //
 // Kernel: `coccl_int(const void* src, void* dst, i64 count, i64 K, u64 key)`; encode:
 // src = x, dst = payload; decode: src = payload, dst = out. key: the stochastic rounding's
@@ -210,11 +211,19 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
   float t;
   bool tiny;
   const float d = int_scale(amax, m, t, tiny);
-  const float inv = ab != 0u ? f_div(as_f(BITS_ONE), t) : 0.0f;
+  // y_i = v_i * (1 / t), or v_i / t for a tiny step (rare): two loops behind one branch,
+  // so that the common path holds no division (a select of both would run one per value).
+  if (tiny) {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = f_div(v[i], t);
+  } else {
+    const float inv = ab != 0u ? f_div(as_f(BITS_ONE), t) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], inv);
+  }
 #pragma unroll
   for (int i = 0; i < NPL; ++i) {
-    const float y = tiny ? f_div(v[i], t) : f_mul(v[i], inv);
-    const u32 f = (u32)int_round(y, key, base + i) & ((1u << BITS) - 1u);
+    const u32 f = (u32)int_round(v[i], key, base + i) & ((1u << BITS) - 1u);
     const int bit = i * BITS;  // constants after unrolling
     cw[bit >> 5] |= f << (bit & 31);
     if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= f >> (32 - (bit & 31));
@@ -226,33 +235,51 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
   dbits = bad ? BITS_NAN : as_u(d);
 }
 
+// A lane's NPL elements from element base (zero past count), lane by lane: 16-byte vectors
+// where x is aligned and they all exist.
+DEV void lane_load_npl(const char* xb, i64 base, i64 count, bool vin, u32* w) {
+#pragma unroll
+  for (int hv = 0; hv < IHV; ++hv) lane_load(xb, base + 32 * hv, count, vin, w + hv * NW);
+}
+
+// Grid-stride over warp tiles. The input is read lane by lane, the next tile's loads in
+// flight while this one computes (a warp overlaps its own latency, as int8's encode does),
+// not staged through shared memory. A whole tile's codes are stored as each lane's own
+// 16-byte vectors where a lane's code words are a multiple of 4 and the payload is
+// aligned (lane l's codes follow lane l - 1's: the warp's stores are coalesced), else
+// through the warp's buffer (codes_store).
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K, u64 key) {
-  __shared__ uint4 smem[WARPS * 32 * ICH];
   __shared__ u32 cbuf[WARPS * 32 * ICS];
   const char* xb = (const char*)src;
   unsigned char* pay = (unsigned char*)dst;
   const int lane = threadIdx.x & 31;
   const int wib = threadIdx.x >> 5;
-  uint4* sb = smem + wib * 32 * ICH;
   u32* cb = cbuf + wib * 32 * ICS;
   const IntPay lay = int_pay(pay, count);
   const i64 coded = lay.coded;
   const bool vin = (((u64)xb) & 15) == 0;
-  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < lay.ntiles;
-       tile += (i64)gridDim.x * WARPS) {
+  const bool p16 = ICW % 4 == 0 && (((u64)pay) & 15) == 0;
+  const i64 stride = (i64)gridDim.x * WARPS;
+  u32 wn[IHV * NW];
+  const i64 first = (i64)blockIdx.x * WARPS + wib;
+  if (first < lay.ntiles) lane_load_npl(xb, first * ITILE + (i64)lane * NPL, count, vin, wn);
+  for (i64 tile = first; tile < lay.ntiles; tile += stride) {
     const i64 t0 = tile * ITILE;
     const i64 base = t0 + (i64)lane * NPL;
     u32 w[IHV * NW];
-    if (vin && t0 + ITILE <= count) {
-      staged_load<ICH>((const uint4*)(xb + t0 * EB), sb, lane, w);
-    } else {
 #pragma unroll
-      for (int hv = 0; hv < IHV; ++hv) lane_load(xb, base + 32 * hv, count, vin, w + hv * NW);
-    }
+    for (int i = 0; i < IHV * NW; ++i) w[i] = wn[i];
+    if (tile + stride < lay.ntiles)
+      lane_load_npl(xb, (tile + stride) * ITILE + (i64)lane * NPL, count, vin, wn);
     u32 cw[ICW], dbits;
     int_encode_lane(w, lane, base, key, cw, dbits);
-    if (lay.p4 && t0 + ITILE <= coded) {
+    if (p16 && t0 + ITILE <= coded) {
+      uint4* o = (uint4*)(pay + base * BITS / 8);
+#pragma unroll
+      for (int j = 0; j < ICW / 4; ++j)
+        o[j] = make_uint4(cw[4 * j], cw[4 * j + 1], cw[4 * j + 2], cw[4 * j + 3]);
+    } else if (lay.p4 && t0 + ITILE <= coded) {
       codes_store((u32*)(pay + t0 * BITS / 8), cb, lane, cw);  // the tile's codes
     } else if (base < coded) {
       const i64 end = ((coded < base + NPL ? coded : base + NPL) * BITS + 7) >> 3;

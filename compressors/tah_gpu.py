@@ -2,21 +2,25 @@
 
 The same two functions with the same signatures, on flat contiguous CuPy arrays, giving
 payloads and decoded values bitwise identical to the CPU kernels'. Encoding runs three
-kernels on the payload alone: the token scores (each token's key written into the
-payload's centre/step region, scratch until the last kernel), the choice of the low
-tokens (each full token counts the keys below its own: the CPU's sort, ties to the lower
-index) into the token bitmap, and the tiles; decoding runs one kernel, which finds each
-tile's place from the bitmap. No allocation, no host synchronisation, no copy from the
-host per call, so a CUDA graph may capture them (``TahCompressor.graph_safe``). The CUDA
-source is ``tah_kernels.cu``, compiled after ``codec_kernels.cu`` (whose float32
-arithmetic and conversions it uses) and ``tah_tables.cu`` (the score's tables) by
+kernels on the payload alone: the token scores (each token's score written into the
+payload's centre region, scratch until the last kernel), the choice of the low tokens
+(one block's radix select of the nlow-th smallest score, ties to the lower index as the
+CPU's sort) into the token bitmap, and the tiles; decoding runs one kernel. The tile
+kernels give each block one contiguous range of tiles, whose places it finds by counting
+the bitmap bytes before the range once and then those it passes. No allocation, no host
+synchronisation, no copy from the host per call, so a CUDA graph may capture them
+(``TahCompressor.graph_safe``). The CUDA source is ``tah_kernels.cu``, compiled after
+``codec_kernels.cu`` (whose float32 arithmetic and conversions it uses), ``tah_tables.cu``
+(the score's tables) and ``tah_select.cu`` (the selection) by
 ``gpu_build.compile_function``. Everything runs on CuPy's current stream of the arrays'
-device. Importing this module touches neither CuPy nor the GPU.
+device. The scores' kernel is ``tah_score.cu``, compiled after ``tah_kernels.cu``.
+Importing this module touches neither CuPy nor the GPU.
 
-Cost beyond the tiles' own work: the selection compares every token's key with every full
-token's, O(NT NF) compares (NT tokens, NF full ones; a few thousand tokens a payload at
-pipeline-boundary sizes), and a tile's place costs its lanes O(t / 8) bitmap bytes for
-token t, read by every tile of the token.
+Bytes moved per encode of n elements of e bytes (P the payload's bytes): the scores read
+the input (n e), the selection reads the NT scores three to five times in one block, the
+tiles read the input again and write P; a decode reads P and writes n e (twice that with
+``accumulate``, which reads the output too). Each block of a tile kernel also reads the
+bitmap bytes before its range (NT / 8 bytes at most).
 """
 
 from __future__ import annotations
@@ -37,32 +41,38 @@ from .gpu_build import (
 )
 from .tah_format import tah_layout
 
-_SOURCE = Path(__file__).with_name("tah_kernels.cu")
+_SOURCE = (
+    Path(__file__).with_name("tah_kernels.cu"),
+    Path(__file__).with_name("tah_score.cu"),
+)
 _PRELUDE = (
     Path(__file__).with_name("codec_kernels.cu"),
     Path(__file__).with_name("tah_tables.cu"),
+    Path(__file__).with_name("tah_select.cu"),
 )
 _THREADS = 256
-_BLOCKS_PER_SM = 16
+_SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
+_BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
+_TILE_BLOCKS_PER_SM = 8  # tile kernels: one range a block, about one wave of blocks
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
 
 
 def _kernel(defines: dict[str, Any]) -> Any:
     full = {"OP": 0, "THREADS": _THREADS, "MIN_BLOCKS": 4, **defines}
-    return compile_function((*_PRELUDE, _SOURCE), full, "tah_kernel")
+    return compile_function((*_PRELUDE, *_SOURCE), full, "tah_kernel")
 
 
 def _grid(cp: Any, warps: int) -> int:
     per_block = _THREADS // 32
-    return max(1, min(-(-warps // per_block), sm_count(cp) * _BLOCKS_PER_SM))
+    return max(1, min(-(-warps // per_block), sm_count(cp) * _TILE_BLOCKS_PER_SM))
 
 
 def _ratio_bits(ratio: float) -> str:
     return f"{int(np.float32(ratio).view(np.uint32)):#010x}u"
 
 
-def _tile_defines(tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
-    return {"TILE": int(tile), "BH": int(bits_high), "BL": int(bits_low)}
+def _tile_defines(row: int, tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
+    return {"ROW": int(row), "TILE": int(tile), "BH": int(bits_high), "BL": int(bits_low)}
 
 
 def tah_encode(
@@ -90,14 +100,14 @@ def tah_encode(
         blocks = max(1, min(lay.tokens, sm_count(cp) * _BLOCKS_PER_SM))
         score = _kernel({"TAH_OP": _OP_SCORE, "XT": xt})
         score((blocks,), (_THREADS,), (x, payload, i64(count), i64(row), i64(lay.tokens)))
-        blocks = max(1, min(-(-lay.tokens // _THREADS), sm_count(cp) * _BLOCKS_PER_SM))
         counts = (i64(lay.tokens), i64(lay.full_tokens), i64(lay.low_tokens))
         args = (payload, *counts, i64(lay.bitmap_offset))
-        _kernel({"TAH_OP": _OP_SELECT})((blocks,), (_THREADS,), args)
+        select = _kernel({"TAH_OP": _OP_SELECT, "THREADS": _SELECT_THREADS, "MIN_BLOCKS": 1})
+        select((1,), (_SELECT_THREADS,), args)
         defs = {
             "TAH_OP": _OP_ENCODE,
             "XT": xt,
-            **_tile_defines(tile, bits_high, bits_low),
+            **_tile_defines(row, tile, bits_high, bits_low),
             "PIVOT": int(bool(pivot)),
             "RATIO_BITS": _ratio_bits(pivot_ratio),
         }
@@ -132,7 +142,7 @@ def tah_decode(
         defs = {
             "TAH_OP": _OP_DECODE,
             "XT": xt,
-            **_tile_defines(tile, bits_high, bits_low),
+            **_tile_defines(row, tile, bits_high, bits_low),
             "ACC": int(bool(accumulate)),
         }
         warps = -(-lay.tiles // (32 // (tile // 8)))

@@ -2,11 +2,13 @@
 // numba kernels of compressors/tah_cpu.py.
 //
 // Compiled by compressors/tah_gpu.py after codec_kernels.cu (with OP=0, which defines its
-// float32 inline-PTX arithmetic, element loads and output conversions and no kernel) and
-// tah_tables.cu (the score's tables), with -D defines; every variant defines one kernel,
-// `tah_kernel`:
+// float32 inline-PTX arithmetic, element loads and output conversions and no kernel),
+// tah_tables.cu (the score's tables) and tah_select.cu (the low-token selection, TAH_OP 4),
+// and before tah_score.cu (the token scores, TAH_OP 1, which use the helpers here), with
+// -D defines; every variant defines one kernel, `tah_kernel`:
 //
-//   TAH_OP  1 token scores, 4 low-token selection, 2 encode, 3 decode
+//   TAH_OP  1 token scores (tah_score.cu), 4 low-token selection (tah_select.cu), 2 encode,
+//           3 decode
 //   XT      element type of x (score, encode) or out (decode): 0 float32, 1 float16,
 //           2 bfloat16 (codec_kernels.cu's define)
 //   TILE    elements per tile: 32, 64 or 128
@@ -14,19 +16,26 @@
 //   PIVOT   encode: 1 lets tiles with one dominant value pivot (option pivot="auto")
 //   RATIO_BITS  encode: the bits of the float32 pivot_ratio
 //   ACC     decode: add into a float32 out (1) or overwrite (0)
+//   ROW     encode, decode: the token length (the kernels' row argument is then unused), so
+//           that a tile's token is a division by a constant (a shift for powers of two)
+//   SC_CACHE  scores: chunks of 8 elements a thread keeps in registers (a token of up to
+//           8 THREADS SC_CACHE elements is read once; longer ones twice)
 //
 // Layout of encode and decode: a tile lives in LT = TILE / 8 consecutive lanes, lane li of
-// it holding elements [8 li, 8 li + 8) in registers, so a warp holds 32 / LT tiles. Every
-// lane of a warp runs every shuffle (tiles that do not pivot compute the transform too and
-// drop it), so no shuffle sits in divergent code. Reductions that decide anything (min,
-// max, the top two magnitudes) are on integers, whose results no order changes.
+// it holding elements [8 li, 8 li + 8) in registers, so a warp holds TPW = 32 / LT tiles
+// (a "tile group"). Each block takes one contiguous range of tile groups, its warps the
+// consecutive groups of each step, so that the low tokens before a tile's token (its
+// place in the payload) are a running count: the block counts the bitmap bytes before its
+// range once, then adds the bytes it passes. Shuffles are never in divergent code: a warp
+// runs the pivot's transform only when one of its tiles pivots (a warp-wide vote), and
+// then with all lanes. Reductions that decide anything (min, max, the top two
+// magnitudes) are on integers, whose results no order changes.
 //
 // An encode is kernels 1, 4, 2 and a decode kernel 3, with no other memory than the
 // payload's: a CUDA graph may capture them (the codec's graph_safe). Kernel 1 writes each
-// token's 64-bit key (score << 32 | t) into the payload's centre/step region (8 K bytes, K
-// >= NT tiles, as 8 NT bytes of keys), kernel 4 turns the keys into the token bitmap, and
-// kernel 2 reads the bitmap and overwrites the region with the tiles' centres and steps.
-// Encode and decode find a tile's place from the bitmap itself (token_prefix).
+// token's score (uint32) into the payload's centre region (4 K bytes, K >= NT tiles, as
+// 4 NT bytes of scores), kernel 4 turns the scores into the token bitmap, and kernel 2
+// reads the bitmap and overwrites the region with the tiles' centres and steps.
 
 #ifndef TAH_OP
 #error "TAH_OP must be defined"
@@ -46,6 +55,15 @@
 #ifndef RATIO_BITS
 #define RATIO_BITS 0x40000000u  // 2.0f
 #endif
+#ifndef SC_CACHE
+#define SC_CACHE 2
+#endif
+
+#ifdef ROW
+#define TROW ((i64)ROW)
+#else
+#define TROW row
+#endif
 
 #define LT (TILE / 8)  // lanes per tile
 #define TPW (32 / LT)  // tiles per warp
@@ -58,8 +76,8 @@
 
 // ------------------------------------------------------------------ shared helpers
 // An int whose order is the order of the float32 with these bits (-0 < +0).
-DEV int order_key(u32 b) { return (b & 0x80000000u) ? -(int)(b & 0x7fffffffu) - 1 : (int)b; }
-DEV float from_key(int k) { return k < 0 ? as_f(0x80000000u | (u32)(-(k + 1))) : as_f((u32)k); }
+DEV int order_key(u32 b) { return (int)(b ^ ((u32)((int)b >> 31) >> 1)); }
+DEV float from_key(int k) { return as_f((u32)k ^ ((u32)(k >> 31) >> 1)); }
 
 // A lane's 8 elements from element e0 (ml of them exist, zero after): one 16-byte vector
 // or two where they are aligned, else one by one.
@@ -79,6 +97,48 @@ DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
 #pragma unroll
     for (int r = 0; r < 8; ++r) v[r] = r < ml ? raw_to_f32(load_elem_raw(xb, e0 + r)) : 0.0f;
   }
+}
+
+// The block's count of the set bits in the first nb bytes of bm (every thread gets it);
+// red: WARPS words of shared memory. Has barriers: the whole block calls it.
+DEV i64 block_popc(const unsigned char* bm, i64 nb, long long* red) {
+  long long c = 0;
+  for (i64 j = threadIdx.x; j < nb; j += THREADS) c += __popc((u32)bm[j]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(FULL_MASK, c, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = c;
+  __syncthreads();
+  long long s = 0;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) s += red[w];
+  __syncthreads();
+  return s;
+}
+
+// A block's contiguous range of tile groups [g0, g1) (empty past the last group).
+DEV void block_range(i64 ngroups, i64& g0, i64& g1) {
+  const i64 per = (ngroups + gridDim.x - 1) / gridDim.x;
+  g0 = (i64)blockIdx.x * per;
+  g1 = g0 + per < ngroups ? g0 + per : ngroups;
+}
+
+// The running count of low tokens: `pre` low tokens in the bitmap bytes before `byte0`.
+struct LowRun {
+  i64 byte0, pre;
+};
+
+// Advance the count to the byte of token t (t at or past the current byte).
+DEV void low_advance(const unsigned char* bm, i64 t, LowRun& run) {
+  for (; run.byte0 < (t >> 3); ++run.byte0) run.pre += __popc((u32)bm[run.byte0]);
+}
+
+// The low tokens before token t (at or past run's byte) and whether t is low.
+DEV void low_before(const unsigned char* bm, i64 t, const LowRun& run, i64& l0, bool& low) {
+  i64 c = run.pre;
+  for (i64 j = run.byte0; j < (t >> 3); ++j) c += __popc((u32)bm[j]);
+  const u32 last = bm[t >> 3], r = (u32)(t & 7);
+  l0 = c + __popc(last & ((1u << r) - 1u));
+  low = ((last >> r) & 1u) != 0u;
 }
 
 // Swap the tile's element 0 with element j (j the same in all LT lanes of the tile).
@@ -114,21 +174,6 @@ DEV TileLane tile_lane(i64 g, int lane, int li, i64 count, i64 K) {
   return t;
 }
 
-// The low tokens before token t (the bitmap bm's bits below t) and whether t is low,
-// counted by the tile's LT lanes (a share of the whole bytes each, then summed across
-// them): no prefix array. Every lane runs the shuffles (t = 0 for a lane of no tile).
-// O(t / (8 LT)) byte loads a lane, all tiles of a token reading the same bytes.
-DEV void token_prefix(const unsigned char* bm, i64 t, int li, i64& l0, bool& low) {
-  const i64 nb = t >> 3;
-  long long c = 0;
-  for (i64 j = li; j < nb; j += LT) c += __popc((u32)bm[j]);
-#pragma unroll
-  for (int s = 1; s < LT; s <<= 1) c += __shfl_xor_sync(FULL_MASK, c, s);
-  const u32 last = bm[nb], r = (u32)(t & 7);
-  l0 = c + __popc(last & ((1u << r) - 1u));
-  low = ((last >> r) & 1u) != 0u;
-}
-
 // Where tile k's codes lie: its bit width b and the byte offset of its first code, from
 // l0, the low tokens before its token, and whether that token is low.
 DEV void tile_place(i64 l0, bool low, i64 k, i64 row, i64 codes0, int& b, i64& off) {
@@ -139,95 +184,45 @@ DEV void tile_place(i64 l0, bool low, i64 k, i64 row, i64 codes0, int& b, i64& o
   off = codes0 + seg + (base - t * row) * b / 8;
 }
 
-// =================================================================== token scores (1)
-#if TAH_OP == 1
-DEV long long log2_fixed(long long s) {  // floor(log2(s) * 2^20), s >= 1, integers only
-  const int n = 63 - __clzll(s);
-  long long x = n >= 30 ? s >> (n - 30) : s << (30 - n);
-  long long frac = 0;
-#pragma unroll 1
-  for (int i = 0; i < SCORE_FRAC; ++i) {
-    x = (x * x) >> 30;
-    frac <<= 1;
-    if (x >= (1LL << 31)) {
-      x >>= 1;
-      frac |= 1;
-    }
+// A lane's nb code bytes (the low bytes of codes) at p: one word where they are 4 or 8
+// whole aligned bytes, else byte by byte.
+DEV void put_codes(unsigned char* p, u64 codes, int nb) {
+  if (nb == 4 && (((u64)p) & 3) == 0) {
+    *(u32*)p = (u32)codes;
+  } else if (nb == 8 && (((u64)p) & 7) == 0) {
+    *(u64*)p = codes;
+  } else {
+    for (int j = 0; j < nb; ++j) p[j] = (unsigned char)(codes >> (8 * j));
   }
-  return ((long long)n << SCORE_FRAC) | frac;
 }
 
-// One block per token (grid-stride): token t's key, score << 32 | t, little-endian at
-// payload bytes [8 t, 8 t + 8) (scratch until the encode kernel writes the tiles' scales).
-extern "C" __global__ void __launch_bounds__(THREADS)
-tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 count, i64 row,
-           i64 ntok) {
-  __shared__ long long tw[SCORE_LEVELS + 1], twl[SCORE_LEVELS + 1];
-  __shared__ u32 red_m[WARPS];
-  __shared__ long long red_s[WARPS], red_l[WARPS];
-  const char* xb = (const char*)src;
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-  const bool a4 = (((u64)pay) & 3) == 0;
-  for (int i = threadIdx.x; i <= SCORE_LEVELS; i += THREADS) {
-    tw[i] = TAH_SCORE_W[i];
-    twl[i] = TAH_SCORE_WL[i];
-  }
-  __syncthreads();
-  for (i64 t = blockIdx.x; t < ntok; t += gridDim.x) {
-    const i64 s0 = t * row, s1 = s0 + row < count ? s0 + row : count;
-    u32 m = 0;
-    for (i64 e = s0 + threadIdx.x; e < s1; e += THREADS)
-      m = max(m, as_u(raw_to_f32(load_elem_raw(xb, e))) & 0x7fffffffu);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max(m, (u32)__shfl_xor_sync(FULL_MASK, m, o));
-    if (lane == 0) red_m[wib] = m;
-    __syncthreads();
-    u32 amax = 0;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) amax = max(amax, red_m[w]);
-    long long s = 0, l = 0;
-    if (amax != 0u && amax < 0x7f800000u) {
-      for (i64 e = s0 + threadIdx.x; e < s1; e += THREADS) {
-        const u32 a = as_u(raw_to_f32(load_elem_raw(xb, e))) & 0x7fffffffu;
-        u32 lev = (amax - a) >> 19;
-        lev = a == 0u ? SCORE_LEVELS : min(lev, (u32)SCORE_LEVELS);
-        s += tw[lev];
-        l += twl[lev];
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      s += __shfl_xor_sync(FULL_MASK, s, o);
-      l += __shfl_xor_sync(FULL_MASK, l, o);
-    }
-    if (lane == 0) {
-      red_s[wib] = s;
-      red_l[wib] = l;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      long long ss = 0, ll = 0;
-      for (int w = 0; w < WARPS; ++w) {
-        ss += red_s[w];
-        ll += red_l[w];
-      }
-      const long long score =
-          (amax != 0u && amax < 0x7f800000u) ? log2_fixed(ss) + (ll << SCORE_FRAC) / ss : 0;
-      const u64 key = ((u64)score << 32) | (u64)t;
-      st32(pay + 8 * t, (u32)key, a4);
-      st32(pay + 8 * t + 4, (u32)(key >> 32), a4);
-    }
-    __syncthreads();  // red_* are rewritten by the next token
-  }
+DEV u64 get_codes(const unsigned char* p, int nb) {
+  if (nb == 4 && (((u64)p) & 3) == 0) return (u64)__ldg((const u32*)p);
+  if (nb == 8 && (((u64)p) & 7) == 0) return __ldg((const u64*)p);
+  u64 c = 0;
+  for (int j = 0; j < nb; ++j) c |= (u64)p[j] << (8 * j);
+  return c;
 }
-#endif
 
 // ========================================================================= encode (2)
 #if TAH_OP == 2
-// One tile's asymmetric quantization (FORMAT.md): v holds the lane's 8 values (ml real),
-// b the tile's width; returns the codes packed LSB first, sets c and step.
-DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
-  int lo = 0x7fffffff, hi = (int)0x80000000;
+// A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB first.
+template <int B>
+DEV u64 pack_codes(const float* u, int ml, float qh) {
+  u64 acc = 0;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const int q = min(max(f2i_rn(f_add(u[r], qh)), 0), (1 << B) - 1);
+    if (r < ml) acc |= (u64)q << (r * B);
+  }
+  return acc;
+}
+
+// The tile's smallest and largest value as order keys (over its LT lanes; ml of the
+// lane's 8 values v are real).
+DEV void tile_range(const float* v, int ml, int& lo, int& hi) {
+  lo = 0x7fffffff;
+  hi = (int)0x80000000;
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
     if (r < ml) {
@@ -241,6 +236,12 @@ DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
     lo = min(lo, __shfl_xor_sync(FULL_MASK, lo, t));
     hi = max(hi, __shfl_xor_sync(FULL_MASK, hi, t));
   }
+}
+
+// One tile's asymmetric quantization (FORMAT.md) from its range (tile_range's lo, hi):
+// v holds the lane's 8 values (ml real), b the tile's width; returns the codes packed
+// LSB first, sets c and step.
+DEV u64 quantize8(const float* v, int ml, int lo, int hi, int b, float& c, float& step) {
   const float flo = from_key(lo), fhi = from_key(hi);
   c = f_add(f_mul(fhi, as_f(BITS_HALF)), f_mul(flo, as_f(BITS_HALF)));
   const float r1 = f_sub(fhi, c), r2 = f_sub(c, flo);
@@ -251,17 +252,19 @@ DEV u64 quantize8(const float* v, int ml, int b, float& c, float& step) {
   if (as_u(rr) == 0u) return 0ull;
   step = f_div(rr, qh);
   if (as_u(step) == 0u || as_u(f_div(rr, step)) > as_u(qh)) step = next_up(step);
-  const bool divide = as_u(step) < BITS_MIN_NORMAL;  // 1 / step would overflow
-  const float inv = divide ? 0.0f : f_div(as_f(BITS_ONE), step);
-  u64 acc = 0;
+  // u_i = d_i / step where 1 / step would overflow (rare), else d_i * (1 / step): two
+  // loops behind one branch, so that the common path holds no division per value.
+  float u[8];
+  if (as_u(step) < BITS_MIN_NORMAL) {
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const float d = f_sub(v[r], c);
-    const float u = divide ? f_div(d, step) : f_mul(d, inv);
-    const int q = min(max(f2i_rn(f_add(u, qh)), 0), qmax);
-    if (r < ml) acc |= (u64)q << (r * b);
+    for (int r = 0; r < 8; ++r) u[r] = f_div(f_sub(v[r], c), step);
+  } else {
+    const float inv = f_div(as_f(BITS_ONE), step);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) u[r] = f_mul(f_sub(v[r], c), inv);
   }
-  return acc;
+  // The codes at the tile's width, a constant in each branch (no shuffle in them).
+  return b == BH ? pack_codes<BH>(u, ml, qh) : pack_codes<BL>(u, ml, qh);
 }
 
 // The tile's largest |v| bits (first), the lowest index holding it (idx) and the largest
@@ -300,47 +303,75 @@ DEV void tile_top2(const float* v, int ml, int li, u32& first, u32& second, int&
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 count, i64 row,
            i64 K, i64 piv0, i64 bm0) {
+  __shared__ long long red[WARPS];
   const char* xb = (const char*)src;
   const unsigned char* bm = pay + bm0;  // written by kernel 4, read only here
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vec = (((u64)xb) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
   const i64 codes0 = 8 * K;
-  const i64 ngroups = (K + TPW - 1) / TPW;
-  for (i64 g = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); g < ngroups;
-       g += (i64)gridDim.x * WARPS) {
+  const i64 rowc = TROW;  // a constant where ROW is defined
+  (void)row;
+  i64 g0, g1;
+  block_range((K + TPW - 1) / TPW, g0, g1);
+  if (g0 >= g1) return;  // the whole block, before any barrier
+  LowRun run;
+  run.byte0 = (g0 * TPW * TILE / rowc) >> 3;
+  run.pre = block_popc(bm, run.byte0, red);
+  for (i64 gs = g0; gs < g1; gs += WARPS) {
+    low_advance(bm, gs * TPW * TILE / rowc, run);  // the same in every thread of the block
+    const i64 g = gs + (threadIdx.x >> 5);
+    if (g >= g1) break;  // the whole warp
     const TileLane tl = tile_lane(g, lane, li, count, K);
     const i64 k = tl.k, base = tl.base;
     const bool active = tl.active;
     const int m = tl.m, ml = tl.ml;
     float v[8];
     load8(xb, base + 8 * li, ml, vec, v);
-    u32 first, second;
-    int idx;
-    tile_top2(v, ml, li, first, second, idx);
+    int lo, hi;
+    tile_range(v, ml, lo, hi);
+    // The largest |v| is at the smallest or the largest value, and the second largest is
+    // at least the smaller of those two magnitudes (another element, or all are equal):
+    // a tile with first < ratio * that cannot pivot, and warps of such tiles only skip
+    // the exact top two (FORMAT.md's test, on the same first).
+    const u32 alo = as_u(from_key(lo)) & 0x7fffffffu, ahi = as_u(from_key(hi)) & 0x7fffffffu;
+    const u32 first = max(alo, ahi);
     const bool bad = first >= 0x7f800000u;
-    const bool piv = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
-                     first < PIVOT_MAX_BITS &&
-                     first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
-    float w[8];
+    const bool maybe = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
+                       first < PIVOT_MAX_BITS &&
+                       first >= as_u(f_mul(as_f(RATIO_BITS), as_f(min(alo, ahi))));
+    bool piv = false;
+    int idx = 0;
+    if (__any_sync(FULL_MASK, maybe)) {  // the whole warp: shuffles
+      u32 top, second;
+      tile_top2(v, ml, li, top, second, idx);
+      piv = maybe && first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
+      if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoting tiles keep it
+        float w[8];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) w[r] = v[r];
-    swap_first(w, li, lane, idx);
-    wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+        for (int r = 0; r < 8; ++r) w[r] = v[r];
+        swap_first(w, li, lane, idx);
+        wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+        int wlo, whi;
+        tile_range(w, ml, wlo, whi);
 #pragma unroll
-    for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
-    i64 l0;
-    bool low;
-    token_prefix(bm, active ? base / row : 0, li, l0, low);
+        for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
+        lo = piv ? wlo : lo;
+        hi = piv ? whi : hi;
+      }
+    }
     int b = BH;
     i64 off = 0;
-    if (active) tile_place(l0, low, k, row, codes0, b, off);
+    if (active) {
+      i64 l0;
+      bool low;
+      low_before(bm, base / rowc, run, l0, low);
+      tile_place(l0, low, k, rowc, codes0, b, off);
+    }
     float c, step;
-    u64 codes = quantize8(v, ml, b, c, step);
+    u64 codes = quantize8(v, ml, lo, hi, b, c, step);
     if (bad) codes = 0;
     if (active) {
-      const int nb = (ml * b + 7) >> 3;
-      unsigned char* p = pay + off + li * b;
-      for (int j = 0; j < nb; ++j) p[j] = (unsigned char)(codes >> (8 * j));
+      if (ml > 0) put_codes(pay + off + li * b, codes, (ml * b + 7) >> 3);
       if (li == 0) {
         st32(pay + 4 * k, bad ? BITS_NAN : as_u(c), a4);
         st32(pay + 4 * K + 4 * k, bad ? BITS_NAN : as_u(step), a4);
@@ -353,136 +384,112 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
 
 // ========================================================================= decode (3)
 #if TAH_OP == 3
+// A lane's 8 decoded values v at elements [e0, e0 + ml) of out: written, or added to a
+// float32 out (ACC); 16-byte vectors where out is aligned and all 8 exist.
+DEV void store8(char* ob, i64 e0, int ml, bool vout, const float* v) {
+#if ACC
+  float* o = (float*)ob + e0;
+  if (vout && ml == 8) {
+    uint4* o4 = (uint4*)o;
+    uint4 a = o4[0], bq = o4[1];
+    a.x = as_u(f_add(as_f(a.x), v[0])); a.y = as_u(f_add(as_f(a.y), v[1]));
+    a.z = as_u(f_add(as_f(a.z), v[2])); a.w = as_u(f_add(as_f(a.w), v[3]));
+    bq.x = as_u(f_add(as_f(bq.x), v[4])); bq.y = as_u(f_add(as_f(bq.y), v[5]));
+    bq.z = as_u(f_add(as_f(bq.z), v[6])); bq.w = as_u(f_add(as_f(bq.w), v[7]));
+    o4[0] = a;
+    o4[1] = bq;
+  } else {
+    for (int r = 0; r < ml; ++r) o[r] = f_add(o[r], v[r]);
+  }
+#else
+  if (vout && ml == 8) {
+#if XT == 0
+    uint4* o4 = (uint4*)(ob + e0 * 4);
+    o4[0] = make_uint4(as_u(v[0]), as_u(v[1]), as_u(v[2]), as_u(v[3]));
+    o4[1] = make_uint4(as_u(v[4]), as_u(v[5]), as_u(v[6]), as_u(v[7]));
+#else
+    *(uint4*)(ob + e0 * 2) = make_uint4(pack_out2(v[0], v[1]), pack_out2(v[2], v[3]),
+                                        pack_out2(v[4], v[5]), pack_out2(v[6], v[7]));
+#endif
+  } else {
+    for (int r = 0; r < ml; ++r) {
+#if XT == 0
+      ((float*)ob)[e0 + r] = v[r];
+#else
+      ((unsigned short*)ob)[e0 + r] = (unsigned short)out_bits1(v[r]);
+#endif
+    }
+  }
+#endif
+}
+
+// A lane's 8 values from its codes: sat(c + ((float) q_r - qh) * step), B bits a code.
+template <int B>
+DEV void unpack_codes(u64 codes, float c, float step, float* v) {
+  const float qh = f_mul((float)((1 << B) - 1), as_f(BITS_HALF));
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const float k8 = f_sub((float)(int)((codes >> (r * B)) & (u64)((1 << B) - 1)), qh);
+    v[r] = sat_inf(f_add(c, f_mul(k8, step)));
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 count, i64 row,
            i64 K, i64 piv0, i64 bm0) {
+  __shared__ long long red[WARPS];
   char* ob = (char*)dst;
+  const unsigned char* bm = pay + bm0;
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vout = (((u64)ob) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
   const i64 codes0 = 8 * K;
-  const i64 ngroups = (K + TPW - 1) / TPW;
-  for (i64 g = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); g < ngroups;
-       g += (i64)gridDim.x * WARPS) {
+  const i64 rowc = TROW;  // a constant where ROW is defined
+  (void)row;
+  i64 g0, g1;
+  block_range((K + TPW - 1) / TPW, g0, g1);
+  if (g0 >= g1) return;  // the whole block, before any barrier
+  LowRun run;
+  run.byte0 = (g0 * TPW * TILE / rowc) >> 3;
+  run.pre = block_popc(bm, run.byte0, red);
+  for (i64 gs = g0; gs < g1; gs += WARPS) {
+    low_advance(bm, gs * TPW * TILE / rowc, run);  // the same in every thread of the block
+    const i64 g = gs + (threadIdx.x >> 5);
+    if (g >= g1) break;  // the whole warp
     const TileLane tl = tile_lane(g, lane, li, count, K);
     const i64 k = tl.k, base = tl.base;
-    const bool active = tl.active;
     const int ml = tl.ml;
-    i64 l0;
-    bool low;
-    token_prefix(pay + bm0, active ? base / row : 0, li, l0, low);
     int b = BH;
-    i64 off = 0;
     float c = 0.0f, step = 0.0f;
     u32 p = 0;
     u64 codes = 0;
-    if (active) {
-      tile_place(l0, low, k, row, codes0, b, off);
+    if (tl.active) {
+      i64 l0, off;
+      bool low;
+      low_before(bm, base / rowc, run, l0, low);
+      tile_place(l0, low, k, rowc, codes0, b, off);
       c = as_f(ld32(pay + 4 * k, a4));
       step = as_f(ld32(pay + 4 * K + 4 * k, a4));
       p = pay[piv0 + k];
-      const int nb = (ml * b + 7) >> 3;
-      const unsigned char* q = pay + off + li * b;
-      for (int j = 0; j < nb; ++j) codes |= (u64)q[j] << (8 * j);
+      if (ml > 0) codes = get_codes(pay + off + li * b, (ml * b + 7) >> 3);
     }
-    const int qmax = (1 << b) - 1;
-    const float qh = f_mul((float)qmax, as_f(BITS_HALF));
     float v[8];
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const float k8 = f_sub((float)(int)((codes >> (r * b)) & (u64)qmax), qh);
-      v[r] = sat_inf(f_add(c, f_mul(k8, step)));
-    }
-    float w[8];
-#pragma unroll
-    for (int r = 0; r < 8; ++r) w[r] = v[r];
-    wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
-#pragma unroll
-    for (int r = 0; r < 8; ++r) w[r] = f_mul(w[r], 1.0f / TILE);  // exact: a power of two
-    swap_first(w, li, lane, (int)(p & 0x7fu));
+    if (b == BH)  // the width a constant in each branch (no shuffle in them)
+      unpack_codes<BH>(codes, c, step, v);
+    else
+      unpack_codes<BL>(codes, c, step, v);
     const bool piv = (p & 0x80u) != 0u;
+    if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoted tiles keep it
+      float w[8];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
-    if (!active || ml == 0) continue;
-    const i64 e0 = base + 8 * li;
-#if ACC
-    float* o = (float*)ob + e0;
-    if (vout && ml == 8) {
-      uint4* o4 = (uint4*)o;
-      uint4 a = o4[0], bq = o4[1];
-      a.x = as_u(f_add(as_f(a.x), v[0])); a.y = as_u(f_add(as_f(a.y), v[1]));
-      a.z = as_u(f_add(as_f(a.z), v[2])); a.w = as_u(f_add(as_f(a.w), v[3]));
-      bq.x = as_u(f_add(as_f(bq.x), v[4])); bq.y = as_u(f_add(as_f(bq.y), v[5]));
-      bq.z = as_u(f_add(as_f(bq.z), v[6])); bq.w = as_u(f_add(as_f(bq.w), v[7]));
-      o4[0] = a;
-      o4[1] = bq;
-    } else {
-      for (int r = 0; r < ml; ++r) o[r] = f_add(o[r], v[r]);
+      for (int r = 0; r < 8; ++r) w[r] = v[r];
+      wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+#pragma unroll
+      for (int r = 0; r < 8; ++r) w[r] = f_mul(w[r], 1.0f / TILE);  // exact: a power of two
+      swap_first(w, li, lane, (int)(p & 0x7fu));
+#pragma unroll
+      for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
     }
-#else
-    if (vout && ml == 8) {
-#if XT == 0
-      uint4* o4 = (uint4*)(ob + e0 * 4);
-      o4[0] = make_uint4(as_u(v[0]), as_u(v[1]), as_u(v[2]), as_u(v[3]));
-      o4[1] = make_uint4(as_u(v[4]), as_u(v[5]), as_u(v[6]), as_u(v[7]));
-#else
-      *(uint4*)(ob + e0 * 2) = make_uint4(pack_out2(v[0], v[1]), pack_out2(v[2], v[3]),
-                                          pack_out2(v[4], v[5]), pack_out2(v[6], v[7]));
-#endif
-    } else {
-      for (int r = 0; r < ml; ++r) {
-#if XT == 0
-        ((float*)ob)[e0 + r] = v[r];
-#else
-        ((unsigned short*)ob)[e0 + r] = (unsigned short)out_bits1(v[r]);
-#endif
-      }
-    }
-#endif
-  }
-}
-#endif
-
-// ============================================================ low-token selection (4)
-#if TAH_OP == 4
-DEV u64 token_key(const unsigned char* pay, i64 t, bool a4) {
-  return (u64)ld32(pay + 8 * t, a4) | ((u64)ld32(pay + 8 * t + 4, a4) << 32);
-}
-
-// One thread per token, THREADS tokens a block (grid-stride): a full token is low when
-// fewer than nlow full tokens have a smaller key. The keys are distinct (t in the low
-// bits), so these are the first nlow of the CPU's sort, ties to the lower index. Every
-// key passes through shared memory THREADS at a time: nfull compares a token, O(NT NF)
-// in all. The block's flags become its THREADS / 8 bitmap bytes (padding bits 0).
-extern "C" __global__ void __launch_bounds__(THREADS)
-tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 bm0) {
-  __shared__ u64 sk[THREADS];
-  __shared__ unsigned char flag[THREADS];
-  const bool a4 = (((u64)pay) & 3) == 0;
-  const i64 nbytes = (ntok + 7) >> 3;
-  for (i64 base = (i64)blockIdx.x * THREADS; base < ntok; base += (i64)gridDim.x * THREADS) {
-    const i64 t = base + threadIdx.x;
-    const bool full = t < nfull;
-    const u64 mine = full ? token_key(pay, t, a4) : 0ull;
-    i64 rank = 0;
-    if (nlow > 0 && nlow < nfull) {  // the same in the whole block: barriers allowed
-      for (i64 c0 = 0; c0 < nfull; c0 += THREADS) {
-        const i64 u = c0 + threadIdx.x;
-        sk[threadIdx.x] = u < nfull ? token_key(pay, u, a4) : ~0ull;
-        __syncthreads();
-        const int n = (int)min((i64)THREADS, nfull - c0);
-        for (int i = 0; i < n; ++i) rank += sk[i] < mine ? 1 : 0;
-        __syncthreads();
-      }
-    }
-    flag[threadIdx.x] = (full && rank < nlow) ? 1 : 0;
-    __syncthreads();
-    const i64 j = (base >> 3) + threadIdx.x;
-    if (threadIdx.x < THREADS / 8 && j < nbytes) {
-      u32 byte = 0;
-      for (int r = 0; r < 8; ++r) byte |= (u32)flag[8 * threadIdx.x + r] << r;
-      pay[bm0 + j] = (unsigned char)byte;
-    }
-    __syncthreads();  // flag is rewritten by the next tokens
+    if (tl.active && ml > 0) store8(ob, base + 8 * li, ml, vout, v);
   }
 }
 #endif

@@ -120,6 +120,14 @@ def test_gpu_large_message() -> None:
     check_roundtrip(c, x, "large")
 
 
+def test_gpu_many_tokens() -> None:
+    # More full tokens (20000) than the selection keeps in registers at once (16384):
+    # its passes reload the scores chunk by chunk; the last token short.
+    c = TahCompressor(row=64, low_fraction=0.3)
+    x = make_data(np.random.default_rng(11), 20000 * 64 + 17, 64, np.dtype(np.float32))
+    check_roundtrip(c, x, "many tokens")
+
+
 @pytest.mark.parametrize("offset", [1, 2, 3, 4])
 def test_gpu_unaligned_buffers(offset: int) -> None:
     # Payloads at any byte offset (unaligned scales), inputs and outputs off 16 bytes.

@@ -95,7 +95,11 @@ def test_cuda_source_matches_numba(variant: tuple, source: Path) -> None:
     dec = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": XT[dtype], "NPL": npl})
     acc = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": 0, "ACC": 1, "NPL": npl})
     sweep = magnitude_sweep(rng, g, dtype).astype(dtype)
-    for x in (grouped_gaussian(rng, 3 * 32 * npl + 37, g, -2, 2).astype(dtype), sweep):
+    # One element, a count short of a lane, several tiles and a partial one, the sweep
+    # (groups of subnormal steps, where the codes divide).
+    counts = (1, 33, 3 * 32 * npl + 37)
+    inputs = [grouped_gaussian(rng, n, g, -2, 2).astype(dtype) for n in counts]
+    for x in (*inputs, sweep):
         count = x.size
         layout = int_layout(count, bits, g, h)
         key = stream_key(count, 5)

@@ -5,7 +5,10 @@ This checks the kernels' logic (lanes, shuffles, packing, the pivot's swaps, the
 the choice of low tokens, the bitmap prefixes) where there is no GPU;
 tests/test_codec_gpu_tah.py checks the real thing on one. The launches are tah_gpu's: an
 encode is the score, selection and encode kernels on the payload alone, a decode one
-kernel. Skips without a C++20 compiler.
+kernel; the encode and decode kernels run on grids of several blocks (each block its own
+range of tiles, counting the low tokens before it), the selection on one block, also with
+fewer scores a thread than on the GPU (so that a payload has several chunks of them).
+Skips without a C++20 compiler.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ SOURCES = [
     HERE / "cuda_emulation" / "emu.h",
     HERE.parent / "compressors" / "codec_kernels.cu",
     HERE.parent / "compressors" / "tah_tables.cu",
+    HERE.parent / "compressors" / "tah_select.cu",
     HERE.parent / "compressors" / "tah_kernels.cu",
+    HERE.parent / "compressors" / "tah_score.cu",
     HERE / "cuda_emulation" / "launch.cpp",
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -67,6 +72,7 @@ def build(tmp_path_factory):
                 pytest.skip(f"the emulation does not build here: {done.stderr[-500:]!r}")
             lib = ctypes.CDLL(str(so))
             lib.emu_launch.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 5
+            lib.emu_set_grid.argtypes = [ctypes.c_int]
             libs[key] = lib
         return libs[key]
 
@@ -74,33 +80,45 @@ def build(tmp_path_factory):
 
 
 def _variant(c: TahCompressor) -> dict:
-    return {"TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low}
+    return {"ROW": c.row, "TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low}
 
 
-def emulated_select(build, payload: np.ndarray, lay) -> None:
-    """The selection kernel: the keys at the payload's start into its token bitmap."""
-    build({"TAH_OP": 4}).emu_launch(
-        payload.ctypes.data, None, lay.tokens, lay.full_tokens, lay.low_tokens,
-        lay.bitmap_offset, 0,
+def launch(lib: ctypes.CDLL, grid: int, *args) -> None:
+    lib.emu_set_grid(grid)
+    lib.emu_launch(*args)
+
+
+def emulated_select(build, payload: np.ndarray, lay, cache: int = 16) -> None:
+    """The selection kernel: the scores at the payload's start into its token bitmap."""
+    launch(
+        build({"TAH_OP": 4, "SEL_CACHE": cache}), 1, payload.ctypes.data, None, lay.tokens,
+        lay.full_tokens, lay.low_tokens, lay.bitmap_offset, 0,
     )  # fmt: skip
 
 
-def emulated_encode(build, c: TahCompressor, x: np.ndarray) -> np.ndarray:
+def tile_grid(lay, tile: int) -> int:
+    """Blocks for the tile kernels: several, some ranges short or empty."""
+    groups = -(-lay.tiles // (32 // (tile // 8)))
+    return min(5, groups)
+
+
+def emulated_encode(build, c: TahCompressor, x: np.ndarray, cache: int = 16) -> np.ndarray:
     n = x.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
     payload = np.full(lay.nbytes, 0xAB, np.uint8)  # every byte must be written
     if lay.tiles == 0:
         return payload
-    score = build({"TAH_OP": 1, "XT": XT[x.dtype]})
-    score.emu_launch(x.ctypes.data, payload.ctypes.data, n, c.row, lay.tokens, 0, 0)
-    keys = payload[: 8 * lay.tokens].view(np.int64)
-    np.testing.assert_array_equal(keys, token_keys(x.astype(np.float32), c.row))
-    emulated_select(build, payload, lay)
+    # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice.
+    score = build({"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": 1, "THREADS": 32})
+    launch(score, 3, x.ctypes.data, payload.ctypes.data, n, c.row, lay.tokens, 0, 0)
+    scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
+    np.testing.assert_array_equal(scores, token_keys(x.astype(np.float32), c.row) >> 32)
+    emulated_select(build, payload, lay, cache)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 2, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
-    build({**defs, **_variant(c)}).emu_launch(
-        x.ctypes.data, payload.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset,
-        lay.bitmap_offset,
+    launch(
+        build({**defs, **_variant(c)}), tile_grid(lay, c.tile), x.ctypes.data,
+        payload.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
     )  # fmt: skip
     return payload
 
@@ -111,9 +129,9 @@ def emulated_decode(build, c, payload, out: np.ndarray, accumulate: bool) -> np.
     if lay.tiles == 0:
         return out
     defs = {"TAH_OP": 3, "XT": XT[out.dtype], "ACC": int(accumulate), **_variant(c)}
-    build(defs).emu_launch(
-        payload.ctypes.data, out.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset,
-        lay.bitmap_offset,
+    launch(
+        build(defs), tile_grid(lay, c.tile), payload.ctypes.data, out.ctypes.data, n, c.row,
+        lay.tiles, lay.pivot_offset, lay.bitmap_offset,
     )  # fmt: skip
     return out
 
@@ -164,18 +182,23 @@ def test_the_kernels_score_tables_are_tah_formats() -> None:
         np.testing.assert_array_equal(np.array(body.split(","), np.int64), want, err_msg=name)
 
 
-@pytest.mark.parametrize("tokens", [1, 7, 8, 9, 255, 256, 257, 700])
+@pytest.mark.parametrize("tokens", [1, 7, 8, 9, 255, 256, 257, 700, 1500])
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.5, 1.0])
-def test_emulated_selection_is_the_cpu_sort(build, tokens: int, fraction: float) -> None:
-    # Few distinct scores, so that most keys tie on the score and the token index decides;
-    # the last token short (never low) for odd counts.
+@pytest.mark.parametrize("spread", [1, 3, 1 << 26])
+def test_emulated_selection_is_the_cpu_sort(build, tokens: int, fraction: float, spread) -> None:
+    # One score, few distinct ones (most keys tie on the score and the token index decides), or
+    # scores over all three radix digits; the last token short (never low) for odd
+    # counts. Two scores a thread: 512 a chunk, so the larger payloads have several.
     row, rng = 32, np.random.default_rng(tokens)
     count = tokens * row - (tokens % 2) * 5
     lay = tah_layout(count, row, 32, 4, 3, fraction)
-    keys = (rng.integers(0, 3, lay.tokens).astype(np.int64) << 32) | np.arange(lay.tokens)
+    scores = rng.integers(0, spread, lay.tokens).astype(np.uint32)
+    if spread > 3:
+        scores[rng.random(lay.tokens) < 0.3] = scores[0]  # ties at a wide score too
     payload = np.full(lay.nbytes, 0xAB, np.uint8)
-    payload[: 8 * lay.tokens] = keys.view(np.uint8)
-    emulated_select(build, payload, lay)
+    payload[: 4 * lay.tokens] = scores.view(np.uint8)
+    emulated_select(build, payload, lay, cache=2)
+    keys = (scores.astype(np.int64) << 32) | np.arange(lay.tokens)
     lb = low_prefix(keys, lay.full_tokens, lay.low_tokens)
     want = np.packbits((lb[1:] - lb[:-1]).astype(np.uint8), bitorder="little")
     np.testing.assert_array_equal(payload[lay.bitmap_offset :], want)
@@ -183,8 +206,8 @@ def test_emulated_selection_is_the_cpu_sort(build, tokens: int, fraction: float)
 
 @pytest.mark.parametrize("cfg, dtype", [CASES[0], CASES[3]], ids=lambda v: str(v))
 def test_emulated_kernels_match_cpu_over_many_tokens(build, cfg: dict, dtype) -> None:
-    # 70 tokens: a tile's place counts several bitmap bytes over its lanes (float32
-    # variants of test_emulated_kernels_match_cpu, already built).
+    # 70 tokens: a tile's place counts several bitmap bytes, the blocks' ranges start in
+    # different bytes (float32 variants of test_emulated_kernels_match_cpu, already built).
     dtype = np.dtype(dtype)
     c = TahCompressor(**cfg)
     x = data(np.random.default_rng(c.row), 70 * c.row - 3, c.row, dtype)

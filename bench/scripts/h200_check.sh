@@ -190,6 +190,20 @@ torchp2p)
   step pytest torch point-to-point on the GPU, 2 ranks sharing it
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_p2p.py -k gpu \
     2>&1 | tee "$OUT/pytest_torchp2p.txt" | tail -60 ;;
+kernels)
+  # The tah and int kernels (issues #30, #31): a subset of their GPU tests, bitwise against
+  # the CPU's kernels (every tah variant in bfloat16, the many-token, large, unaligned and
+  # graph cases; int at 4, 6 and 8 bits), then their throughput beside the device copy.
+  # Budget: 150 s (50 + 40 + 60).
+  step pytest gpu tah and int kernels
+  timeout 50 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
+    -k "bfloat16 or many or large or unaligned or graph or float64" 2>&1 | tee "$OUT/pytest_kernels_tah.txt" | tail -6
+  timeout 40 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py \
+    -k "b4-g128 or b8-g128 or b6-g32" 2>&1 | tee "$OUT/pytest_kernels_int.txt" | tail -6
+  step tah and int throughput
+  timeout 60 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+    --compressor tah:row=4096,int:bits=4,int:bits=8 -d bfloat16,float32 -n 15 -c 0 \
+    --json "$JSONDIR/kernels.json" 2>&1 | tee "$OUT/kernels_log.txt" | tail -60 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done

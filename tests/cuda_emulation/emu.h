@@ -1,7 +1,8 @@
-// Host emulation of the CUDA built-ins that codec_kernels.cu's helpers and tah_kernels.cu
-// use, so that the tah kernels run on a CPU (tests/test_codec_tah_emulated.py): one block
-// of EMU_THREADS threads, each a std::thread; warp shuffles and barriers through
-// std::barrier. The float arithmetic is codec_kernels.cu's host branch (plain IEEE float32,
+// Host emulation of the CUDA built-ins that codec_kernels.cu's helpers and tah's kernels
+// use, so that the tah kernels run on a CPU (tests/test_codec_tah_emulated.py): blocks of
+// EMU_THREADS (= THREADS) threads, each a std::thread, one block after the other; warp
+// shuffles, votes and barriers through std::barrier, shared-memory atomics through
+// std::atomic_ref. The float arithmetic is codec_kernels.cu's host branch (plain IEEE float32,
 // compiled with -ffp-contract=off); the GPU's inline PTX computes the same values.
 #include <barrier>
 #include <cmath>
@@ -11,6 +12,10 @@
 #include <vector>
 #include <algorithm>
 #include <memory>
+#include <atomic>
+#ifndef THREADS
+#define THREADS 256
+#endif
 #define __device__
 #define __host__
 #define __global__
@@ -33,7 +38,7 @@ inline unsigned __vmaxu2(unsigned a, unsigned b) {
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
-constexpr int EMU_THREADS = 256;
+constexpr int EMU_THREADS = THREADS;
 std::unique_ptr<std::barrier<>> g_block;
 std::vector<std::unique_ptr<std::barrier<>>> g_warp;
 uint64_t g_slots[EMU_THREADS];
@@ -50,3 +55,28 @@ template <class T> T emu_shfl(T v, int src) {
 }
 template <class T> T __shfl_xor_sync(unsigned, T v, int m) { return emu_shfl(v, (threadIdx.x & 31) ^ m); }
 template <class T> T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }
+// The 32 lanes' values of v (as 64-bit words) in all[], for the votes below.
+template <class T> void emu_gather(T v, uint64_t* all) {
+  const int w = threadIdx.x >> 5;
+  uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
+  g_slots[threadIdx.x] = bits;
+  g_warp[w]->arrive_and_wait();
+  for (int l = 0; l < 32; ++l) all[l] = g_slots[w * 32 + l];
+  g_warp[w]->arrive_and_wait();
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  uint64_t all[32]; emu_gather<uint64_t>(pred ? 1u : 0u, all);
+  unsigned m = 0;
+  for (int l = 0; l < 32; ++l) m |= (all[l] ? 1u : 0u) << l;
+  return m;
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0u; }
+inline unsigned __match_any_sync(unsigned, unsigned v) {
+  uint64_t all[32]; emu_gather<uint64_t>(v, all);
+  unsigned m = 0;
+  for (int l = 0; l < 32; ++l) m |= (all[l] == v ? 1u : 0u) << l;
+  return m;
+}
+inline int __clz(unsigned x) { return x == 0u ? 32 : __builtin_clz(x); }
+inline int __ffs(unsigned x) { return x == 0u ? 0 : __builtin_ctz(x) + 1; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }

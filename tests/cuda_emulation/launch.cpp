@@ -1,24 +1,33 @@
-// Compiled after emu.h, codec_kernels.cu, tah_tables.cu and tah_kernels.cu: runs the
-// variant's tah_kernel on one block of EMU_THREADS threads (the kernels' grid-stride loops
-// cover any size), with the arguments in the order tah_gpu.py passes them.
+// Compiled after emu.h, codec_kernels.cu, tah_tables.cu, tah_select.cu, tah_kernels.cu and
+// tah_score.cu:
+// runs the variant's tah_kernel on a grid of emu_grid blocks of EMU_THREADS threads, one
+// block after the other (the kernels' blocks share nothing but global memory), with the
+// arguments in the order tah_gpu.py passes them.
+int emu_grid = 1;
+extern "C" void emu_set_grid(int grid) { emu_grid = grid; }
 extern "C" void emu_launch(void* a0, void* a1, long long c, long long r, long long k, long long p,
                            long long q) {
-  g_block = std::make_unique<std::barrier<>>(EMU_THREADS);
-  g_warp.clear();
-  for (int w = 0; w < EMU_THREADS / 32; ++w) g_warp.push_back(std::make_unique<std::barrier<>>(32));
-  std::vector<std::thread> ts;
-  for (int t = 0; t < EMU_THREADS; ++t)
-    ts.emplace_back([=] {
-      threadIdx.x = t;
+  gridDim.x = (unsigned)emu_grid;
+  for (int b = 0; b < emu_grid; ++b) {
+    blockIdx.x = (unsigned)b;
+    g_block = std::make_unique<std::barrier<>>(EMU_THREADS);
+    g_warp.clear();
+    for (int w = 0; w < EMU_THREADS / 32; ++w)
+      g_warp.push_back(std::make_unique<std::barrier<>>(32));
+    std::vector<std::thread> ts;
+    for (int t = 0; t < EMU_THREADS; ++t)
+      ts.emplace_back([=] {
+        threadIdx.x = t;
 #if TAH_OP == 1
-      tah_kernel(a0, (unsigned char*)a1, c, r, k);
+        tah_kernel(a0, (unsigned char*)a1, c, r, k);
 #elif TAH_OP == 2
-      tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
+        tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
 #elif TAH_OP == 3
-      tah_kernel((const unsigned char*)a0, a1, c, r, k, p, q);
+        tah_kernel((const unsigned char*)a0, a1, c, r, k, p, q);
 #else
-      tah_kernel((unsigned char*)a0, c, r, k, p);
+        tah_kernel((unsigned char*)a0, c, r, k, p);
 #endif
-    });
-  for (auto& t : ts) t.join();
+      });
+    for (auto& t : ts) t.join();
+  }
 }

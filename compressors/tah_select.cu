@@ -1,0 +1,198 @@
+// The tah codec's low-token selection (TAH_OP 4), compiled between tah_tables.cu and
+// tah_kernels.cu (whose comment describes the variants): the token scores that kernel 1
+// left at the payload's start become the token bitmap, bitwise the CPU's choice
+// (tah_cpu.low_prefix: the nlow full tokens with the smallest keys score << 32 | t, so
+// ties on the score go to the lower token index).
+//
+// One block (THREADS threads, launched as a grid of one) finds the nlow-th smallest score
+// s* by a radix select over the bits of score - min (the scores' span, max - min, sets
+// how many digits of up to 11 bits: one to three, none when all are equal), each digit
+// a shared-memory histogram of the candidates (warps add one count per distinct digit,
+// __match_any_sync) and a scan of it; then a token is low when its score is below s*, or
+// equal to it with fewer than `need` equal scores at lower indices (a scan of the equal
+// ones in token order). Token t of a chunk of SEL_CHUNK is thread t % THREADS's value
+// number (t / THREADS) % SEL_CACHE, kept in registers (payloads of up to SEL_CHUNK full
+// tokens read their scores once, larger ones once per pass).
+#if TAH_OP == 4
+#ifndef SEL_CACHE
+#define SEL_CACHE 16
+#endif
+#define SEL_CHUNK (SEL_CACHE * THREADS)
+#define SEL_BINS 2048
+#define SEL_SLOTS (SEL_CACHE * WARPS)  // per chunk: one count of equal scores a warp and value
+
+// The exclusive prefix of x over the block's threads in order; total: the sum of all.
+// red: WARPS words of shared memory. Has barriers: the whole block calls it.
+DEV u32 block_scan(u32 x, u32* red, u32& total) {
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  u32 inc = x;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const u32 y = __shfl_sync(FULL_MASK, inc, lane >= d ? lane - d : lane);
+    if (lane >= d) inc += y;
+  }
+  if (lane == 31) red[wib] = inc;
+  __syncthreads();
+  u32 before = 0, all = 0;
+  for (int w = 0; w < WARPS; ++w) {
+    before += w < wib ? red[w] : 0u;
+    all += red[w];
+  }
+  __syncthreads();
+  total = all;
+  return before + inc - x;
+}
+
+// The thread's SEL_CACHE scores of the chunk at token base (0 at and past n).
+DEV void load_scores(const unsigned char* pay, i64 base, i64 n, bool a4, u32* sc) {
+#pragma unroll
+  for (int j = 0; j < SEL_CACHE; ++j) {
+    const i64 t = base + threadIdx.x + (i64)j * THREADS;
+    sc[j] = t < n ? ld32(pay + 4 * t, a4) : 0u;
+  }
+}
+
+// The block's minimum (or maximum) of x; red: WARPS words of shared memory. Barriers.
+DEV u32 block_extreme(u32 x, bool largest, u32* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u32 y = __shfl_xor_sync(FULL_MASK, x, o);
+    x = largest ? max(x, y) : min(x, y);
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  for (int w = 0; w < WARPS; ++w) x = largest ? max(x, red[w]) : min(x, red[w]);
+  __syncthreads();
+  return x;
+}
+
+// The smallest and largest score of the full tokens (the whole block gets them).
+DEV void score_range(const unsigned char* pay, i64 nfull, bool a4, bool cached, u32* sc,
+                     u32* red, u32& lo, u32& hi) {
+  lo = 0xffffffffu;
+  hi = 0u;
+  for (i64 base = 0; base < nfull; base += SEL_CHUNK) {
+    if (!cached) load_scores(pay, base, nfull, a4, sc);
+#pragma unroll
+    for (int j = 0; j < SEL_CACHE; ++j) {
+      if (base + threadIdx.x + (i64)j * THREADS < nfull) {
+        lo = min(lo, sc[j]);
+        hi = max(hi, sc[j]);
+      }
+    }
+  }
+  lo = block_extreme(lo, false, red);
+  hi = block_extreme(hi, true, red);
+}
+
+// One digit of the radix select over score - lo: among the full tokens whose relative
+// score agrees with prefix above bit shift + width, the digit (bits [shift, shift +
+// width)) holding the k-th smallest (1-based); prefix takes it, k becomes the rank within.
+DEV void select_digit(const unsigned char* pay, i64 nfull, bool a4, bool cached, u32* sc, u32 lo,
+                      int shift, int width, u32& prefix, u32& k, u32* hist, u32* red, u32* pick) {
+  const int lane = threadIdx.x & 31;
+  const int top = shift + width;
+  for (int i = threadIdx.x; i < SEL_BINS; i += THREADS) hist[i] = 0u;
+  __syncthreads();
+  for (i64 base = 0; base < nfull; base += SEL_CHUNK) {
+    if (!cached) load_scores(pay, base, nfull, a4, sc);
+#pragma unroll
+    for (int j = 0; j < SEL_CACHE; ++j) {
+      const i64 t = base + threadIdx.x + (i64)j * THREADS;
+      const u32 rel = sc[j] - lo;
+      const bool in = t < nfull && (top >= 32 || (rel >> top) == (prefix >> top));
+      const u32 d = in ? (rel >> shift) & ((1u << width) - 1u) : 0xffffffffu;
+      const u32 peers = __match_any_sync(FULL_MASK, d);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[d], (u32)__popc(peers));
+    }
+  }
+  __syncthreads();
+  constexpr int per = SEL_BINS / THREADS;  // bins a thread scans, in order
+  u32 local = 0;
+#pragma unroll
+  for (int i = 0; i < per; ++i) local += hist[threadIdx.x * per + i];
+  u32 total;
+  u32 before = block_scan(local, red, total);
+  if (before < k && k <= before + local) {  // exactly one thread
+    for (int i = 0; i < per; ++i) {
+      const u32 h = hist[threadIdx.x * per + i];
+      if (k <= before + h) {
+        pick[0] = (u32)(threadIdx.x * per + i);
+        pick[1] = k - before;
+        break;
+      }
+      before += h;
+    }
+  }
+  __syncthreads();
+  prefix |= pick[0] << shift;
+  k = pick[1];
+  __syncthreads();  // pick and hist are rewritten by the next digit
+}
+
+// The bitmap of one chunk: a token is low when its score is below s, or equal to s with
+// fewer than `need` equal scores before it (`run` of them in the chunks before).
+DEV void select_write(unsigned char* bm, i64 base, i64 nfull, i64 nbytes, const u32* sc, u32 s,
+                      u32 need, u32& run, u32* slots, u32* red) {
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+#pragma unroll
+  for (int j = 0; j < SEL_CACHE; ++j) {
+    const i64 t = base + threadIdx.x + (i64)j * THREADS;
+    const u32 eqm = __ballot_sync(FULL_MASK, t < nfull && sc[j] == s);
+    if (lane == 0) slots[j * WARPS + wib] = (u32)__popc(eqm);
+  }
+  __syncthreads();
+  const u32 mine = threadIdx.x < SEL_SLOTS ? slots[threadIdx.x] : 0u;
+  u32 total;
+  const u32 before = block_scan(mine, red, total);
+  if (threadIdx.x < SEL_SLOTS) slots[threadIdx.x] = run + before;  // equal ones before the slot
+  run += total;
+  __syncthreads();
+  const u32 below = (1u << lane) - 1u;
+#pragma unroll
+  for (int j = 0; j < SEL_CACHE; ++j) {
+    const i64 t = base + threadIdx.x + (i64)j * THREADS;
+    const bool full = t < nfull;
+    const bool eq = full && sc[j] == s;
+    const u32 eqm = __ballot_sync(FULL_MASK, eq);  // again: fewer registers than keeping it
+    const u32 rank = slots[j * WARPS + wib] + (u32)__popc(eqm & below);
+    const bool low = full && (sc[j] < s || (eq && rank < need));
+    const u32 lm = __ballot_sync(FULL_MASK, low);
+    const i64 b0 = (t - lane) >> 3;  // the warp's 32 tokens: 4 whole bytes
+    if (lane < 4 && b0 + lane < nbytes) bm[b0 + lane] = (unsigned char)(lm >> (8 * lane));
+  }
+  __syncthreads();  // slots are rewritten by the next chunk
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 bm0) {
+  static_assert(SEL_SLOTS <= THREADS && SEL_BINS % THREADS == 0, "selection sizes");
+  __shared__ u32 hist[SEL_BINS];
+  __shared__ u32 slots[SEL_SLOTS];
+  __shared__ u32 red[WARPS];
+  __shared__ u32 pick[2];
+  if (blockIdx.x != 0) return;
+  const bool a4 = (((u64)pay) & 3) == 0;
+  const bool cached = nfull <= SEL_CHUNK;
+  u32 sc[SEL_CACHE];
+  load_scores(pay, 0, nfull, a4, sc);
+  u32 s = 0u, k = (u32)nlow;  // nlow = 0: no score is below 0 and none is taken at it
+  if (nlow > 0) {
+    u32 lo, hi;
+    score_range(pay, nfull, a4, cached, sc, red, lo, hi);
+    const int nb = hi == lo ? 0 : 32 - __clz(hi - lo);  // bits of the relative scores
+    for (int top = nb; top > 0;) {  // the same in the whole block
+      const int width = top < 11 ? top : 11;
+      select_digit(pay, nfull, a4, cached, sc, lo, top - width, width, s, k, hist, red, pick);
+      top -= width;
+    }
+    s += lo;
+  }
+  const i64 nbytes = (ntok + 7) >> 3;
+  u32 run = 0;
+  for (i64 base = 0; base < ntok; base += SEL_CHUNK) {
+    if (!cached || base > 0) load_scores(pay, base, nfull, a4, sc);
+    select_write(pay + bm0, base, nfull, nbytes, sc, s, k, run, slots, red);
+  }
+}
+#endif
