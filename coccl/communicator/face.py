@@ -26,6 +26,7 @@ from coccl.communicator import overlap
 from coccl.communicator.agreement import agree_on_call
 from coccl.communicator.dp_calls import DataParallelCalls
 from coccl.communicator.exact_calls import ExactCalls
+from coccl.communicator.nonblocking import NonblockingCalls, in_issue_order
 from coccl.communicator.p2p_calls import PointToPointCalls
 from coccl.communicator.planner import Call, Planner
 from coccl.communicator.plans import CallPlan, PlanCache
@@ -42,7 +43,8 @@ from coccl.transports.bootstrap import Bootstrap
 log = logging.getLogger(__name__)
 
 
-class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls):
+@in_issue_order  # collectives in issue order, nonblocking ones queued, lists as buckets
+class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls, NonblockingCalls):
     """A group of ranks that run collectives together (build it with ``coccl.init``).
 
     Attributes:
