@@ -16,6 +16,7 @@ from coccl.compressors import (
     get_compressor,
     register_compressor,
 )
+from coccl.core.handles import CallHandle, NotifyingHandle
 from coccl.errors import CocclError
 
 __version__ = "0.1.0"
@@ -37,9 +38,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CallHandle",
     "CocclError",
     "Communicator",
     "Compressor",
+    "NotifyingHandle",
     "P2PHandle",
     "P2POp",
     "available_compressors",

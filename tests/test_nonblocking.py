@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import coccl
-from coccl.communicator.nonblocking import CallHandle, NotifyingHandle
+from coccl import CallHandle, NotifyingHandle
 
 
 @pytest.fixture

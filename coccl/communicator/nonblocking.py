@@ -39,10 +39,11 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from coccl.communicator import buckets
 from coccl.core.arrays import caller_stream, signature
+from coccl.core.handles import CallHandle
 from coccl.errors import CocclError
 
 # The collectives that keep the issue order (a blocking one waits for its turn), and
@@ -52,28 +53,6 @@ ORDERED_CALLS = (
     "gather", "scatter", "barrier", "split", "overlap_profile",
 )  # fmt: skip
 BUCKET_CALLS = buckets.COLLECTIVES
-
-
-@runtime_checkable
-class CallHandle(Protocol):
-    """A call in flight: what every nonblocking call returns (``P2PHandle`` too)."""
-
-    def wait(self) -> Any:
-        """Block until the call is complete; its result (None for a call without one).
-        Raises what the call raised."""
-        ...
-
-    def test(self) -> bool:
-        """Whether the call is complete, without blocking."""
-        ...
-
-
-@runtime_checkable
-class NotifyingHandle(CallHandle, Protocol):
-    """A handle that says when it completes (``QueuedCall``): ``fn()`` runs once the
-    call has finished, on the thread that finished it (at once if it has)."""
-
-    def add_done_callback(self, fn: Callable[[], None]) -> None: ...
 
 
 class QueuedCall:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch.distributed import _functional_collectives as funcol
 
 import coccl
@@ -292,6 +293,73 @@ def test_async_op(device):
     (result,) = work.get_future().wait()
     assert result is t
     torch.testing.assert_close(t.double().cpu(), exact_sum(parts), rtol=1e-6, atol=1e-6)
+
+
+def test_async_work_is_pending_until_the_peer_posts(device):
+    """A CPU Work is not complete when it returns: rank 0 sees it pending, and only then
+    (told through the store, not by sleeping) do the other ranks post theirs."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if device.type == "cuda" or n < 2:
+        pytest.skip("a CPU Work with a peer that posts late")
+    g = group(algorithm="ring")
+    store = c10d._get_default_store()
+    parts = everyone(seed_of("late"), 300, torch.float32, device)
+    t = parts[rank].clone()
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True, group=g)
+        pending = not work.is_completed() and not work.get_future().done()
+        store.set("coccl-async-late", "pending" if pending else "complete")
+        assert pending
+    else:
+        assert store.get("coccl-async-late") == b"pending"
+        work = dist.all_reduce(t, async_op=True, group=g)
+    halved = work.get_future().then(lambda f: f.value()[0] / 2)  # as a DDP comm hook does
+    assert work.wait() and work.is_completed() and work.is_success()
+    (result,) = work.get_future().wait()
+    assert result is t
+    torch.testing.assert_close(t.double(), exact_sum(parts), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(halved.wait(), t / 2)
+
+
+def test_several_async_works_pending_at_once(device):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    g = group(algorithm="two_shot")
+    cases = [(seed_of("many", i), c) for i, c in enumerate([0, 1, 3, 1001])]
+    allparts = [everyone(seed, c * n, torch.float32, device) for seed, c in cases]
+    ts = [parts[rank].clone() for parts in allparts]
+    shards = [torch.empty(c, device=device) for _, c in cases]
+    works = [dist.all_reduce(t, async_op=True, group=g) for t in ts]
+    works += [
+        dist.reduce_scatter_tensor(out, parts[rank], async_op=True, group=g)
+        for out, parts in zip(shards, allparts, strict=True)
+    ]
+    for work in reversed(works):
+        work.wait()
+    for (_, c), t, out, parts in zip(cases, ts, shards, allparts, strict=True):
+        total = exact_sum(parts)
+        torch.testing.assert_close(t.double().cpu(), total, rtol=1e-6, atol=1e-6)
+        want = total[rank * c : (rank + 1) * c]
+        torch.testing.assert_close(out.double().cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_async_error_reaches_wait_and_the_future(device):
+    """Ranks that disagree: the error is raised by wait() (and set on the future) on
+    every rank, and the group works afterwards."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if n < 2:
+        pytest.skip("one rank cannot disagree with itself")
+    g = group(algorithm="ring")
+    t = torch.ones(10 + rank, device=device)
+    with pytest.raises(coccl.CocclError, match="count"):
+        work = dist.all_reduce(t, async_op=True, group=g)
+        work.wait()
+    if device.type == "cpu":
+        assert not work.is_success() and isinstance(work.exception(), coccl.CocclError)
+        with pytest.raises(coccl.CocclError, match="count"):
+            work.get_future().wait()
+    t = torch.ones(5, device=device)
+    dist.all_reduce(t, group=g)
+    assert torch.equal(t.cpu(), torch.full((5,), float(n)))
 
 
 def test_functional_collectives(device, world):
