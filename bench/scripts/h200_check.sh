@@ -136,6 +136,17 @@ layers)
   timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py \
     -k "(nccl and 1]) or (test_torch_backend_gpu and 1]) or (test_gpu_collectives and (2] or 4]))" \
     2>&1 | tee "$OUT/pytest_layers2.txt" | grep -v "^SKIPPED" | tail -12 ;;
+nb)
+  # Nonblocking collectives and buckets on device arrays (tests/mpi/test_gpu_nonblocking.py):
+  # one rank (staged MPI and one-rank NCCL), then two ranks sharing the GPU (staged MPI).
+  # Budget: 60 s.
+  step pytest gpu: nonblocking calls and buckets on 1 and 2 ranks
+  for n in 1 2; do
+    mkdir -p "$OUT/nb$n"
+    timeout $((15 + 15 * n)) mpiexec --oversubscribe -n $n python3 -m mpi4py tests/mpi/rank_main.py \
+      "$OUT/nb$n" tests/mpi/test_gpu_nonblocking.py -rs 2>&1 | tail -2
+    tail -6 "$OUT/nb$n/rank-0.log" | tee "$OUT/pytest_nb$n.txt"
+  done ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
