@@ -9,6 +9,7 @@ the order the cases first ask for them, the same on every rank (creation is coll
 
 from __future__ import annotations
 
+import copy
 import math
 import zlib
 from datetime import timedelta
@@ -17,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from torch.distributed import _functional_collectives as funcol
 
 import coccl
@@ -297,22 +297,25 @@ def test_async_op(device):
 
 def test_async_work_is_pending_until_the_peer_posts(device):
     """A CPU Work is not complete when it returns: rank 0 sees it pending, and only then
-    (told through the store, not by sleeping) do the other ranks post theirs."""
+    (told over a plain Gloo group, not by sleeping) do the other ranks post theirs. (Not
+    through torch's store: the pending call's agreement waits on the store's client, and
+    the client runs one operation at a time.)"""
     n, rank = dist.get_world_size(), dist.get_rank()
     if device.type == "cuda" or n < 2:
         pytest.skip("a CPU Work with a peer that posts late")
-    g = group(algorithm="ring")
-    store = c10d._get_default_store()
+    g, side = group(algorithm="ring"), checker()
     parts = everyone(seed_of("late"), 300, torch.float32, device)
     t = parts[rank].clone()
+    flag = torch.zeros(1)
     if rank == 0:
         work = dist.all_reduce(t, async_op=True, group=g)
-        pending = not work.is_completed() and not work.get_future().done()
-        store.set("coccl-async-late", "pending" if pending else "complete")
-        assert pending
+        flag += float(not work.is_completed() and not work.get_future().done())
+        for r in range(1, n):
+            dist.send(flag, dst=r, group=side)
     else:
-        assert store.get("coccl-async-late") == b"pending"
+        dist.recv(flag, src=0, group=side)
         work = dist.all_reduce(t, async_op=True, group=g)
+    assert flag.item() == 1.0  # rank 0 saw its Work pending before any peer posted
     halved = work.get_future().then(lambda f: f.value()[0] / 2)  # as a DDP comm hook does
     assert work.wait() and work.is_completed() and work.is_success()
     (result,) = work.get_future().wait()
@@ -340,6 +343,30 @@ def test_several_async_works_pending_at_once(device):
         torch.testing.assert_close(t.double().cpu(), total, rtol=1e-6, atol=1e-6)
         want = total[rank * c : (rank + 1) * c]
         torch.testing.assert_close(out.double().cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_ddp_gradients_over_a_coccl_group(device):
+    """DDP's reducer on a coccl group: its buckets' AllReduces run asynchronously (several
+    pending at once with small buckets) and the averaged gradients are the full batch's."""
+    if device.type == "cuda":
+        pytest.skip("the CPU Work's asynchrony")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)
+    ).double()
+    ref = copy.deepcopy(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, process_group=group(algorithm="ring"), bucket_cap_mb=0.001
+    )
+    xs = [
+        torch.from_numpy(np.random.default_rng([7, r]).standard_normal((8, 16))) for r in range(n)
+    ]
+    ddp(xs[rank]).square().sum().backward()
+    for x in xs:
+        ref(x).square().sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad / n, rtol=1e-12, atol=1e-12)
 
 
 def test_async_error_reaches_wait_and_the_future(device):
