@@ -131,3 +131,30 @@ def test_torch_bucket_keeps_types_and_shapes(comm):
     assert [type(y) for y in ys] == [torch.Tensor] * 3
     assert [y.shape for y in ys] == [x.shape for x in xs]
     assert all(torch.equal(x, y) for x, y in zip(xs, ys, strict=True))
+
+
+def test_calls_from_a_completion_callback_run_at_once(comm, monkeypatch):
+    """A callback on the worker that issues a call gets it run at once (no deadlock with a
+    blocking call holding the queue's lock); one that waits for a call queued behind it,
+    or closes the communicator, is refused instead of waiting for itself forever."""
+    release = _hold_host_runs(comm, monkeypatch)
+    first = comm.iallreduce(np.ones(2), algorithm="ring")
+    behind = comm.iallreduce(np.ones(2), algorithm="ring")
+    seen = []
+
+    def callback():
+        seen.append(comm.iallreduce(np.full(2, 3.0)))
+        for refused in (behind.wait, comm.close):
+            try:
+                refused()
+            except coccl.CocclError as exc:
+                seen.append(str(exc))
+
+    first.add_done_callback(callback)
+    release.set()
+    np.testing.assert_array_equal(comm.allreduce(np.ones(2)), np.ones(2))  # waits its turn
+    nested, waiting, closing = seen
+    assert nested.test()
+    np.testing.assert_array_equal(nested.wait(), np.full(2, 3.0))
+    assert "would wait forever" in waiting and "close() from a completion callback" in closing
+    np.testing.assert_array_equal(behind.wait(), np.ones(2))

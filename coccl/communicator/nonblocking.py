@@ -23,6 +23,10 @@ first nonblocking call:
   ``wait()`` makes the current stream of the result's framework wait for it (as torch's
   ``Work.wait()`` does) and returns the result.
 
+A completion callback (``add_done_callback``, a torch future's ``then``) runs on the worker
+when it is registered before the call completes: a call it makes runs at once there,
+ahead of the calls queued behind (waiting for its turn would wait for the worker itself);
+waiting there for a queued handle, or closing the communicator, raises ``CocclError``.
 Point-to-point calls are not in this order (their messages pair per peer, on a transport
 of their own) and may progress while a queued collective runs. ``close()`` lets the
 queued calls run to their end (each bounded by COCCL_TIMEOUT_S, as a blocking call is);
@@ -58,12 +62,18 @@ BUCKET_CALLS = buckets.COLLECTIVES
 class QueuedCall:
     """The handle of a call queued on a communicator's worker (see the module docstring)."""
 
-    def __init__(self, future: Future, label: str) -> None:
+    def __init__(self, future: Future, label: str, queue: CallQueue) -> None:
         self._future = future
         self.label = label
+        self._queue = queue
 
     def wait(self) -> Any:
         """Block until the call has run; its result, or the exception it raised."""
+        if not self._future.done() and self._queue.on_worker():
+            raise CocclError(
+                f"a completion callback waits for the queued {self.label}, which runs only "
+                "after the callback has returned: it would wait forever"
+            )
         return self._future.result()
 
     def test(self) -> bool:
@@ -215,12 +225,29 @@ class NonblockingCalls:
         self._check_usable()  # type: ignore[attr-defined]
         label = method.__name__
         queue = self._calls
+        device = _device_array(args, kwargs)
+        if queue.on_worker():  # from a completion callback: at once (the lock may be held)
+            return _ran_now(functools.partial(method, *args, **kwargs), label, queue, device)
         with queue.lock:
-            device = _device_array(args, kwargs)
             if device is None:
-                return QueuedCall(queue.submit(functools.partial(method, *args, **kwargs)), label)
+                future = queue.submit(functools.partial(method, *args, **kwargs))
+                return QueuedCall(future, label, queue)
             queue.drain()
             return StreamHandle(method(*args, **kwargs), device, label)
+
+
+def _ran_now(call: Callable[[], Any], label: str, queue: CallQueue, device: Any) -> CallHandle:
+    """A call made on the worker (by a callback of the call that just completed): run at
+    once, as the blocking calls made there are (waiting for its turn would wait for the
+    worker itself); its handle is complete (or raises what it raised)."""
+    if device is not None:
+        return StreamHandle(call(), device, label)
+    future: Future = Future()
+    try:
+        future.set_result(call())
+    except Exception as exc:
+        future.set_exception(exc)
+    return QueuedCall(future, label, queue)
 
 
 @functools.lru_cache(maxsize=64)
@@ -283,6 +310,11 @@ def _ending(method: Callable[[Any], None], refusal: str | None) -> Callable[[Any
     def end(self: Any) -> None:
         queue = self.__dict__.get("_call_queue")
         if queue is not None:
+            if queue.on_worker():
+                raise CocclError(
+                    f"{method.__name__}() from a completion callback would wait for the "
+                    "worker that runs it; call it after the callback"
+                )
             queue.stop(refusal)
         method(self)
 
