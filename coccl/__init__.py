@@ -16,6 +16,7 @@ from coccl.compressors import (
     get_compressor,
     register_compressor,
 )
+from coccl.core.handles import CallHandle, NotifyingHandle
 from coccl.errors import CocclError
 
 __version__ = "0.1.0"
@@ -41,11 +42,13 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CallHandle",
     "CocclError",
     "Communicator",
     "Compressor",
     "DeltaState",
     "Feedback",
+    "NotifyingHandle",
     "P2PHandle",
     "P2POp",
     "available_compressors",

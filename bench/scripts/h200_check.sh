@@ -204,6 +204,17 @@ kernels)
   timeout 60 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
     --compressor tah:row=4096,int:bits=4,int:bits=8 -d bfloat16,float32 -n 15 -c 0 \
     --json "$JSONDIR/kernels.json" 2>&1 | tee "$OUT/kernels_log.txt" | tail -60 ;;
+nb)
+  # Nonblocking collectives and buckets on device arrays (tests/mpi/test_gpu_nonblocking.py):
+  # one rank (staged MPI and one-rank NCCL), then two ranks sharing the GPU (staged MPI).
+  # Budget: 60 s.
+  step pytest gpu: nonblocking calls and buckets on 1 and 2 ranks
+  for n in 1 2; do
+    mkdir -p "$OUT/nb$n"
+    timeout $((15 + 15 * n)) mpiexec --oversubscribe -n $n python3 -m mpi4py tests/mpi/rank_main.py \
+      "$OUT/nb$n" tests/mpi/test_gpu_nonblocking.py -rs 2>&1 | tail -2
+    tail -6 "$OUT/nb$n/rank-0.log" | tee "$OUT/pytest_nb$n.txt"
+  done ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done

@@ -4,11 +4,8 @@ A call is checked, resolved, sized and run. The first three happen once per call
 signature, when the call's plan is built (``coccl.communicator.planner``; every rank
 checks that the others make the same call before any byte moves,
 ``coccl.communicator.agreement``); a repeated call looks its plan up in the plan cache and
-runs it (``coccl.communicator.runner``). Host (numpy, CPU torch) data travels over the
-host transport (MPI); device data over NCCL, or over MPI (directly if CUDA-aware, else
-through pinned host staging). Over NCCL a plan's schedule is replayed from a CUDA graph
-from its second call on (``coccl.engine.graphs``), and NCCL's own collectives run
-straight on the caller's stream.
+runs it (``coccl.communicator.runner``: host data over MPI, device data over NCCL, a plan's
+CUDA graph replayed from its second call on, or over MPI, CUDA-aware or staged).
 
 A failure after bytes have moved (a timeout, an error, an interrupt) leaves the
 communicator unusable: its peers' state is unknown, so every later call raises
@@ -26,6 +23,7 @@ from coccl.communicator import overlap
 from coccl.communicator.agreement import agree_on_call
 from coccl.communicator.dp_calls import DataParallelCalls
 from coccl.communicator.exact_calls import ExactCalls
+from coccl.communicator.nonblocking import NonblockingCalls, in_issue_order
 from coccl.communicator.p2p_calls import PointToPointCalls
 from coccl.communicator.planner import Call, Planner
 from coccl.communicator.plans import CallPlan, PlanCache
@@ -43,7 +41,10 @@ from coccl.transports.bootstrap import Bootstrap
 log = logging.getLogger(__name__)
 
 
-class Communicator(PointToPointCalls, DataParallelCalls, ExactCalls, StatefulCalls):
+@in_issue_order  # collectives in issue order, nonblocking ones queued, lists as buckets
+class Communicator(
+    PointToPointCalls, DataParallelCalls, ExactCalls, StatefulCalls, NonblockingCalls
+):
     """A group of ranks that run collectives together (build it with ``coccl.init``).
 
     Attributes:

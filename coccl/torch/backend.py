@@ -37,8 +37,9 @@ Data: CPU tensors travel over a private Gloo group (``coccl.torch.gloo_transport
 tensors over coccl's NCCL transport when every rank has a GPU of its own and CuPy (the
 Communicator's ``backend="auto"``), else a CUDA collective raises. A CUDA call is ordered on
 the caller's current stream, as torch's NCCL is; ``Work.wait()`` makes the current stream
-wait for it; a CPU call completes before it returns. The group's ``timeout`` (and
-``COCCL_TIMEOUT_S``, the smaller wins) bounds every wait.
+wait for it. A CPU call is queued on the Communicator's worker and returns at once, as
+Gloo's do (``coccl.torch.work``): ``async_op=True`` overlaps it with the caller's work.
+The group's ``timeout`` (and ``COCCL_TIMEOUT_S``, the smaller wins) bounds every wait.
 
 Supported torch versions: ``coccl.torch.versions.TORCH_RANGE`` (checked when
 ``coccl.torch`` is imported; the backend uses ``Backend.register_backend(...,
@@ -68,7 +69,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from coccl import algorithms
+from coccl import CallHandle, algorithms
 from coccl.compressors import Compressor, get_compressor
 from coccl.config import settings
 from coccl.core.options import check_chunk_bytes
@@ -76,6 +77,7 @@ from coccl.torch import alltoall, p2p
 from coccl.torch.forwarding import Forwarding
 from coccl.torch.forwarding import or_default as _or
 from coccl.torch.gloo_transport import GlooTransport, StoreBootstrap, as_timedelta
+from coccl.torch.work import CocclWork, Steps
 
 log = logging.getLogger(__name__)
 
@@ -196,69 +198,6 @@ def options(group: Any = None, **changes: Any) -> Iterator[None]:
         _OVERRIDES.remove(entry)
 
 
-# ------------------------------------------------------------------------- work
-class CocclWork(dist._Work):
-    """A coccl call's ``Work``. A collective has run (CPU) or is enqueued on the issuing
-    stream (CUDA), so ``wait()`` only makes the current stream wait for the event recorded
-    after it; ``get_future()`` is a completed future of the output tensors. A
-    point-to-point message is in flight until ``handle`` (``wait()``, ``test()``; None:
-    complete) says it is done: ``wait()`` waits for it, ``get_future()`` too."""
-
-    def __init__(self, outputs: list[torch.Tensor], handle: Any = None) -> None:
-        super().__init__()
-        self._outputs = outputs
-        self._handle = handle
-        device = outputs[0].device if outputs else torch.device("cpu")
-        self._event: Any = None
-        if device.type == "cuda":
-            self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(device))
-            # a future over CUDA tensors orders its consumers' streams after this one
-            self._future: torch.futures.Future = torch.futures.Future(devices=[device])
-        else:
-            self._future = torch.futures.Future()
-        self._device = device
-        if handle is None:
-            self._future.set_result(outputs)
-
-    def _done(self) -> None:
-        if self._handle is not None:
-            self._handle = None
-            self._future.set_result(self._outputs)
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        if self._handle is not None:
-            self._handle.wait()
-            self._done()
-        if self._event is not None:
-            torch.cuda.current_stream(self._device).wait_event(self._event)
-        return True
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def is_completed(self) -> bool:
-        if self._handle is not None:
-            if not self._handle.test():
-                return False
-            self._done()
-        return self._event is None or self._event.query()
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self) -> Any:
-        return None
-
-    def result(self) -> list[torch.Tensor]:
-        return self._outputs
-
-    def get_future(self) -> torch.futures.Future:
-        if self._handle is not None:
-            self.wait()
-        return self._future
-
-
 # ------------------------------------------------------------------ the group
 class CocclProcessGroup(Forwarding, dist.ProcessGroup):
     """The process group behind ``backend="coccl"`` (build it through torch.distributed).
@@ -334,9 +273,7 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
         op = _reduce_op(opts)
         if not self._carries(tensors, op):
             return self._forward("allreduce", tensors, _or(opts, c10d.AllreduceOptions))
-        for t in tensors:
-            self._run("allreduce", t, t, op)
-        return CocclWork(tensors)
+        return self._work(tensors, [self._run("allreduce", t, t, op) for t in tensors])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _reduce_op(opts)
@@ -344,9 +281,7 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
             return self._forward(
                 "allreduce_coalesced", tensors, _or(opts, c10d.AllreduceCoalescedOptions)
             )
-        for t in tensors:
-            self._run("allreduce", t, t, op)
-        return CocclWork(tensors)
+        return self._work(tensors, [self._run("allreduce", t, t, op) for t in tensors])
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None):
         op = _reduce_op(opts)
@@ -354,8 +289,7 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
             return self._forward(
                 "_reduce_scatter_base", output, input, _or(opts, c10d.ReduceScatterOptions)
             )
-        self._run("reduce_scatter", input, output, op)
-        return CocclWork([output])
+        return self._work([output], [self._run("reduce_scatter", input, output, op)])
 
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -366,15 +300,13 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
                 "reduce_scatter_tensor_coalesced", outputs, inputs,
                 _or(opts, c10d.ReduceScatterOptions),
             )  # fmt: skip
-        for out, x in zip(outputs, inputs, strict=True):
-            self._run("reduce_scatter", x, out, op)
-        return CocclWork(outputs)
+        pairs = zip(outputs, inputs, strict=True)
+        return self._work(outputs, [self._run("reduce_scatter", x, out, op) for out, x in pairs])
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None):
         if not self._carries([input], ("sum", None)):
             return self._forward("_allgather_base", output, input, _or(opts, c10d.AllgatherOptions))
-        self._run("allgather", input, output, ("sum", None))
-        return CocclWork([output])
+        return self._work([output], [self._run("allgather", input, output, ("sum", None))])
 
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -384,9 +316,10 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
                 "allgather_into_tensor_coalesced", outputs, inputs,
                 _or(opts, c10d.AllgatherOptions),
             )  # fmt: skip
-        for out, x in zip(outputs, inputs, strict=True):
-            self._run("allgather", x, out, ("sum", None))
-        return CocclWork(outputs)
+        pairs = zip(outputs, inputs, strict=True)
+        return self._work(
+            outputs, [self._run("allgather", x, out, ("sum", None)) for out, x in pairs]
+        )
 
     # torch 2.13's Python API calls these names; older versions (and torch's C++ side)
     # call the ones above.
@@ -402,10 +335,14 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
             return False
         return all(t.dtype in _CARRIED for t in tensors)
 
-    def _run(self, collective: str, x: torch.Tensor, out: torch.Tensor, op: tuple) -> None:
+    def _run(
+        self, collective: str, x: torch.Tensor, out: torch.Tensor, op: tuple
+    ) -> CallHandle | None:
         """One coccl collective of ``x`` into ``out`` with the options in force; a
         non-contiguous (strided, a view's) ``x`` or ``out`` is copied in or out, counted
-        as ``copied:<collective>``."""
+        as ``copied:<collective>``. CPU tensors: the call is queued on the Communicator
+        and its handle returned (its last step copies a strided ``out`` back and applies
+        PREMUL_SUM's factor). CUDA tensors: enqueued on the current stream; None."""
         name, factor = op
         self._check_device(x)
         path, kwargs = self.call_arguments(collective, x, name)
@@ -420,11 +357,30 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
             self._counts[f"copied:{collective}"] += 1
             if out is x:
                 dst = src  # in place: the contiguous copy is the output too
-        getattr(self.comm, collective)(src, dst, **kwargs)
-        if dst is not out:
-            out.copy_(dst)
-        if factor is not None:  # PREMUL_SUM: the sum of factor * x is factor * the sum
-            out.mul_(factor)
+
+        def finish() -> None:
+            if dst is not out:
+                out.copy_(dst)
+            if factor is not None:  # PREMUL_SUM: the sum of factor * x is factor * the sum
+                out.mul_(factor)
+
+        if x.is_cuda:
+            getattr(self.comm, collective)(src, dst, **kwargs)
+            finish()
+            return None
+        comm = self.comm
+        start = {"allreduce": comm.iallreduce, "reduce_scatter": comm.ireduce_scatter,
+                 "allgather": comm.iallgather}[collective]  # fmt: skip
+        return Steps([start(src, dst, **kwargs)], finish)
+
+    @staticmethod
+    def _work(outputs: list[torch.Tensor], handles: list[CallHandle | None]) -> CocclWork:
+        """The Work of a call's pieces: complete when every queued piece is (CUDA
+        pieces are on the current stream already)."""
+        pending = [h for h in handles if h is not None]
+        if not pending:
+            return CocclWork(outputs)
+        return CocclWork(outputs, handle=pending[0] if len(pending) == 1 else Steps(pending, None))
 
     def _check_device(self, x: torch.Tensor) -> None:
         if x.is_cuda and self.comm.backend != "nccl":

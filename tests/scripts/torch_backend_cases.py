@@ -9,6 +9,7 @@ the order the cases first ask for them, the same on every rank (creation is coll
 
 from __future__ import annotations
 
+import copy
 import math
 import zlib
 from datetime import timedelta
@@ -292,6 +293,100 @@ def test_async_op(device):
     (result,) = work.get_future().wait()
     assert result is t
     torch.testing.assert_close(t.double().cpu(), exact_sum(parts), rtol=1e-6, atol=1e-6)
+
+
+def test_async_work_is_pending_until_the_peer_posts(device):
+    """A CPU Work is not complete when it returns: rank 0 sees it pending, and only then
+    (told over a plain Gloo group, not by sleeping) do the other ranks post theirs. (Not
+    through torch's store: the pending call's agreement waits on the store's client, and
+    the client runs one operation at a time.)"""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if device.type == "cuda" or n < 2:
+        pytest.skip("a CPU Work with a peer that posts late")
+    g, side = group(algorithm="ring"), checker()
+    parts = everyone(seed_of("late"), 300, torch.float32, device)
+    t = parts[rank].clone()
+    flag = torch.zeros(1)
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True, group=g)
+        flag += float(not work.is_completed() and not work.get_future().done())
+        for r in range(1, n):
+            dist.send(flag, dst=r, group=side)
+    else:
+        dist.recv(flag, src=0, group=side)
+        work = dist.all_reduce(t, async_op=True, group=g)
+    assert flag.item() == 1.0  # rank 0 saw its Work pending before any peer posted
+    halved = work.get_future().then(lambda f: f.value()[0] / 2)  # as a DDP comm hook does
+    assert work.wait() and work.is_completed() and work.is_success()
+    (result,) = work.get_future().wait()
+    assert result is t
+    torch.testing.assert_close(t.double(), exact_sum(parts), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(halved.wait(), t / 2)
+
+
+def test_several_async_works_pending_at_once(device):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    g = group(algorithm="two_shot")
+    cases = [(seed_of("many", i), c) for i, c in enumerate([0, 1, 3, 1001])]
+    allparts = [everyone(seed, c * n, torch.float32, device) for seed, c in cases]
+    ts = [parts[rank].clone() for parts in allparts]
+    shards = [torch.empty(c, device=device) for _, c in cases]
+    works = [dist.all_reduce(t, async_op=True, group=g) for t in ts]
+    works += [
+        dist.reduce_scatter_tensor(out, parts[rank], async_op=True, group=g)
+        for out, parts in zip(shards, allparts, strict=True)
+    ]
+    for work in reversed(works):
+        work.wait()
+    for (_, c), t, out, parts in zip(cases, ts, shards, allparts, strict=True):
+        total = exact_sum(parts)
+        torch.testing.assert_close(t.double().cpu(), total, rtol=1e-6, atol=1e-6)
+        want = total[rank * c : (rank + 1) * c]
+        torch.testing.assert_close(out.double().cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_ddp_gradients_over_a_coccl_group(device):
+    """DDP's reducer on a coccl group: its buckets' AllReduces run asynchronously (several
+    pending at once with small buckets) and the averaged gradients are the full batch's."""
+    if device.type == "cuda":
+        pytest.skip("the CPU Work's asynchrony")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)
+    ).double()
+    ref = copy.deepcopy(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, process_group=group(algorithm="ring"), bucket_cap_mb=0.001
+    )
+    xs = [
+        torch.from_numpy(np.random.default_rng([7, r]).standard_normal((8, 16))) for r in range(n)
+    ]
+    ddp(xs[rank]).square().sum().backward()
+    for x in xs:
+        ref(x).square().sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad / n, rtol=1e-12, atol=1e-12)
+
+
+def test_async_error_reaches_wait_and_the_future(device):
+    """Ranks that disagree: the error is raised by wait() (and set on the future) on
+    every rank, and the group works afterwards."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if n < 2:
+        pytest.skip("one rank cannot disagree with itself")
+    g = group(algorithm="ring")
+    t = torch.ones(10 + rank, device=device)
+    with pytest.raises(coccl.CocclError, match="count"):
+        work = dist.all_reduce(t, async_op=True, group=g)
+        work.wait()
+    if device.type == "cpu":
+        assert not work.is_success() and isinstance(work.exception(), coccl.CocclError)
+        with pytest.raises(coccl.CocclError, match="count"):
+            work.get_future().wait()
+    t = torch.ones(5, device=device)
+    dist.all_reduce(t, group=g)
+    assert torch.equal(t.cpu(), torch.full((5,), float(n)))
 
 
 def test_functional_collectives(device, world):
