@@ -356,20 +356,22 @@ DEV u32 to_code(u32 bits, int eb, int mb, int bias, u32 qmax_bits) {
   return (ac >= ((u32)(128 - bias) << 23) ? normal : sub) | sign;
 }
 
-// to_code for the element format, in fewer operations (the same value for every input):
-// the normal range's subtraction folded into the rounding add, and the subnormal range
-// (|v| below 2^(1 - BIAS)) rounded by the float add of 2^23 times its code step, whose
-// sum's low bits are then the code (exact: add.rn without .ftz rounds to nearest even).
-#define SUB_MAGIC ((u32)(151 - BIAS - MBITS) << 23)
-DEV u32 elem_code(u32 bits) {
-  const u32 sign = (bits >> (31 - EBITS - MBITS)) & (1u << (EBITS + MBITS));
-  const u32 a = bits & 0x7fffffffu;
+// to_code for the element format in fewer integer operations (the same code for every
+// input; the integer pipe is what limits an encode): |v| (`a`, clamped to qmax) is rounded
+// to its binade's code step by the float add of 2^23 steps (add.rn without .ftz: nearest,
+// ties to even, subnormals kept), whose low bits are then round(|v| / step); below the
+// smallest normal binade the step is the subnormals'. A round up into the next binade
+// carries into the code's exponent field. `bits` gives the sign.
+DEV u32 elem_code_abs(u32 a, u32 bits) {
   const u32 ac = a < QMAX_BITS ? a : QMAX_BITS;
-  const u32 k = ((1u << (22 - MBITS)) - 1u) - ((u32)(127 - BIAS) << 23);
-  const u32 normal = (ac + k + ((ac >> (23 - MBITS)) & 1u)) >> (23 - MBITS);
-  const u32 sub = as_u(f_add(as_f(ac), as_f(SUB_MAGIC))) - SUB_MAGIC;
-  return (ac >= ((u32)(128 - BIAS) << 23) ? normal : sub) | sign;
+  const u32 ex = umax(ac >> 23, (u32)(128 - BIAS));  // the binade's biased exponent
+  const u32 magic = (ex + (23 - MBITS)) << 23;        // 2^23 times its code step
+  const u32 q = as_u(f_add(as_f(ac), as_f(magic))) - magic;
+  const u32 code = q + ((ex - (128 - BIAS)) << MBITS);
+  return code | ((bits >> (31 - EBITS - MBITS)) & (1u << (EBITS + MBITS)));
 }
+
+DEV u32 elem_code(u32 bits) { return elem_code_abs(bits & 0x7fffffffu, bits); }
 
 // 2^k as float32, -149 <= k <= 127 (subnormal below -126).
 DEV float pow2(int k) { return k >= -126 ? as_f((u32)(k + 127) << 23) : as_f(1u << (k + 149)); }
@@ -445,7 +447,8 @@ DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, float s, bool live) {
     int e = amax == 0 ? -127 : floor_log2_bits(amax) - EMAX;
     e = e < -127 ? -127 : (e > 127 ? 127 : e);
     const float inv = pow2(-e);
-    for (int i = 0; i < EPL; ++i) c[i] = elem_code(as_u(f_mul(as_f(xb[i]), inv)));
+    for (int i = 0; i < EPL; ++i)  // |x| * 2^-e is |x * 2^-e|: the abs taken once
+      c[i] = elem_code_abs(as_u(f_mul(as_f(xb[i] & 0x7fffffffu), inv)), xb[i]);
     sc = (u32)(e + 127);
 #endif
   }
