@@ -231,6 +231,19 @@ DEV u32 out_bits(float y) {  // y in out's element type (16 or 32 bits)
 #endif
 }
 
+// Two values in out's 16-bit type, the first in the low half. bfloat16 on the GPU: one
+// cvt.rn.bf16x2.f32 (round to nearest even, subnormals kept: the instruction has no .ftz;
+// a NaN may come out with other bits than f2bf's 0x7fff, FORMAT.md fixes NaN-ness only).
+DEV u32 out_pair(float lo, float hi) {
+#if XT == 2 && !defined(MX_HOST)
+  u32 d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#else
+  return out_bits(lo) | (out_bits(hi) << 16);
+#endif
+}
+
 DEV void store_out(void* out, i64 e, float y) {
 #if ACC
   ((float*)out)[e] = f_add(((float*)out)[e], y);  // ACC needs a float32 out
@@ -261,8 +274,7 @@ DEV void store_chunk(void* out, i64 e0, i64 count, bool vec, const float* y) {
     uint4* p = (uint4*)((unsigned short*)out + e0);
     for (int q = 0; q < EPL / 8; ++q) {
       u32 w[4];
-      for (int i = 0; i < 4; ++i)
-        w[i] = out_bits(y[8 * q + 2 * i]) | (out_bits(y[8 * q + 2 * i + 1]) << 16);
+      for (int i = 0; i < 4; ++i) w[i] = out_pair(y[8 * q + 2 * i], y[8 * q + 2 * i + 1]);
       p[q] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 #endif
