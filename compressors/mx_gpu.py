@@ -9,7 +9,10 @@ arrays' device. ``scale="e4m3"`` encodes in three launches: per CUDA block the l
 finite ``|x|`` into the payload's code area, then from those the per-payload scale ``S``
 into the payload's S slot, then the blocks (which overwrite the code area and read ``S``);
 an empty payload gets ``S`` by the second launch alone. Everything else is one launch
-(none for an empty payload).
+(none for an empty payload). A lane (thread) owns a chunk of 8 (FP4) or 16 (FP6) elements of
+mx, 32 of taco_fp; a block (group) is a few neighbouring lanes of one warp, which combine
+by shuffles; the grid is at most ``_BLOCKS_PER_SM`` CUDA blocks per SM, grid-stride
+(``grid_size``; the kernels' layout is described in ``mx_kernels.cu``).
 
 The kernels allocate nothing per call and never synchronise with the host: every launch
 reads ``x`` or the payload and writes only the payload or ``out``, in stream order on the
