@@ -9,7 +9,10 @@ arrays' device. ``scale="e4m3"`` encodes in three launches: per CUDA block the l
 finite ``|x|`` into the payload's code area, then from those the per-payload scale ``S``
 into the payload's S slot, then the blocks (which overwrite the code area and read ``S``);
 an empty payload gets ``S`` by the second launch alone. Everything else is one launch
-(none for an empty payload).
+(none for an empty payload). A lane (thread) owns a chunk of 8 (FP4) or 16 (FP6) elements of
+mx, 32 of taco_fp; a block (group) is a few neighbouring lanes of one warp, which combine
+by shuffles; the grid is at most ``_BLOCKS_PER_SM`` CUDA blocks per SM, grid-stride
+(``grid_size``; the kernels' layout is described in ``mx_kernels.cu``).
 
 The kernels allocate nothing per call and never synchronise with the host: every launch
 reads ``x`` or the payload and writes only the payload or ``out``, in stream order on the
@@ -42,9 +45,12 @@ from .layout import GROUP_SIZES, num_groups
 from .mx_layout import BLOCK_SIZES, mx_layout, taco_fp_layout
 
 __all__ = [
+    "chunks_and_unroll",
+    "grid_size",
     "last_kernel_attributes",
     "mx_decode",
     "mx_encode",
+    "partial_grid",
     "taco_fp_decode",
     "taco_fp_encode",
 ]
@@ -53,8 +59,8 @@ _SOURCE_PATH = Path(__file__).with_name("mx_kernels.cu")
 _ELEM = {"e2m1": 0, "e3m2": 1, "e2m3": 2}
 _SCALE = {"e8m0": 0, "e4m3": 1}
 _OP_MX_ENC, _OP_MX_DEC, _OP_MX_PARTS, _OP_TFP_ENC, _OP_TFP_DEC, _OP_MX_S = 1, 2, 3, 4, 5, 6
-_THREADS = 128  # one thread per block (group); a power of two (the reductions)
-_BLOCKS_PER_SM = 32
+_THREADS = 256  # per CUDA block (mx_kernels.cu: a lane per chunk of 8, 16 or 32 elements)
+_BLOCKS_PER_SM = 8  # the grid's cap: 2048 resident threads per SM, then grid-stride
 _last_kernel: list[Any] = [None]
 
 
@@ -68,13 +74,16 @@ def mx_encode(x: Any, payload: Any, *, element: str, block: int, scale: str) -> 
         raise ValueError("x and payload must not overlap")
     k = num_groups(count, block)
     with cp.cuda.Device(x.data.device_id):
+        sms = sm_count(cp)
         if defs["SC"]:  # count 0 too: the payload is S alone (2^-126, no finite block)
-            parts = _grid(cp, k) if k else 0  # at most ceil(K / THREADS): see the .cu
-            if parts:
-                _launch(cp, {**defs, "OP": _OP_MX_PARTS}, x, payload, count, k, parts)
-            _launch(cp, {**defs, "OP": _OP_MX_S}, payload, payload, parts, k, 1)
+            parts = {**defs, "OP": _OP_MX_PARTS}
+            grid = partial_grid(parts, k, sms)
+            if grid:
+                _launch(cp, parts, x, payload, count, k, grid)
+            _launch(cp, {**defs, "OP": _OP_MX_S, "UNR": 1}, payload, payload, grid, k, 1)
         if k:
-            _launch(cp, {**defs, "OP": _OP_MX_ENC}, x, payload, count, k, _grid(cp, k))
+            enc = {**defs, "OP": _OP_MX_ENC}
+            _launch(cp, enc, x, payload, count, k, grid_size(enc, k, sms))
 
 
 def mx_decode(
@@ -92,7 +101,7 @@ def mx_decode(
     defs.update(OP=_OP_MX_DEC, ACC=int(bool(accumulate)))
     k = num_groups(count, block)
     with cp.cuda.Device(out.data.device_id):
-        _launch(cp, defs, payload, out, count, k, _grid(cp, k))
+        _launch(cp, defs, payload, out, count, k, grid_size(defs, k, sm_count(cp)))
 
 
 def taco_fp_encode(x: Any, payload: Any, *, group_size: int, element: str) -> None:
@@ -104,8 +113,9 @@ def taco_fp_encode(x: Any, payload: Any, *, group_size: int, element: str) -> No
     if count == 0:
         return
     k = num_groups(count, group_size)
+    defs["OP"] = _OP_TFP_ENC
     with cp.cuda.Device(x.data.device_id):
-        _launch(cp, {**defs, "OP": _OP_TFP_ENC}, x, payload, count, k, _grid(cp, k))
+        _launch(cp, defs, x, payload, count, k, grid_size(defs, k, sm_count(cp)))
 
 
 def taco_fp_decode(
@@ -123,7 +133,7 @@ def taco_fp_decode(
     defs.update(OP=_OP_TFP_DEC, ACC=int(bool(accumulate)))
     k = num_groups(count, group_size)
     with cp.cuda.Device(out.data.device_id):
-        _launch(cp, defs, payload, out, count, k, _grid(cp, k))
+        _launch(cp, defs, payload, out, count, k, grid_size(defs, k, sm_count(cp)))
 
 
 # ------------------------------------------------------------------ validation
@@ -162,9 +172,29 @@ def _inv_sqrt_bits(g: int) -> str:
 
 
 # ---------------------------------------------------------------------- launch
-def _grid(cp: Any, k: int) -> int:
-    """CUDA blocks for ``k`` >= 1 blocks (groups), one thread each, grid-stride."""
-    return max(1, min(-(-k // _THREADS), sm_count(cp) * _BLOCKS_PER_SM))
+def chunks_and_unroll(defs: dict[str, Any]) -> tuple[int, int]:
+    """The elements per lane (chunk) of variant ``defs`` (mx_kernels.cu's EPL: 8 or 16
+    for mx, 32 for taco_fp) and its chunks per lane per loop step (UNR: 2 where a chunk is
+    a single 16-byte load of a 16-bit x, so that each lane has 32 bytes in flight)."""
+    if defs["OP"] in (_OP_TFP_ENC, _OP_TFP_DEC):
+        return 32, 1
+    epl = 8 if defs["ELEM"] == _ELEM["e2m1"] else 16
+    loads = defs["OP"] in (_OP_MX_ENC, _OP_MX_PARTS)
+    return epl, 2 if loads and epl == 8 and defs["XT"] != 0 else 1
+
+
+def grid_size(defs: dict[str, Any], k: int, sms: int, threads: int = _THREADS) -> int:
+    """CUDA blocks of ``threads`` for variant ``defs`` over ``k`` >= 1 blocks (groups) on
+    ``sms`` multiprocessors: a lane per chunk, at most ``_BLOCKS_PER_SM`` per SM."""
+    epl, unr = chunks_and_unroll(defs)
+    lanes = k * defs["BS"] // epl
+    return max(1, min(-(-lanes // (threads * unr)), sms * _BLOCKS_PER_SM))
+
+
+def partial_grid(defs: dict[str, Any], k: int, sms: int, threads: int = _THREADS) -> int:
+    """The e4m3 partials' CUDA blocks (one partial each; 0 without a block): at most
+    ceil(k / 64), so that their 4 bytes each fit in the code area (mx_kernels.cu)."""
+    return min(grid_size(defs, k, sms, threads), -(-k // 64)) if k else 0
 
 
 def _launch(
@@ -172,7 +202,10 @@ def _launch(
 ) -> None:
     """``coccl_mx(src, dst, count, k)`` of variant ``defs`` on ``blocks`` CUDA blocks of
     ``_THREADS`` threads, on the current stream."""
-    kern = compile_function(_SOURCE_PATH, {**defs, "THREADS": _THREADS}, name="coccl_mx")
+    unr = defs.get("UNR", chunks_and_unroll(defs)[1])
+    kern = compile_function(
+        _SOURCE_PATH, {**defs, "THREADS": _THREADS, "UNR": unr}, name="coccl_mx"
+    )
     kern((blocks,), (_THREADS,), (src, dst, np.int64(count), np.int64(k)))
     _last_kernel[0] = kern
 

@@ -12,7 +12,7 @@
 //          3 partials: CUDA block b writes the largest |x| of the finite mx blocks it
 //            covers, as float32 bits, to bytes [4b, 4b + 4) of the payload's code area
 //            (dst; the encode overwrites them; 4 * gridDim.x <= K * BPB as long as the
-//            grid is at most ceil(K / THREADS) blocks)
+//            grid is at most ceil(K / 64) blocks, which mx_gpu keeps)
 //          6 scale: one CUDA block reads the `count` partials from the code area of the
 //            payload dst (src unused; 0 partials for an empty payload) and writes
 //            S = max(amax / (448 * qmax), 2^-126) to the S slot
@@ -24,16 +24,25 @@
 //   XT     element type of x (encode) or out (decode): 0 float32, 1 float16, 2 bfloat16
 //   ACC    decode: add into a float32 out (1) or overwrite (0)
 //   CINV_BITS  taco_fp: bits of (float)(1/sqrt(G)) computed in double
-//   THREADS    threads per CUDA block (a power of two)
+//   THREADS    threads per CUDA block (a multiple of 32, at most 1024)
+//   UNR    chunks per lane per step of the grid-stride loop (loads issued together)
 //
-// One thread per block (group), grid-stride. Arithmetic: IEEE float32, RNE, no FMA and no
-// flush of subnormals: CuPy compiles with -ftz=true, so every float operation is inline
-// PTX without .ftz, and comparisons of non-negative floats are done on their bits. The
-// conversions to FP4/FP6/E4M3 are integer arithmetic on the float32 bits (the same
-// algorithm as minifloat.bits_to_code). Compiled with -DMX_HOST as plain C++ (g++
-// -ffp-contract=off), the same source runs on the host through `mx_host_launch`, which is
-// how the tests check it against the numba kernels on machines without a GPU (OP 3 and 6
-// through `mx_host_reduce`, which runs a grid of a given size thread by thread).
+// Layout of the work: a lane (thread) owns a chunk of EPL consecutive elements, whose codes
+// fill whole 32-bit words: mx 8 (FP4) or 16 (FP6) elements, taco_fp 32 (one run of the
+// energy sum). A block (group) is LPB = BS / EPL neighbouring lanes of one warp, which
+// combine their maxima (and taco_fp its energy tree and the Walsh-Hadamard stages across
+// runs) with xor shuffles; so every lane of a warp runs every iteration of the loops, and
+// lanes past the payload compute on zeros and store nothing. Elements are loaded 16 bytes
+// at a time and codes stored as whole words where the addresses are aligned (x, out and
+// the payload need not be: element and byte stores otherwise), consecutive lanes on
+// consecutive bytes.
+//
+// Arithmetic: IEEE float32, RNE, no FMA and no flush of subnormals: CuPy compiles with
+// -ftz=true, so every float operation is inline PTX without .ftz, and comparisons of
+// non-negative floats are done on their bits. Compiled with -DMX_HOST after
+// tests/cuda_emulation/emu.h (plain C++, g++ -ffp-contract=off, a thread per CUDA thread),
+// the same source runs on the host: tests/test_codec_mx_emulated.py checks it there
+// against the numba kernels.
 
 #ifndef OP
 #error "OP must be defined"
@@ -59,9 +68,12 @@
 #ifndef THREADS
 #define THREADS 256
 #endif
+#ifndef UNR
+#define UNR 1
+#endif
 
-#if (THREADS & (THREADS - 1)) != 0
-#error "THREADS must be a power of two"
+#if THREADS % 32 != 0
+#error "THREADS must be a multiple of 32"
 #endif
 
 typedef unsigned int u32;
@@ -90,6 +102,14 @@ typedef long long i64;
 #define CBITS (1 + EBITS + MBITS)  // bits per code: 4 or 6
 #define BPB (BS * CBITS / 8)       // code bytes per block (group)
 
+#if OP == 4 || OP == 5
+#define EPL 32  // elements per lane: one run of 32 of the energy
+#else
+#define EPL (CBITS == 4 ? 8 : 16)
+#endif
+#define WPL (EPL * CBITS / 32)  // code words per lane
+#define LPB (BS / EPL)          // lanes per block (group)
+
 #define BITS_NAN 0x7fc00000u
 #define BITS_INF 0x7f800000u
 #define BITS_ONE 0x3f800000u
@@ -101,10 +121,9 @@ typedef long long i64;
 #define BITS_1E3 0x447a0000u     // 1e3f
 #define E8M0_NAN 0xffu
 #define E4M3_NAN 0x7fu
+#define FULL 0xffffffffu
 
 #ifdef MX_HOST
-#include <math.h>
-#include <string.h>
 #define DEV static inline
 DEV float as_f(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 DEV u32 as_u(float f) { u32 u; memcpy(&u, &f, 4); return u; }
@@ -148,6 +167,9 @@ DEV u32 f2h(float f) {
 }
 #endif
 
+DEV u32 umax(u32 a, u32 b) { return a > b ? a : b; }
+DEV bool aligned(const void* p, unsigned a) { return ((unsigned long long)p & (a - 1)) == 0; }
+
 // ------------------------------------------------------------ elements in and out
 DEV u32 load_bits(const void* x, i64 e) {  // element e of x as float32 bits (exact)
 #if XT == 0
@@ -159,10 +181,67 @@ DEV u32 load_bits(const void* x, i64 e) {  // element e of x as float32 bits (ex
 #endif
 }
 
+DEV u32 half_bits(u32 h) {  // a 16-bit element (low bits of h) as float32 bits
+#if XT == 1
+  return as_u(h2f(h & 0xffffu));
+#else
+  return h << 16;
+#endif
+}
+
+// The lane's chunk, elements [e0, e0 + EPL), as float32 bits (zero past count); `vec`: x is
+// 16-byte aligned (so is every chunk: EPL elements are a multiple of 16 bytes).
+DEV void load_chunk(const void* x, i64 e0, i64 count, bool vec, u32* b) {
+  if (vec && e0 + EPL <= count) {
+#if XT == 0
+    const uint4* p = (const uint4*)((const u32*)x + e0);
+    for (int q = 0; q < EPL / 4; ++q) {
+      const uint4 t = __ldg(p + q);
+      b[4 * q] = t.x, b[4 * q + 1] = t.y, b[4 * q + 2] = t.z, b[4 * q + 3] = t.w;
+    }
+#else
+    const uint4* p = (const uint4*)((const unsigned short*)x + e0);
+    for (int q = 0; q < EPL / 8; ++q) {
+      const uint4 t = __ldg(p + q);
+      const u32 w[4] = {t.x, t.y, t.z, t.w};
+      for (int i = 0; i < 4; ++i) {
+        b[8 * q + 2 * i] = half_bits(w[i]);
+        b[8 * q + 2 * i + 1] = half_bits(w[i] >> 16);
+      }
+    }
+#endif
+  } else {
+    for (int i = 0; i < EPL; ++i) b[i] = e0 + i < count ? load_bits(x, e0 + i) : 0u;
+  }
+}
+
 DEV u32 f2bf(float f) {  // RNE, NaN -> 0x7fff
   u32 u = as_u(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+DEV u32 out_bits(float y) {  // y in out's element type (16 or 32 bits)
+#if XT == 0
+  return as_u(y);
+#elif XT == 1
+  return f2h(y);
+#else
+  return f2bf(y);
+#endif
+}
+
+// Two values in out's 16-bit type, the first in the low half. bfloat16 on the GPU: one
+// cvt.rn.bf16x2.f32 (round to nearest even, subnormals kept: the instruction has no .ftz;
+// a NaN may come out with other bits than f2bf's 0x7fff, FORMAT.md fixes NaN-ness only).
+DEV u32 out_pair(float lo, float hi) {
+#if XT == 2 && !defined(MX_HOST)
+  u32 d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#else
+  return out_bits(lo) | (out_bits(hi) << 16);
+#endif
 }
 
 DEV void store_out(void* out, i64 e, float y) {
@@ -170,11 +249,39 @@ DEV void store_out(void* out, i64 e, float y) {
   ((float*)out)[e] = f_add(((float*)out)[e], y);  // ACC needs a float32 out
 #elif XT == 0
   ((float*)out)[e] = y;
-#elif XT == 1
-  ((unsigned short*)out)[e] = (unsigned short)f2h(y);
 #else
-  ((unsigned short*)out)[e] = (unsigned short)f2bf(y);
+  ((unsigned short*)out)[e] = (unsigned short)out_bits(y);
 #endif
+}
+
+// The lane's decoded values y[0..EPL) to out[e0..), the first count only; `vec`: out is
+// 16-byte aligned.
+DEV void store_chunk(void* out, i64 e0, i64 count, bool vec, const float* y) {
+  if (vec && e0 + EPL <= count) {
+#if ACC || XT == 0
+    uint4* p = (uint4*)((u32*)out + e0);
+    for (int q = 0; q < EPL / 4; ++q) {
+      u32 w[4];
+      for (int i = 0; i < 4; ++i) w[i] = as_u(y[4 * q + i]);
+#if ACC
+      const uint4 o = p[q];
+      const u32 ow[4] = {o.x, o.y, o.z, o.w};
+      for (int i = 0; i < 4; ++i) w[i] = as_u(f_add(as_f(ow[i]), as_f(w[i])));
+#endif
+      p[q] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+#else
+    uint4* p = (uint4*)((unsigned short*)out + e0);
+    for (int q = 0; q < EPL / 8; ++q) {
+      u32 w[4];
+      for (int i = 0; i < 4; ++i) w[i] = out_pair(y[8 * q + 2 * i], y[8 * q + 2 * i + 1]);
+      p[q] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+#endif
+  } else {
+    for (int i = 0; i < EPL; ++i)
+      if (e0 + i < count) store_out(out, e0 + i, y[i]);
+  }
 }
 
 DEV u32 ld32(const u8* p) {
@@ -186,6 +293,58 @@ DEV void st32(u8* p, u32 v) {
   p[1] = (u8)(v >> 8);
   p[2] = (u8)(v >> 16);
   p[3] = (u8)(v >> 24);
+}
+
+// The lane's WPL code words at p (little-endian bytes); `al`: the payload's alignment (the
+// words of a lane start at a multiple of 4 * WPL bytes from it).
+DEV void store_words(u8* p, const u32* w, unsigned al) {
+  if (WPL % 4 == 0 && al >= 16) {
+    for (int q = 0; q < WPL / 4; ++q)
+      ((uint4*)p)[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+  } else if (al >= 4) {
+    for (int q = 0; q < WPL; ++q) ((u32*)p)[q] = w[q];
+  } else {
+    for (int q = 0; q < WPL; ++q) st32(p + 4 * q, w[q]);
+  }
+}
+
+DEV void load_words(const u8* p, u32* w, unsigned al) {
+  if (WPL % 4 == 0 && al >= 16) {
+    for (int q = 0; q < WPL / 4; ++q) {
+      const uint4 t = __ldg((const uint4*)p + q);
+      w[4 * q] = t.x, w[4 * q + 1] = t.y, w[4 * q + 2] = t.z, w[4 * q + 3] = t.w;
+    }
+  } else if (al >= 4) {
+    for (int q = 0; q < WPL; ++q) w[q] = __ldg((const u32*)p + q);
+  } else {
+    for (int q = 0; q < WPL; ++q) w[q] = ld32(p + 4 * q);
+  }
+}
+
+DEV unsigned alignment(const void* p) { return aligned(p, 16) ? 16u : (aligned(p, 4) ? 4u : 1u); }
+
+// Codes c[0..EPL) into WPL words (FORMAT.md: FP4 two per byte, low nibble first; FP6 four
+// per three bytes, little-endian 24-bit words), and back.
+DEV void pack_words(const u32* c, u32* w) {
+  for (int q = 0; q < WPL; ++q) w[q] = 0;
+  for (int i = 0; i < EPL; ++i) {
+    const int bit = CBITS * i;
+    w[bit >> 5] |= c[i] << (bit & 31);
+    if ((bit & 31) + CBITS > 32) w[(bit >> 5) + 1] |= c[i] >> (32 - (bit & 31));
+  }
+}
+
+DEV u32 code_at(const u32* w, int i) {
+  const int bit = CBITS * i;
+  u32 v = w[bit >> 5] >> (bit & 31);
+  if ((bit & 31) + CBITS > 32) v |= w[(bit >> 5) + 1] << (32 - (bit & 31));
+  return v & ((1u << CBITS) - 1u);
+}
+
+// The largest of v over the LPB lanes of the lane's block (group); every lane gets it.
+DEV u32 group_max(u32 v) {
+  for (int h = 1; h < LPB; h <<= 1) v = umax(v, __shfl_xor_sync(FULL, v, h));
+  return v;
 }
 
 // ------------------------------------------------------------ minifloat conversions
@@ -209,19 +368,32 @@ DEV u32 to_code(u32 bits, int eb, int mb, int bias, u32 qmax_bits) {
   return (ac >= ((u32)(128 - bias) << 23) ? normal : sub) | sign;
 }
 
-DEV u32 elem_code(u32 bits) { return to_code(bits, EBITS, MBITS, BIAS, QMAX_BITS); }
+// to_code for the element format in fewer integer operations (the same code for every
+// input; the integer pipe is what limits an encode): |v| (`a`, clamped to qmax) is rounded
+// to its binade's code step by the float add of 2^23 steps (add.rn without .ftz: nearest,
+// ties to even, subnormals kept), whose low bits are then round(|v| / step); below the
+// smallest normal binade the step is the subnormals'. A round up into the next binade
+// carries into the code's exponent field. `bits` gives the sign.
+DEV u32 elem_code_abs(u32 a, u32 bits) {
+  const u32 ac = a < QMAX_BITS ? a : QMAX_BITS;
+  const u32 ex = umax(ac >> 23, (u32)(128 - BIAS));  // the binade's biased exponent
+  const u32 magic = (ex + (23 - MBITS)) << 23;        // 2^23 times its code step
+  const u32 q = as_u(f_add(as_f(ac), as_f(magic))) - magic;
+  const u32 code = q + ((ex - (128 - BIAS)) << MBITS);
+  return code | ((bits >> (31 - EBITS - MBITS)) & (1u << (EBITS + MBITS)));
+}
+
+DEV u32 elem_code(u32 bits) { return elem_code_abs(bits & 0x7fffffffu, bits); }
 
 // 2^k as float32, -149 <= k <= 127 (subnormal below -126).
 DEV float pow2(int k) { return k >= -126 ? as_f((u32)(k + 127) << 23) : as_f(1u << (k + 149)); }
 
-// The exact value of an element code.
+// The exact value of an element code: its magnitude bits placed at the top of a float32's
+// mantissa read as a float (a subnormal for exponent 0) times 2^(127 - BIAS), exactly.
 DEV float elem_value(u32 c) {
   const u32 sign = (c >> (EBITS + MBITS)) << 31;
-  const u32 e = (c >> MBITS) & ((1u << EBITS) - 1u);
-  const u32 m = c & ((1u << MBITS) - 1u);
-  const float mag = e == 0 ? f_mul((float)m, pow2(1 - BIAS - MBITS))
-                           : as_f(((e - BIAS + 127u) << 23) | (m << (23 - MBITS)));
-  return as_f(as_u(mag) | sign);
+  const u32 mag = (c & ((1u << (EBITS + MBITS)) - 1u)) << (23 - MBITS);
+  return as_f(as_u(f_mul(as_f(mag), as_f((u32)(254 - BIAS) << 23))) | sign);
 }
 
 DEV float e4m3_value(u32 c) {  // exact; the NaN codes give NaN
@@ -237,48 +409,10 @@ DEV float sat_inf(float y) {  // ±Inf -> ±FLT_MAX, NaN stays NaN
   return (u & 0x7fffffffu) == BITS_INF ? as_f((u & 0x80000000u) | BITS_FLT_MAX) : y;
 }
 
-// Codes c[0..BS) packed at p (FORMAT.md: FP4 two per byte, low nibble first; FP6 four per
-// three bytes, little-endian 24-bit words).
-DEV void pack_codes(const u32* c, u8* p) {
-#if CBITS == 4
-  for (int j = 0; j < BS / 2; ++j) p[j] = (u8)(c[2 * j] | (c[2 * j + 1] << 4));
-#else
-  for (int j = 0; j < BS / 4; ++j) {
-    const u32 w = c[4 * j] | (c[4 * j + 1] << 6) | (c[4 * j + 2] << 12) | (c[4 * j + 3] << 18);
-    p[3 * j] = (u8)w;
-    p[3 * j + 1] = (u8)(w >> 8);
-    p[3 * j + 2] = (u8)(w >> 16);
-  }
-#endif
-}
-
-DEV void unpack_values(const u8* p, float* v) {
-#if CBITS == 4
-  for (int j = 0; j < BS / 2; ++j) {
-    const u32 b = p[j];
-    v[2 * j] = elem_value(b & 15u);
-    v[2 * j + 1] = elem_value(b >> 4);
-  }
-#else
-  for (int j = 0; j < BS / 4; ++j) {
-    const u32 w = (u32)p[3 * j] | ((u32)p[3 * j + 1] << 8) | ((u32)p[3 * j + 2] << 16);
-    v[4 * j] = elem_value(w & 63u);
-    v[4 * j + 1] = elem_value((w >> 6) & 63u);
-    v[4 * j + 2] = elem_value((w >> 12) & 63u);
-    v[4 * j + 3] = elem_value(w >> 18);
-  }
-#endif
-}
-
-// The block's elements as float32 bits (zero past count) and the largest |x| as bits.
-DEV u32 load_block(const void* x, i64 base, i64 count, u32* xb) {
-  u32 amax = 0;
-  for (int i = 0; i < BS; ++i) {
-    const u32 b = base + i < count ? load_bits(x, base + i) : 0u;
-    xb[i] = b;
-    amax = (b & 0x7fffffffu) > amax ? (b & 0x7fffffffu) : amax;
-  }
-  return amax;
+DEV u32 lane_amax(const u32* b) {
+  u32 m = 0;
+  for (int i = 0; i < EPL; ++i) m = umax(m, b[i] & 0x7fffffffu);
+  return m;
 }
 
 DEV int floor_log2_bits(u32 a) {  // a > 0, finite
@@ -288,118 +422,76 @@ DEV int floor_log2_bits(u32 a) {  // a > 0, finite
   return n - 149;
 }
 
+// The largest of every thread's m in the CUDA block (red: THREADS / 32 shared words).
+DEV u32 block_max(u32 m, u32* red) {
+  for (int h = 16; h > 0; h >>= 1) m = umax(m, __shfl_xor_sync(FULL, m, h));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  u32 r = 0;
+  for (int w = 0; w < THREADS / 32; ++w) r = umax(r, red[w]);
+  return r;
+}
+
 // ====================================================================== mx
 #if OP == 1 || OP == 2 || OP == 3 || OP == 6
 #define SCALE_OFF(K) ((K) * BPB)
 #define TENSOR_OFF(K) ((K) * BPB + (K))
 #endif
 
-#if OP == 3 || OP == 6
-DEV u32 umax(u32 a, u32 b) { return a > b ? a : b; }
-
-// The largest of red[0..THREADS), by a tree of halvings (max is exact: any order).
-#ifdef MX_HOST
-DEV u32 reduce_max(u32* red, int t) {
-  (void)t;
-  for (int h = THREADS / 2; h > 0; h >>= 1)
-    for (int i = 0; i < h; ++i) red[i] = umax(red[i], red[i + h]);
-  return red[0];
-}
-#else
-DEV u32 reduce_max(u32* red, int t) {
-  for (int h = THREADS / 2; h > 0; h >>= 1) {
-    __syncthreads();
-    if (t < h) red[t] = umax(red[t], red[t + h]);
-  }
-  __syncthreads();
-  return red[0];
-}
-#endif
-#endif
-
-#if OP == 3
-// Thread i of `stride`: the largest |x| (bits) of its finite blocks i, i + stride, ...
-DEV u32 thread_part(const void* src, const u8* pay, i64 count, i64 K, i64 i, i64 stride) {
-  (void)pay;
-  u32 m = 0, xb[BS];
-  for (i64 k = i; k < K; k += stride) {
-    const u32 a = load_block(src, k * BS, count, xb);
-    if (a < BITS_INF) m = umax(m, a);
-  }
-  return m;
-}
-
-DEV void block_finish(u8* pay, i64 K, i64 b, u32 m) {
-  (void)K;
-  st32(pay + 4 * b, m);  // partial b, in the code area
-}
-#endif
-
-#if OP == 6
-// Thread i of `stride`: the largest of partials i, i + stride, ... (count of them).
-DEV u32 thread_part(const void* src, const u8* pay, i64 count, i64 K, i64 i, i64 stride) {
-  (void)src;
-  (void)K;
-  u32 m = 0;
-  for (i64 j = i; j < count; j += stride) m = umax(m, ld32(pay + 4 * j));
-  return m;
-}
-
-DEV float tensor_scale(u32 amax_bits) {  // S = max(amax / (448 * qmax), 2^-126)
-  const float s = f_div(as_f(amax_bits), f_mul(as_f(BITS_448), as_f(QMAX_BITS)));
-  return as_u(s) < BITS_MIN_NORMAL ? as_f(BITS_MIN_NORMAL) : s;
-}
-
-DEV void block_finish(u8* pay, i64 K, i64 b, u32 m) {
-  (void)b;
-  st32(pay + TENSOR_OFF(K), as_u(tensor_scale(m)));
-}
-#endif
-
 #if OP == 1
-DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
-  u8* pay = (u8*)dst;
-  u32 xb[BS], c[BS];
-  const u32 amax = load_block(src, k * BS, count, xb);
+// Chunk j of the payload (lanes of block j / LPB) from its elements xb.
+// Every lane runs it (the shuffles); a dead one (past the payload) stores nothing.
+DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, float s, bool live) {
+  (void)s;
+  u32 c[EPL], w[WPL];
+  const u32 amax = group_max(lane_amax(xb));
+  if (!live) return;
   u32 sc;
   if (amax >= BITS_INF) {  // FORMAT.md: a NaN scale, zero codes
-    for (int i = 0; i < BS; ++i) c[i] = 0;
+    for (int i = 0; i < EPL; ++i) c[i] = 0;
     sc = SC ? E4M3_NAN : E8M0_NAN;
   } else {
 #if SC
-    // S, written by OP 6 before this launch; no thread writes the S slot here.
-    const float s = as_f(ld32(pay + TENSOR_OFF(K)));
     sc = to_code(as_u(f_div(f_div(as_f(amax), s), as_f(QMAX_BITS))), 4, 3, 7, BITS_448);
     const float den = f_mul(e4m3_value(sc), s);
-    for (int i = 0; i < BS; ++i) c[i] = sc == 0 ? 0u : elem_code(as_u(f_div(as_f(xb[i]), den)));
+    for (int i = 0; i < EPL; ++i) c[i] = sc == 0 ? 0u : elem_code(as_u(f_div(as_f(xb[i]), den)));
 #else
     int e = amax == 0 ? -127 : floor_log2_bits(amax) - EMAX;
     e = e < -127 ? -127 : (e > 127 ? 127 : e);
     const float inv = pow2(-e);
-    for (int i = 0; i < BS; ++i) c[i] = elem_code(as_u(f_mul(as_f(xb[i]), inv)));
+    for (int i = 0; i < EPL; ++i)  // |x| * 2^-e is |x * 2^-e|: the abs taken once
+      c[i] = elem_code_abs(as_u(f_mul(as_f(xb[i] & 0x7fffffffu), inv)), xb[i]);
     sc = (u32)(e + 127);
 #endif
   }
-  pack_codes(c, pay + k * BPB);
-  pay[SCALE_OFF(K) + k] = (u8)sc;
+  pack_words(c, w);
+  store_words(pay + j * (4 * WPL), w, alignment(pay));
+  if (j % LPB == 0) pay[SCALE_OFF(K) + j / LPB] = (u8)sc;
 }
 #endif
 
 #if OP == 2
-DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
-  const u8* pay = (const u8*)src;
-  float v[BS];
-  unpack_values(pay + k * BPB, v);
-  const u32 sc = pay[SCALE_OFF(K) + k];
-  const i64 base = k * BS;
-  const int n = count - base < BS ? (int)(count - base) : BS;
+DEV void chunk_body(const u8* pay, void* out, i64 count, i64 K, i64 j, float s, bool vec) {
+  (void)s;
+  u32 w[WPL];
+  float y[EPL];
+  load_words(pay + j * (4 * WPL), w, alignment(pay));
+  const u32 sc = pay[SCALE_OFF(K) + j / LPB];
 #if SC
-  const float d = f_mul(e4m3_value(sc), as_f(ld32(pay + TENSOR_OFF(K))));
-  for (int i = 0; i < n; ++i) store_out(dst, base + i, sat_inf(f_mul(v[i], d)));
+  const float d = f_mul(e4m3_value(sc), s);
+  for (int i = 0; i < EPL; ++i) y[i] = sat_inf(f_mul(elem_value(code_at(w, i)), d));
 #else
   const float d = sc == E8M0_NAN ? as_f(BITS_NAN) : pow2((int)sc - 127);
-  for (int i = 0; i < n; ++i) store_out(dst, base + i, f_mul(v[i], d));
+  for (int i = 0; i < EPL; ++i) y[i] = f_mul(elem_value(code_at(w, i)), d);
 #endif
+  store_chunk(out, j * EPL, count, vec, y);
+}
+#endif
+
+#if OP == 6
+DEV float tensor_scale(u32 amax_bits) {  // S = max(amax / (448 * qmax), 2^-126)
+  const float s = f_div(as_f(amax_bits), f_mul(as_f(BITS_448), as_f(QMAX_BITS)));
+  return as_u(s) < BITS_MIN_NORMAL ? as_f(BITS_MIN_NORMAL) : s;
 }
 #endif
 
@@ -408,113 +500,182 @@ DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
 #define SCALE_OFF(K) ((K) * BPB)
 #define ALPHA_OFF(K) ((K) * BPB + 4 * (K))
 
-DEV void wht(float* v) {  // unnormalised, stages h = 1 .. G/2 (FORMAT.md, taco step 2)
-  for (int h = 1; h < BS; h <<= 1)
-    for (int i = 0; i < BS; ++i)
+// The unnormalised Walsh-Hadamard transform of the group (FORMAT.md, taco step 2), stages
+// h = 1 .. G/2 in order: within the lane's run for h < 32, then between the lanes of runs
+// r and r ^ (h / 32) (the lower one keeps a + b, the upper a - b).
+DEV void wht(float* v, int r) {
+  for (int h = 1; h < EPL; h <<= 1)
+    for (int i = 0; i < EPL; ++i)
       if ((i & h) == 0) {
         const float a = v[i], b = v[i + h];
         v[i] = f_add(a, b);
         v[i + h] = f_sub(a, b);
       }
+  for (int m = 1; m < LPB; m <<= 1) {
+    const bool lower = (r & m) == 0;
+    for (int i = 0; i < EPL; ++i) {
+      const float o = __shfl_xor_sync(FULL, v[i], m);
+      v[i] = lower ? f_add(v[i], o) : f_sub(o, v[i]);
+    }
+  }
 }
 #endif
 
 #if OP == 4
-DEV float energy(const float* v) {  // runs of 32 summed in order, then a pairwise tree
-  float runs[BS / 32];
-  for (int r = 0; r < BS / 32; ++r) {
-    float e = 0.0f;
-    for (int j = 0; j < 32; ++j) e = f_add(e, f_mul(v[32 * r + j], v[32 * r + j]));
-    runs[r] = e;
-  }
-  for (int h = 1; h < BS / 32; h <<= 1)
-    for (int r = 0; r < BS / 32; r += 2 * h) runs[r] = f_add(runs[r], runs[r + h]);
-  return runs[0];
+// The group's energy: the lane's run of 32 summed in order, then the pairwise tree over the
+// runs (an xor butterfly: a + b is b + a, so every lane of the group ends with the root).
+DEV float energy(const float* v) {
+  float e = 0.0f;
+  for (int j = 0; j < EPL; ++j) e = f_add(e, f_mul(v[j], v[j]));
+  for (int m = 1; m < LPB; m <<= 1) e = f_add(e, __shfl_xor_sync(FULL, e, m));
+  return e;
 }
 
-DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
-  u8* pay = (u8*)dst;
-  float v[BS];
-  u32 c[BS];
-  u32 sbits = BITS_NAN, abits = BITS_NAN;
-  const u32 bad = load_block(src, k * BS, count, c) >= BITS_INF;
-  if (bad) {  // FORMAT.md step 6: zero codes, NaN scales
-    for (int i = 0; i < BS; ++i) c[i] = 0;
-  } else {
-    const float qmax = as_f(QMAX_BITS), cinv = as_f(CINV_BITS);
-    for (int i = 0; i < BS; ++i) v[i] = as_f(c[i]);
-    const float m = f_div(energy(v), (float)BS);
-    const u32 ab = as_u(f_div(qmax, f_sqrt(f_add(m, as_f(BITS_LAMBDA)))));  // >= 0
-    float alpha = as_f(ab < BITS_1EM3 ? BITS_1EM3 : (ab > BITS_1E3 ? BITS_1E3 : ab));
-    for (int i = 0; i < BS; ++i) v[i] = f_mul(v[i], alpha);
-    wht(v);
-    u32 amax = 0;
-    for (int i = 0; i < BS; ++i) amax = (as_u(v[i]) & 0x7fffffffu) > amax ? (as_u(v[i]) & 0x7fffffffu) : amax;
-    int p = 127 - (int)(amax >> 23);  // step 4: a power of two toward [1, 2)
-    p = p < -116 ? -116 : (p > 116 ? 116 : p);
-    const float two = as_f((u32)(127 + p) << 23);
-    alpha = f_mul(alpha, two);
-    const float s = f_div(f_mul(f_mul(as_f(amax), two), cinv), qmax);
-    const float kq = amax != 0 ? f_div(cinv, s) : 0.0f;
-    for (int i = 0; i < BS; ++i) c[i] = elem_code(as_u(f_mul(f_mul(v[i], two), kq)));
-    sbits = as_u(s);
-    abits = as_u(alpha);
+DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, bool live) {
+  float v[EPL];
+  u32 c[EPL], w[WPL];
+  const int r = (int)(j % LPB);
+  // Every lane runs every step (the shuffles); a bad or dead group's results are dropped.
+  const bool bad = group_max(lane_amax(xb)) >= BITS_INF;
+  const float qmax = as_f(QMAX_BITS), cinv = as_f(CINV_BITS);
+  for (int i = 0; i < EPL; ++i) v[i] = as_f(xb[i]);
+  const float m = f_div(energy(v), (float)BS);
+  const u32 ab = as_u(f_div(qmax, f_sqrt(f_add(m, as_f(BITS_LAMBDA)))));  // >= 0
+  float alpha = as_f(ab < BITS_1EM3 ? BITS_1EM3 : (ab > BITS_1E3 ? BITS_1E3 : ab));
+  for (int i = 0; i < EPL; ++i) v[i] = f_mul(v[i], alpha);
+  wht(v, r);
+  u32 amax = 0;
+  for (int i = 0; i < EPL; ++i) amax = umax(amax, as_u(v[i]) & 0x7fffffffu);
+  amax = group_max(amax);
+  int p = 127 - (int)(amax >> 23);  // step 4: a power of two toward [1, 2)
+  p = p < -116 ? -116 : (p > 116 ? 116 : p);
+  const float two = as_f((u32)(127 + p) << 23);
+  alpha = f_mul(alpha, two);
+  const float s = f_div(f_mul(f_mul(as_f(amax), two), cinv), qmax);
+  const float kq = amax != 0 ? f_div(cinv, s) : 0.0f;
+  for (int i = 0; i < EPL; ++i) c[i] = bad ? 0u : elem_code(as_u(f_mul(f_mul(v[i], two), kq)));
+  if (!live) return;
+  pack_words(c, w);
+  const unsigned al = alignment(pay);
+  store_words(pay + j * (4 * WPL), w, al);
+  if (r == 0) {  // FORMAT.md step 6: NaN scales for a bad group
+    const i64 k = j / LPB;
+    const u32 sbits = bad ? BITS_NAN : as_u(s), abits = bad ? BITS_NAN : as_u(alpha);
+    u8* ps = pay + SCALE_OFF(K) + 4 * k;
+    u8* pa = pay + ALPHA_OFF(K) + 4 * k;
+    if (al >= 4) {
+      *(u32*)ps = sbits, *(u32*)pa = abits;
+    } else {
+      st32(ps, sbits), st32(pa, abits);
+    }
   }
-  pack_codes(c, pay + k * BPB);
-  st32(pay + SCALE_OFF(K) + 4 * k, sbits);
-  st32(pay + ALPHA_OFF(K) + 4 * k, abits);
 }
 #endif
 
 #if OP == 5
-DEV void block_body(const void* src, void* dst, i64 count, i64 K, i64 k) {
-  const u8* pay = (const u8*)src;
-  float v[BS];
-  unpack_values(pay + k * BPB, v);
-  wht(v);
-  const float sc = f_mul(as_f(ld32(pay + SCALE_OFF(K) + 4 * k)), as_f(CINV_BITS));
-  const float ia = f_div(as_f(BITS_ONE), as_f(ld32(pay + ALPHA_OFF(K) + 4 * k)));
-  const i64 base = k * BS;
-  const int n = count - base < BS ? (int)(count - base) : BS;
-  for (int i = 0; i < n; ++i) store_out(dst, base + i, sat_inf(f_mul(f_mul(v[i], sc), ia)));
+DEV void chunk_body(const u8* pay, void* out, i64 count, i64 K, i64 j, bool live, bool vec) {
+  u32 w[WPL] = {0};
+  float v[EPL];
+  const unsigned al = alignment(pay);
+  const i64 k = live ? j / LPB : 0;
+  if (live) load_words(pay + j * (4 * WPL), w, al);
+  for (int i = 0; i < EPL; ++i) v[i] = elem_value(code_at(w, i));
+  wht(v, (int)(j % LPB));
+  if (!live) return;
+  const u8* ps = pay + SCALE_OFF(K) + 4 * k;
+  const u8* pa = pay + ALPHA_OFF(K) + 4 * k;
+  const u32 sbits = al >= 4 ? __ldg((const u32*)ps) : ld32(ps);
+  const u32 abits = al >= 4 ? __ldg((const u32*)pa) : ld32(pa);
+  const float sc = f_mul(as_f(sbits), as_f(CINV_BITS));
+  const float ia = f_div(as_f(BITS_ONE), as_f(abits));
+  for (int i = 0; i < EPL; ++i) v[i] = sat_inf(f_mul(f_mul(v[i], sc), ia));
+  store_chunk(out, j * EPL, count, vec, v);
 }
 #endif
 
 // ================================================================== entry
-#if OP == 3 || OP == 6
+// Grid-stride over the chunks j < K * LPB: warp w of the grid takes chunks
+// [32 UNR w, 32 UNR (w + 1)) + 32 UNR (number of warps) * step, lane l chunks l + 32 u.
 #ifdef MX_HOST
-// A grid of `blocks` CUDA blocks, run one thread after another.
-extern "C" void mx_host_reduce(const void* src, void* dst, i64 count, i64 K, i64 blocks) {
-  u32 red[THREADS];
-  for (i64 b = 0; b < blocks; ++b) {
-    for (int t = 0; t < THREADS; ++t)
-      red[t] = thread_part(src, (const u8*)dst, count, K, b * THREADS + t, blocks * THREADS);
-    block_finish((u8*)dst, K, b, reduce_max(red, 0));
+#define RESTRICT
+#else
+#define RESTRICT __restrict__
+#endif
+
+#if OP == 6
+extern "C" __global__ void __launch_bounds__(THREADS)
+coccl_mx(const void* src, void* dst, i64 count, i64 K) {
+  __shared__ u32 red[THREADS / 32];
+  (void)src;
+  u8* pay = (u8*)dst;  // reads partials, writes S: disjoint bytes of the payload
+  u32 m = 0;
+  for (i64 j = threadIdx.x; j < count; j += THREADS) m = umax(m, ld32(pay + 4 * j));
+  m = block_max(m, red);
+  if (threadIdx.x == 0) st32(pay + TENSOR_OFF(K), as_u(tensor_scale(m)));
+}
+#elif OP == 3
+extern "C" __global__ void __launch_bounds__(THREADS)
+coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
+  __shared__ u32 red[THREADS / 32];
+  const i64 n = K * LPB, step = (i64)gridDim.x * THREADS * UNR;
+  const int lane = (int)(threadIdx.x & 31);
+  const bool vec = aligned(src, 16);
+  u32 m = 0;
+  for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step) {
+    u32 xb[UNR][EPL];
+    for (int u = 0; u < UNR; ++u) load_chunk(src, (j0 + 32 * u + lane) * EPL, count, vec, xb[u]);
+    for (int u = 0; u < UNR; ++u) {
+      const u32 a = group_max(lane_amax(xb[u]));  // the finite blocks only
+      if (a < BITS_INF) m = umax(m, a);
+    }
+  }
+  m = block_max(m, red);
+  if (threadIdx.x == 0) st32((u8*)dst + 4 * blockIdx.x, m);  // partial b, in the code area
+}
+#elif OP == 1 || OP == 4
+extern "C" __global__ void __launch_bounds__(THREADS)
+coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
+  u8* pay = (u8*)dst;
+  const i64 n = K * LPB, step = (i64)gridDim.x * THREADS * UNR;
+  const int lane = (int)(threadIdx.x & 31);
+  const bool vec = aligned(src, 16);
+#if OP == 1 && SC
+  const float s = as_f(ld32(pay + TENSOR_OFF(K)));  // S, written by OP 6 before this launch
+#else
+  const float s = 0.0f;
+#endif
+  for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step) {
+    u32 xb[UNR][EPL];
+    for (int u = 0; u < UNR; ++u) load_chunk(src, (j0 + 32 * u + lane) * EPL, count, vec, xb[u]);
+    for (int u = 0; u < UNR; ++u) {
+      const i64 j = j0 + 32 * u + lane;
+#if OP == 1
+      chunk_body(pay, K, j, xb[u], s, j < n);  // whole blocks live or dead alike
+#else
+      (void)s;
+      chunk_body(pay, K, j, xb[u], j < n);
+#endif
+    }
   }
 }
 #else
-// Not __restrict__: OP 6 reads and writes the payload (disjoint bytes of it).
 extern "C" __global__ void __launch_bounds__(THREADS)
-coccl_mx(const void* src, void* dst, i64 count, i64 K) {
-  __shared__ u32 red[THREADS];
-  const int t = (int)threadIdx.x;
-  red[t] = thread_part(src, (const u8*)dst, count, K, (i64)blockIdx.x * THREADS + t,
-                       (i64)gridDim.x * THREADS);
-  const u32 m = reduce_max(red, t);
-  if (t == 0) block_finish((u8*)dst, K, blockIdx.x, m);
-}
+coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
+  const u8* pay = (const u8*)src;
+  const i64 n = K * LPB, step = (i64)gridDim.x * THREADS * UNR;
+  const int lane = (int)(threadIdx.x & 31);
+  const bool vec = aligned(dst, 16);
+#if OP == 2
+  const float s = SC ? as_f(ld32(pay + TENSOR_OFF(K))) : 0.0f;
 #endif
+  for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step)
+    for (int u = 0; u < UNR; ++u) {
+      const i64 j = j0 + 32 * u + lane;
+#if OP == 2
+      if (j < n) chunk_body(pay, dst, count, K, j, s, vec);
 #else
-#ifdef MX_HOST
-extern "C" void mx_host_launch(const void* src, void* dst, i64 count, i64 K) {
-  for (i64 k = 0; k < K; ++k) block_body(src, dst, count, K, k);
-}
-#else
-extern "C" __global__ void __launch_bounds__(THREADS)
-coccl_mx(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K) {
-  const i64 stride = (i64)gridDim.x * THREADS;
-  for (i64 k = (i64)blockIdx.x * THREADS + threadIdx.x; k < K; k += stride)
-    block_body(src, dst, count, K, k);
-}
+      chunk_body(pay, dst, count, K, j, j < n, vec);
 #endif
+    }
+}
 #endif

@@ -3,19 +3,11 @@ for bit: payload bytes identical, decoded values and accumulations identical (Na
 NaN-ness only: FORMAT.md fixes the NaN codes and scales stored in payloads, not the bits
 of a decoded NaN).
 
-Two ways: on a GPU through CuPy (skipped without one), and everywhere the same CUDA source
-compiled as plain C++ (``-DMX_HOST``, g++ with ``-ffp-contract=off``; skipped without a
-compiler), whose arithmetic is what the inline PTX computes, called through ctypes.
+On a GPU through CuPy (skipped without one); tests/test_codec_mx_emulated.py runs the same
+CUDA source on the host through an emulation of the CUDA built-ins, where there is none.
 """
 
 from __future__ import annotations
-
-import ctypes
-import functools
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -23,15 +15,12 @@ import pytest
 from mx_reference import mx_encode_ref
 
 from coccl.compressors import get_compressor
-from coccl.compressors.gpu_build import ELEMENT_TYPES
-from coccl.compressors.layout import num_groups
 
 from codec_reference import grouped_gaussian, magnitude_sweep, seed_for
 from gpu import GPU
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BF16]
-SOURCE = Path(__file__).parents[1] / "compressors" / "mx_kernels.cu"
 CONFIGS = [
     {"id": "mx"},
     {"id": "mx", "element": "e3m2"},
@@ -50,9 +39,6 @@ E4M3_CONFIGS = [
     for e in ("e2m1", "e3m2", "e2m3")
     for b in (16, 32)
 ]
-_ELEM = {"e2m1": 0, "e3m2": 1, "e2m3": 2}
-_OPS = {"encode": 1, "decode": 2, "parts": 3, "scale": 6}  # mx_kernels.cu's OP
-THREADS = 128  # mx_gpu's threads per CUDA block: its e4m3 encode writes ceil(K / 128) partials
 # Poison for payloads before an encode, one per side: a byte an encode leaves unwritten
 # differs between the two.
 POISON_CPU, POISON_KERNEL = 0x5A, 0xA5
@@ -107,135 +93,6 @@ def _assert_tensor_scale(cfg: dict, x: np.ndarray, payload: np.ndarray, msg: str
     ref = mx_encode_ref(x.astype(np.float64), cfg["element"], cfg["block"], "e4m3")
     s = payload[-4:].copy().view("<f4")[0]
     assert s == np.float32(ref.tensor_scale), f"{msg}: S = {s!r}, expected {ref.tensor_scale!r}"
-
-
-# ------------------------------------------------------------- host emulation
-def _defines(cfg: dict, op: str, xt: int, acc: bool) -> dict:
-    c = get_compressor(cfg)
-    if cfg["id"] == "mx":
-        two = c.scale == "e4m3"
-        return {"OP": _OPS[op], "ELEM": _ELEM[c.element], "BS": c.block, "SC": int(two),
-                "XT": xt, "ACC": int(acc), "THREADS": THREADS}  # fmt: skip
-    cinv = int(np.float32(1.0 / np.sqrt(c.group_size)).view(np.uint32))
-    return {"OP": 4 if op == "encode" else 5, "ELEM": _ELEM[c.element], "BS": c.group_size,
-            "XT": xt, "ACC": int(acc), "CINV_BITS": f"{cinv:#x}u",
-            "THREADS": THREADS}  # fmt: skip
-
-
-@functools.cache
-def _host_kernel(defines: tuple) -> ctypes.CDLL:
-    out = Path(tempfile.mkdtemp(prefix="coccl_mx_host_")) / "k.so"
-    flags = [f"-D{k}={v}" for k, v in defines]
-    cmd = ["g++", "-x", "c++", "-DMX_HOST", *flags, "-O1", "-ffp-contract=off", "-shared",
-           "-fPIC", "-o", str(out), str(SOURCE)]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True)
-    lib = ctypes.CDLL(str(out))
-    if dict(defines)["OP"] in (_OPS["parts"], _OPS["scale"]):
-        lib.mx_host_reduce.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 3
-    else:
-        lib.mx_host_launch.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 2
-    return lib
-
-
-def _lib(cfg: dict, op: str, xt: int, acc: bool = False) -> ctypes.CDLL:
-    return _host_kernel(tuple(sorted(_defines(cfg, op, xt, acc).items())))
-
-
-def _host_run(cfg: dict, op: str, src: np.ndarray, dst: np.ndarray, count: int, xt: int,
-              acc: bool = False) -> None:  # fmt: skip
-    """A block (group) kernel: encode or decode of ``count`` elements."""
-    k = num_groups(count, get_compressor(cfg).alignment)
-    _lib(cfg, op, xt, acc).mx_host_launch(src.ctypes.data, dst.ctypes.data, count, k)
-
-
-def _host_encode(cfg: dict, x: np.ndarray, parts: int | None = None) -> np.ndarray:
-    """The launches of mx_gpu's encode, into a poisoned payload; ``parts``: the e4m3
-    partials (CUDA blocks of the first step; default the launcher's ceil(K / THREADS))."""
-    c = get_compressor(cfg)
-    xt = ELEMENT_TYPES[x.dtype]
-    payload = np.full(c.encoded_nbytes(x.size, x.dtype), POISON_KERNEL, np.uint8)
-    k = num_groups(x.size, c.alignment)
-    if cfg["id"] == "mx" and c.scale == "e4m3":
-        g = (-(-k // THREADS) if parts is None else parts) if k else 0
-        if g:
-            _lib(cfg, "parts", xt).mx_host_reduce(x.ctypes.data, payload.ctypes.data, x.size, k, g)
-        p = payload.ctypes.data
-        _lib(cfg, "scale", xt).mx_host_reduce(p, p, g, k, 1)
-    if k:
-        _host_run(cfg, "encode", x, payload, x.size, xt)
-    return payload
-
-
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-
-
-@needs_gxx
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
-def test_cuda_source_on_host_matches_cpu(cfg: dict, dtype: np.dtype, request) -> None:
-    seed = seed_for(request)
-    rng = np.random.default_rng(seed)
-    c = get_compressor(cfg)
-    xt = ELEMENT_TYPES[dtype]
-    for count in COUNTS:
-        x = _data(rng, count, c.alignment, dtype)
-        payload = _cpu_encode(cfg, x)
-        msg = f"{cfg} {dtype} count={count} seed={seed}"
-        np.testing.assert_array_equal(_host_encode(cfg, x), payload, err_msg=msg)
-        out = np.empty(count, dtype)
-        _host_run(cfg, "decode", payload, out, count, xt)
-        _assert_same(out, c.decode(payload, count=count, dtype=dtype), msg)
-        base = rng.standard_normal(count).astype(np.float32)
-        acc = base.copy()
-        _host_run(cfg, "decode", payload, acc, count, 0, acc=True)
-        expect = c.decode(payload, base.copy(), count=count, dtype=dtype, accumulate=True)
-        _assert_same(acc, expect, msg + " accumulate")
-
-
-@needs_gxx
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
-def test_cuda_source_on_host_whole_range(cfg: dict, request) -> None:
-    seed = seed_for(request)
-    c = get_compressor(cfg)
-    x = magnitude_sweep(np.random.default_rng(seed), c.alignment, np.float32).astype(np.float32)
-    payload = _cpu_encode(cfg, x)
-    np.testing.assert_array_equal(_host_encode(cfg, x), payload, err_msg=f"seed={seed}")
-    out = np.empty(x.size, np.float32)
-    _host_run(cfg, "decode", payload, out, x.size, 0)
-    _assert_same(out, c.decode(payload, count=x.size, dtype=np.float32), f"seed={seed}")
-
-
-@needs_gxx
-@pytest.mark.parametrize("case", list(_small_cases(16)))
-@pytest.mark.parametrize("cfg", E4M3_CONFIGS, ids=_id)
-def test_cuda_source_on_host_e4m3_small_payloads(cfg: dict, case: str) -> None:
-    # S is written for every count (0 included) and whatever block 0 holds; it is the
-    # reference's, and the kernels' payload is the CPU's byte for byte.
-    x = np.array(_small_cases(cfg["block"])[case], np.float32)
-    payload = _cpu_encode(cfg, x)
-    _assert_tensor_scale(cfg, x, payload, f"{cfg} {case} (CPU)")
-    np.testing.assert_array_equal(_host_encode(cfg, x), payload, err_msg=f"{cfg} {case}")
-
-
-@needs_gxx
-@pytest.mark.parametrize("where", ["first", "middle", "last"])
-@pytest.mark.parametrize("cfg", E4M3_CONFIGS[:2], ids=_id)
-def test_cuda_source_on_host_e4m3_partials(cfg: dict, where: str, request) -> None:
-    # The payload's amax through partials of 1 to ceil(K / THREADS) CUDA blocks, the
-    # largest finite value in the first, a middle or the last block, NaN and Inf beside.
-    seed = seed_for(request)
-    b = cfg["block"]
-    x = np.random.default_rng(seed).standard_normal(40 * THREADS * b + 5).astype(np.float32)
-    k = num_groups(x.size, b)
-    spot = {"first": 3, "middle": x.size // 2, "last": x.size - 1}[where]
-    x[spot] = 1e3
-    x[(spot + 2 * b) % x.size] = np.nan  # a block after (or, for the last, block 1)
-    x[b * (k // 3)] = -np.inf
-    payload = _cpu_encode(cfg, x)
-    _assert_tensor_scale(cfg, x, payload, f"{cfg} seed={seed}")
-    for parts in sorted({1, 2, 7, -(-k // THREADS)}):
-        got = _host_encode(cfg, x, parts)
-        np.testing.assert_array_equal(got, payload, err_msg=f"{cfg} {parts} parts seed={seed}")
 
 
 # ------------------------------------------------------------------------ GPU

@@ -126,6 +126,18 @@ mxtests)
   step pytest gpu mx and taco_fp
   timeout 120 python3 -m pytest -q -x --tb=short -p no:cacheprovider tests/test_codec_gpu_mx.py \
     2>&1 | tee "$OUT/pytest_mx.txt" | grep -v "^SKIPPED" | tail -40 ;;
+mxkernels)
+  # The restructured mx/taco_fp kernels (a lane per chunk, shuffles per block): every kernel
+  # variant of float32 and bfloat16 against the CPU's bit for bit (float16's loads and
+  # stores are bfloat16's but for the conversion: left out for time), then their throughput
+  # beside the device copy at 4M-64M. Budget: at most 120 s, about 100 s expected.
+  step pytest gpu mx and taco_fp kernels
+  timeout 60 python3 -m pytest -q -x --tb=short -p no:cacheprovider tests/test_codec_gpu_mx.py -k "not float16" \
+    2>&1 | tee "$OUT/pytest_mxkernels.txt" | grep -v "^SKIPPED" | tail -20
+  step codec kernels: mx, taco_fp
+  timeout 60 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M \
+    --compressor mx,mx:element=e3m2,mx:element=e2m1,block=16,scale=e4m3,taco_fp -d bfloat16,float32 \
+    -n 11 -c 0 --json "$JSONDIR/mxkernels.json" 2>&1 | tee "$OUT/mxkernels_log.txt" | tail -40 ;;
 layers)
   # After the move into layers: one-rank NCCL, graph rebasing, NCCL graphs and torch streams
   # on one rank, staged MPI collectives on 2 and 4 ranks sharing the GPU, the 3D step's capture.
