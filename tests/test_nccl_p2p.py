@@ -74,7 +74,7 @@ def test_identity_self_exchange_is_exact(ncomm, dtype, count):
 
 
 @pytest.mark.parametrize("count", [1, 1001, 3 * 4096 + 5, (1 << 20) + 3])
-@pytest.mark.parametrize("codec_name", ["taco", "tah:row=4096", "int8"])
+@pytest.mark.parametrize("codec_name", ["taco", {"id": "tah", "row": 4096}, "int8"], ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=lambda d: np.dtype(d).name)
 def test_lossy_self_exchange_matches_the_cpu_codec(ncomm, codec_name, dtype, count):
     import cupy as cp

@@ -192,7 +192,8 @@ policy3d)
   for pol in none identity taco3d; do
     timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 1 examples/train_3d.py \
       --device cuda --tp 1 --pp 1 --dp 1 --policy $pol --steps 10 --min-compress-bytes 1024 \
-      --out "$JSONDIR/train3d-gpu-$pol.json" 2>&1 | tail -4
+      --out "$JSONDIR/train3d-gpu-$pol.json" > "$OUT/train3d-gpu-$pol.log" 2>&1
+    tail -4 "$OUT/train3d-gpu-$pol.log"
   done
   python3 -c "import json,sys; l=[json.load(open(f'$JSONDIR/train3d-gpu-{p}.json'))['losses'] for p in ('none','identity')]; print('identity == none:', l[0] == l[1] or max(abs(a-b)/abs(a) for a,b in zip(*l)))" ;;
 torchp2p)
