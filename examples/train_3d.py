@@ -346,7 +346,9 @@ def train(args: argparse.Namespace, mesh: Any, policy: Policy, device: torch.dev
     for step in range(args.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr)
-        x, y = next(batches)
+        # pipelining checks a stage's input strides against the declared ones: the
+        # batch's token slices of one (batch, seq + 1) buffer are strided
+        x, y = (t.contiguous() for t in next(batches))
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         micro: list[torch.Tensor] = []
