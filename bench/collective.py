@@ -529,26 +529,53 @@ def op_list(text: str) -> list[str]:
     return ops
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """nccl-tests' flags, then coccl's. ``--help`` adds each default (cli.py)."""
-    add = parser.add_argument
+def add_size_arguments(add: Callable[..., Any]) -> None:
+    """nccl-tests' size and timing flags, shared by every sweep (collectives, exchanges)."""
     # fmt: off
     # Unlike nccl-tests (one size, 32M), the default is a first sweep: 1K to 16M, x4.
     add("-b", "--minbytes", type=parse_size, default="1K",
-        help="smallest size in bytes, K/M/G suffixes are binary")
+        help="smallest size in bytes (each rank's buffer), K/M/G suffixes are binary")
     add("-e", "--maxbytes", type=parse_size, default="16M", help="largest size in bytes")
     add("-f", "--stepfactor", type=positive_int, default=4,
         help="size multiplier from one step to the next")
     add("-n", "--iters", type=positive_int, default=20, help="timed calls per size")
     add("-w", "--warmup_iters", type=int, default=5, help="warm-up calls per size")
-    add("-c", "--check", type=int, choices=(0, 1), default=1,
-        help="1: check every output against an exact float64 reduction and the error "
-             "bound of what ran (rel_err, #wrong; exit status 1 if any is wrong)")
     add("-a", "--average", type=int, choices=tuple(timing.AVERAGES),
         default=timing.DEFAULT_AVERAGE,
         help="how the ranks' median times combine into a row's: 0 rank 0, 1 average, "
-             "2 minimum, 3 maximum (nccl-tests' default is 1; a collective is as fast as "
+             "2 minimum, 3 maximum (nccl-tests' default is 1; a call is as fast as "
              "its slowest rank)")
+    # fmt: on
+
+
+def add_codec_arguments(add: Callable[..., Any], example: str) -> None:
+    """coccl's flags shared by every sweep: codecs, chunking, device, output, overlap."""
+    # fmt: off
+    add("--compressor", type=compressor_labels, default=["identity"],
+        help=f"comma-separated compressors to compare, each name or name:key=value,... "
+             f"e.g. {example}")
+    add("--chunk-bytes", type=parse_size, default=None,
+        help="pipeline chunk size (default: COCCL_CHUNK_BYTES, or coccl's choice)")
+    add("--device", choices=("cpu", "gpu"), default="cpu",
+        help="cpu: numpy buffers; gpu: CuPy buffers on GPU (local rank %% GPUs)")
+    add("--json", metavar="PATH", help="write the results as JSON (bench/SCHEMA.md)")
+    add("--no-progress", action="store_true", help="no progress line on the terminal")
+    add("--overlap-min", type=parse_size, default=0,
+        help="from this size on, also measure each compressed row's overlap "
+             "efficiency: max(codec-only, transport-only) / pipelined time (default: 0, off)")
+    add("--overlap-iters", type=positive_int, default=None,
+        help="timed runs of each of the three (median taken; default: -n, within 3-5)")
+    # fmt: on
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """nccl-tests' flags, then coccl's. ``--help`` adds each default (cli.py)."""
+    add = parser.add_argument
+    add_size_arguments(add)
+    # fmt: off
+    add("-c", "--check", type=int, choices=(0, 1), default=1,
+        help="1: check every output against an exact float64 reduction and the error "
+             "bound of what ran (rel_err, #wrong; exit status 1 if any is wrong)")
     add("-d", "--datatype", type=datatype_list, default=[np.dtype(np.float32)],
         help="float32 (float), float16 (half), bfloat16, float64 (double), int8, ..., "
              "uint64; comma-separated for several, or all (pairs a type cannot run "
@@ -560,26 +587,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "the transport of device data")
     add("--algorithm", type=comma_list, default=["ring", "two_shot"],
         help="comma-separated algorithms to compare (ring, two_shot, native, auto)")
-    add("--compressor", type=compressor_labels, default=["identity"],
-        help="comma-separated compressors to compare, each name or name:key=value,... "
-             "e.g. identity,taco,int:bits=4,hadamard=32")
-    add("--chunk-bytes", type=parse_size, default=None,
-        help="pipeline chunk size (default: COCCL_CHUNK_BYTES, or coccl's choice)")
-    add("--device", choices=("cpu", "gpu"), default="cpu",
-        help="cpu: numpy buffers; gpu: CuPy buffers on GPU (local rank %% GPUs)")
-    add("--json", metavar="PATH", help="write the results as JSON (bench/SCHEMA.md)")
     add("--plot", metavar="PATH", help="draw busbw and latency against size (PNG)")
-    add("--no-progress", action="store_true", help="no progress line on the terminal")
-    add("--overlap-min", type=parse_size, default=0,
-        help="from this size on, also measure each compressed schedule's overlap "
-             "efficiency: max(codec-only, transport-only) / pipelined time (default: 0, off)")
-    add("--overlap-iters", type=positive_int, default=None,
-        help="timed runs of each of the three (median taken; default: -n, within 3-5)")
     # fmt: on
+    add_codec_arguments(add, "identity,taco,int:bits=4,hadamard=32")
 
 
-def validate(args: argparse.Namespace) -> str | None:
-    """What is wrong with the flags taken together, if anything."""
+def validate_sizes(args: argparse.Namespace) -> str | None:
+    """What is wrong with the shared size and chunk flags, if anything."""
     if args.minbytes < 1:
         return f"-b/--minbytes must be at least 1 byte, got {args.minbytes}"
     if args.minbytes > args.maxbytes:
@@ -588,6 +602,14 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"-w/--warmup_iters must be >= 0, got {args.warmup_iters}"
     if args.chunk_bytes is not None and args.chunk_bytes < 1:
         return "--chunk-bytes must be at least 1"
+    return None
+
+
+def validate(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags taken together, if anything."""
+    problem = validate_sizes(args)
+    if problem:
+        return problem
     unknown = [b for b in args.backend if b not in ("auto", "mpi", "nccl")]
     if unknown:
         return f"--backend {','.join(unknown)}: choose from auto, mpi, nccl"

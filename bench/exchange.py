@@ -41,17 +41,19 @@ import coccl
 from coccl.communicator.sizing import chunk_elems
 
 from . import bounds, launch, timing
-from .cli import command, datatype, parse_size, positive_int
+from .cli import command, datatype
 from .collective import (
     EXIT_USAGE,
     EXIT_WRONG,
     UsageError,
     _codecs,
     _select_device,
-    compressor_labels,
+    add_codec_arguments,
+    add_size_arguments,
     rank_data,
     recorded_environment,
     sweep_sizes,
+    validate_sizes,
 )
 from .table import human_size, provenance, write_json
 
@@ -364,51 +366,22 @@ def _overlap(job: Job, row: ExchangeRow, x: Any, out: Any, codec: Any, pipelined
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """nccl-tests' flags that apply to an exchange, then coccl's."""
     add = parser.add_argument
+    add_size_arguments(add)
     # fmt: off
-    add("-b", "--minbytes", type=parse_size, default="1K",
-        help="smallest size in bytes (each rank's buffer), K/M/G suffixes are binary")
-    add("-e", "--maxbytes", type=parse_size, default="16M", help="largest size in bytes")
-    add("-f", "--stepfactor", type=positive_int, default=4,
-        help="size multiplier from one step to the next")
-    add("-n", "--iters", type=positive_int, default=20, help="timed calls per loop")
-    add("-w", "--warmup_iters", type=int, default=5, help="warm-up calls per size")
     add("-c", "--check", type=int, choices=(0, 1), default=1,
         help="1: check every output against what was sent (identity bitwise, a lossy "
              "codec within its roundtrip bound; exit status 1 if any is wrong)")
-    add("-a", "--average", type=int, choices=tuple(timing.AVERAGES),
-        default=timing.DEFAULT_AVERAGE,
-        help="how the ranks' median times combine: 0 rank 0, 1 average, 2 minimum, 3 maximum")
     add("-d", "--datatype", type=datatype, default=np.dtype(np.float32),
         help="the element type (float32, bfloat16, float16, float64, ...)")
     add("--backend", choices=("auto", "mpi", "nccl"), default="auto",
         help="coccl.init's backend: the transport of device data")
-    add("--compressor", type=compressor_labels, default=["identity"],
-        help="comma-separated compressors, each name or name:key=value,... "
-             "e.g. identity,tah:row=4096,taco")
-    add("--chunk-bytes", type=parse_size, default=None,
-        help="pipeline chunk size (default: COCCL_CHUNK_BYTES)")
-    add("--device", choices=("cpu", "gpu"), default="cpu",
-        help="cpu: numpy buffers; gpu: CuPy buffers on GPU (local rank %% GPUs)")
-    add("--json", metavar="PATH", help="write the results as JSON (bench/SCHEMA.md)")
-    add("--no-progress", action="store_true", help="print no progress (rows still print)")
-    add("--overlap-min", type=parse_size, default=0,
-        help="from this size on, also measure each compressed row's overlap efficiency "
-             "(sendrecv): max(codec-only, transport-only) / pipelined time (default: 0, off)")
-    add("--overlap-iters", type=positive_int, default=None,
-        help="timed runs of each of the three (median taken; default: -n, within 3-5)")
     # fmt: on
+    add_codec_arguments(add, "identity,tah:row=4096,taco")
 
 
 def validate(args: argparse.Namespace) -> str | None:
-    if args.minbytes < 1:
-        return f"-b/--minbytes must be at least 1 byte, got {args.minbytes}"
-    if args.minbytes > args.maxbytes:
-        return f"-b/--minbytes {args.minbytes} is larger than -e/--maxbytes {args.maxbytes}"
-    if args.warmup_iters < 0:
-        return f"-w/--warmup_iters must be >= 0, got {args.warmup_iters}"
-    if args.chunk_bytes is not None and args.chunk_bytes < 1:
-        return "--chunk-bytes must be at least 1"
-    return None
+    """What is wrong with the flags taken together, if anything."""
+    return validate_sizes(args)
 
 
 def run(spec: ExchangeSpec, args: argparse.Namespace) -> int:
