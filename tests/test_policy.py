@@ -3,6 +3,7 @@ no launch): the named policies, files, placeholders, the errors, the groups' opt
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -97,6 +98,16 @@ def test_pp_codecs_go_where_the_backend_has_fields() -> None:
         if carried[kind]:
             assert getattr(opts, field) == policy.traffic["pp"][kind].codec
     assert opts.codec.lossless  # the PP group's collectives stay exact
+
+
+def test_pp_group_takes_the_lossy_entries_threshold() -> None:
+    policy = named_policy("taco3d").fill(d_model=64).with_threshold(1024)
+    assert policy.group_options("pp").min_compress_bytes == 1024
+    traffic = dict(policy.traffic)
+    traffic["pp"] = dict(traffic["pp"])
+    traffic["pp"]["backward"] = dataclasses.replace(traffic["pp"]["backward"], min_compress_bytes=1)
+    with pytest.raises(PolicyError, match="different thresholds"):
+        dataclasses.replace(policy, traffic=traffic).group_options("pp")
 
 
 def test_json_and_toml_files(tmp_path: Path) -> None:

@@ -66,4 +66,6 @@ def test_taco3d_compresses_tp_and_dp(tmp_path: Path) -> None:
     assert record["state_dropped"] == []
     assert dp["calls"]["allgather:compressed"] > 0 and dp["calls"]["allgather:exact"] > 0
     assert record["policy"]["pp"]["forward"]["codec"]["row"] == record["model"]["d_model"]
-    assert set(record["pp_codecs_carried"]) == {"forward", "backward"}
+    assert record["pp_codecs_carried"] == {"forward": True, "backward": True}
+    pp = record["traffic"]["pp"]["calls"]  # activations forward, gradients back, compressed
+    assert pp["send_forward:compressed"] > 0 and pp["send_backward:compressed"] > 0

@@ -236,6 +236,14 @@ class Policy:
             for kind, t in self.traffic["pp"].items()
             if P2P_FIELDS[kind] in fields
         }
+        thresholds = {t.min_compress_bytes for t in self.traffic["pp"].values() if t.lossy}
+        if len(thresholds) > 1:
+            raise PolicyError(
+                "policy.pp.forward and policy.pp.backward name different thresholds; one "
+                "coccl group (a mesh dimension) carries one"
+            )
+        if thresholds:
+            p2p["min_compress_bytes"] = thresholds.pop()
         return CocclOptions(**p2p)
 
     def call_options(self, dim: str, kind: str) -> dict[str, Any]:
