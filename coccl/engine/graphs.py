@@ -104,13 +104,7 @@ class CallGraph:
         import cupy as cp  # noqa: PLC0415
 
         ctx = self.ctx
-        memory_pool = cp.get_default_memory_pool()
-
-        def keep(nbytes: int) -> Any:
-            memory = memory_pool.malloc(nbytes)
-            self._keep.append(memory)
-            return memory
-
+        keep = _allocator_into(self._keep)
         with ctx.device:
             self._in = cp.empty(max(1, self.in_nbytes), dtype=cp.uint8)
             self._out = self._in if self.in_place else cp.empty(max(1, self.out_nbytes), cp.uint8)
@@ -224,16 +218,26 @@ class CallerCapture:
         """Run the schedule ``build`` gives on ``x`` and ``out`` into ``caller``'s capture."""
         import cupy as cp  # noqa: PLC0415
 
-        memory_pool = cp.get_default_memory_pool()
-
-        def keep(nbytes: int) -> Any:
-            memory = memory_pool.malloc(nbytes)
-            self._keep.append(memory)
-            return memory
-
+        keep = _allocator_into(self._keep)
         pool = device_pool(self.ctx.device)
         self._keep.append(pool)
         with cp.cuda.using_allocator(keep):
             self.ctx.enter(caller)
             run_streamed(build(pool, x, out), transport, self.ctx, depth=depth)
             self.ctx.leave(caller)
+
+
+def _allocator_into(kept: list[Any]) -> Callable[[int], Any]:
+    """A CuPy allocator (``cupy.cuda.using_allocator``) drawing on the default memory pool
+    that appends every allocation to ``kept``, so nothing a captured graph touches is
+    freed while its owner holds ``kept``."""
+    import cupy as cp  # noqa: PLC0415
+
+    memory_pool = cp.get_default_memory_pool()
+
+    def keep(nbytes: int) -> Any:
+        memory = memory_pool.malloc(nbytes)
+        kept.append(memory)
+        return memory
+
+    return keep
