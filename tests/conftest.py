@@ -20,3 +20,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("mpi") and not item.get_closest_marker("launch"):
             item.add_marker(pytest.mark.launch)
+
+
+# One-rank communicators over MPI.COMM_SELF for the GPU test files (one per module):
+# ``ncomm`` over NCCL, ``mcomm`` over MPI (device data staged through the host).
+@pytest.fixture(scope="module")
+def ncomm():
+    from mpi4py import MPI
+
+    import coccl
+
+    with coccl.init(MPI.COMM_SELF, backend="nccl") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def mcomm():
+    from mpi4py import MPI
+
+    import coccl
+
+    with coccl.init(MPI.COMM_SELF, backend="mpi") as c:
+        yield c

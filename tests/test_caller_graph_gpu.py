@@ -23,26 +23,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs CuPy an
 COLLECTIVES = ["allreduce", "reduce_scatter", "allgather"]
 
 
-@pytest.fixture(scope="module")
-def ncomm():
-    from mpi4py import MPI
-
-    import coccl
-
-    with coccl.init(MPI.COMM_SELF, backend="nccl") as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def mcomm():
-    from mpi4py import MPI
-
-    import coccl
-
-    with coccl.init(MPI.COMM_SELF, backend="mpi") as c:
-        yield c
-
-
 def _capture(fn, mode: str):
     """Run ``fn`` once under a CuPy stream capture in ``mode``; the graph."""
     import cupy as cp

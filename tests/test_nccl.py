@@ -17,26 +17,6 @@ pytestmark = pytest.mark.skipif(not GPU, reason="needs CuPy and a CUDA GPU")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-@pytest.fixture(scope="module")
-def ncomm():
-    from mpi4py import MPI
-
-    import coccl
-
-    with coccl.init(MPI.COMM_SELF, backend="nccl") as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def mcomm():
-    from mpi4py import MPI
-
-    import coccl
-
-    with coccl.init(MPI.COMM_SELF, backend="mpi") as c:
-        yield c
-
-
 def test_backend_is_nccl(ncomm):
     assert ncomm.backend == "nccl"
 

@@ -17,16 +17,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 CHUNK = 1 << 20  # bytes: a large message runs several chunks through the pipeline
 
 
-@pytest.fixture(scope="module")
-def ncomm():
-    from mpi4py import MPI
-
-    import coccl
-
-    with coccl.init(MPI.COMM_SELF, backend="nccl") as c:
-        yield c
-
-
 def fresh_nccl():
     from mpi4py import MPI
 
