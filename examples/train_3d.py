@@ -13,16 +13,14 @@ or ``Schedule1F1B``).
 
 DP: FSDP2 gathers the parameters and reduce-scatters the gradients of flat buffers it
 packs itself every step, through the comm objects ``set_custom_all_gather`` /
-``set_custom_reduce_scatter`` give it: each call here runs inside a
-``coccl.torch.options`` block with the policy's codec for its kind of traffic. One pair
-per FSDP module (one parameter group, one flat layout at every call), so the gather can
-keep the ``delta`` state: a replica of the gathered parameters, to which every rank adds
-the gathered 4-bit differences (SDP4Bit's weight differences; the first gather exact).
-The master shards FSDP2 keeps stay exact; forward and backward use the replica. What no
-hook can carry runs exact and the JSON's ``state_dropped`` says so: a ``feedback``
-reduce (FSDP2 reduces into buffers it frees, and the residual of a two-shot
-ReduceScatter is formed inside coccl's schedule), and any state on TP (DTensor's
-collectives take none).
+``set_custom_reduce_scatter`` give it: ``coccl.torch.shard_comms`` gives every FSDP
+unit a pair with the policy's DP traffic (codec, schedule, threshold), each keeping its
+own state over that unit's one flat layout: the ``delta`` gather a replica of the
+gathered parameters, to which every rank adds the gathered 4-bit differences (SDP4Bit's
+weight differences; the first gather exact), a ``feedback`` reduce its residual. The
+master shards FSDP2 keeps stay exact; forward and backward use the replica. State on TP
+cannot be carried (DTensor's collectives take none): it runs exact and the JSON's
+``state_dropped`` says so.
 
     # 8 CPU ranks, 2 x 2 x 2, a seconds-long model
     python -m torch.distributed.run --standalone --nproc-per-node 8 examples/train_3d.py \\
@@ -113,79 +111,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --------------------------------------------------------------- the policy
 def make_policy(args: argparse.Namespace) -> tuple[Policy, list[str]]:
     """The policy filled for this model, without the state this script cannot carry
-    (all but the DP gather's delta: DTensor's TP collectives and FSDP2's gradient
-    reduce-scatter take no state)."""
+    (all but DP's: DTensor's TP collectives take no state)."""
     policy = load_policy(args.policy).fill(d_model=args.d_model)
     if args.min_compress_bytes is not None:
         policy = policy.with_threshold(args.min_compress_bytes)
-    return policy.without_state(carried=("dp.gather",))
-
-
-class PolicyComm:
-    """A custom comm of FSDP2 (``fully_shard``'s hooks): torch's call inside a
-    ``coccl.torch.options`` block with the policy's codec for its kind of traffic."""
-
-    def __init__(self, policy: Policy, group: Any, kind: str) -> None:
-        self.changes = policy.call_options("dp", kind) if policy.backend == "coccl" else None
-        self.group = group
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def run(self, call: Any) -> Any:
-        if self.changes is None:
-            return call()
-        with coccl.torch.options(self.group, **self.changes):
-            return call()
-
-
-def fsdp_comms(policy: Policy, group: Any) -> tuple[Any, Any]:
-    """A new parameter gather and gradient reduce for one FSDP module, with the policy's
-    codecs; a ``delta`` gather keeps its replica (one module: one flat layout)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_api import (  # noqa: PLC0415
-        AllGather,
-        ReduceScatter,
-    )
-
-    # torch 2.13 names them all_gather_single / reduce_scatter_single (the older names
-    # warn there); 2.11 and 2.12 have only the older ones
-    gather_call = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-    reduce_call = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-    entry = policy.traffic["dp"]["gather"]
-    delta = policy.backend == "coccl" and entry.state == "delta" and entry.lossy
-
-    class Gather(PolicyComm, AllGather):
-        replica: torch.Tensor | None = None
-
-        def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
-            if not delta:
-                return self.run(lambda: gather_call(
-                    output_tensor, input_tensor, group=group, async_op=async_op))  # fmt: skip
-            self.gather_delta(output_tensor, input_tensor, group)
-            # the Work's event follows the replica's update on this stream
-            return coccl.torch.CocclWork([output_tensor]) if async_op else None
-
-        def gather_delta(self, out: torch.Tensor, x: torch.Tensor, group: Any) -> None:
-            """SDP4Bit's weight differences: every rank adds the gathered decoded
-            ``x - replica[own slot]`` (its own slot decoded too, so the replicas stay
-            bitwise equal) to its replica; the first call exact."""
-            if self.replica is None or self.replica.shape != out.shape:
-                with coccl.torch.options(group, compressor="identity", algorithm="auto"):
-                    gather_call(out, x, group=group)
-                self.replica = out.detach().clone()
-                return
-            diff = x - self.replica.view(group.size(), -1)[group.rank()]
-            gathered = torch.empty_like(self.replica)
-            self.run(lambda: gather_call(gathered, diff, group=group))
-            self.replica += gathered
-            out.copy_(self.replica)
-
-    class Reduce(PolicyComm, ReduceScatter):
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
-            return self.run(lambda: reduce_call(
-                output_tensor, input_tensor, op=op, group=group, async_op=async_op))  # fmt: skip
-
-    return Gather(policy, group, "gather"), Reduce(policy, group, "reduce")
+    return policy.without_state(carried=("dp.gather", "dp.reduce"))
 
 
 # --------------------------------------------------------------- the model
@@ -246,9 +176,9 @@ def build_stage(args: argparse.Namespace, mesh: Any, policy: Policy, device: tor
     units = [m for b in stage.blocks for m in (b.ln1, b.ln2, b)] + [stage]
     for module in units:
         fully_shard(module, mesh=mesh["dp"], ignored_params=set(biases))
-        gather, reduce = fsdp_comms(policy, mesh["dp"].get_group())
-        module.set_custom_all_gather(gather)
-        module.set_custom_reduce_scatter(reduce)
+        if policy.backend == "coccl":  # one pair per unit: its states see one layout
+            coccl.torch.shard_comms(module, policy.traffic["dp"]["gather"],
+                                    policy.traffic["dp"]["reduce"])  # fmt: skip
     return stage, biases
 
 

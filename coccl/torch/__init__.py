@@ -1,7 +1,8 @@
 """coccl for PyTorch (L4): ``import coccl.torch`` registers the torch.distributed backend
 ``"coccl"`` (``coccl.torch.backend``); ``coccl.torch.tensor_parallel`` holds the TP layers,
 ``coccl.torch.comm_hooks`` the DDP communication hook, ``coccl.torch.zero`` a ZeRO-1
-sharded optimizer, ``coccl.torch.policy`` a 3D job's per-dimension policy (``load_policy``).
+sharded optimizer, ``coccl.torch.fsdp`` FSDP2's comm objects with coccl's codecs and
+states, ``coccl.torch.policy`` a 3D job's per-dimension policy (``load_policy``).
 Uses only public names of the layers below. The supported torch versions
 (``coccl.torch.versions.TORCH_RANGE``) are checked first."""
 
@@ -23,9 +24,16 @@ from coccl.torch.backend import (  # noqa: E402  (after the version check)
     register_backend,
 )
 from coccl.torch.comm_hooks import CocclHookState, allreduce_hook  # noqa: E402
+from coccl.torch.fsdp import fsdp_comms, shard_comms  # noqa: E402
 from coccl.torch.introspect import describe, stats  # noqa: E402
 from coccl.torch.launch import init_process_group  # noqa: E402
-from coccl.torch.policy import Policy, PolicyError, load_policy, named_policy  # noqa: E402
+from coccl.torch.policy import (  # noqa: E402
+    Policy,
+    PolicyError,
+    Traffic,
+    load_policy,
+    named_policy,
+)
 from coccl.torch.zero import ShardedOptimizer  # noqa: E402
 
 __all__ = [
@@ -39,13 +47,16 @@ __all__ = [
     "Policy",
     "PolicyError",
     "TORCH_RANGE",
+    "Traffic",
     "allreduce_hook",
     "create_group",
     "describe",
+    "fsdp_comms",
     "init_process_group",
     "load_policy",
     "named_policy",
     "options",
     "register_backend",
+    "shard_comms",
     "stats",
 ]

@@ -265,6 +265,11 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
         ``allreduce:exact``, ``forwarded:broadcast``...)."""
         return dict(self._counts)
 
+    def note_call(self, collective: str, path: str) -> None:
+        """Count a call that a coccl helper made through this group's Communicator
+        (FSDP2's comm objects, ``coccl.torch.fsdp``) as the group's own calls are."""
+        self._counts[f"{collective}:{path}"] += 1
+
     def __repr__(self) -> str:
         return f"CocclProcessGroup(rank={self.rank()}, size={self.size()}, {self._options})"
 
