@@ -22,6 +22,7 @@ from coccl.torch import Traffic
 
 INT4 = {"id": "int", "bits": 4, "group_size": 32}
 INT8 = {"id": "int", "bits": 8, "group_size": 32}
+CPU = torch.device("cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
 _GLOO: list[dist.ProcessGroup] = []
 
@@ -34,13 +35,13 @@ def world() -> None:
     _GLOO.append(dist.new_group(backend="gloo"))
 
 
-def model(mesh, gather=None, reduce=None, custom=True):
-    """The MLP, each linear and the root fully_shard-ed over ``mesh`` (with coccl comm
-    objects when ``custom``); returns it and every module's comms."""
+def model(mesh, gather=None, reduce=None, custom=True, device=CPU):
+    """The MLP on ``device``, each linear and the root fully_shard-ed over ``mesh`` (with
+    coccl comm objects when ``custom``); returns it and every module's comms."""
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(48, 96), nn.Tanh(), nn.Linear(96, 40))
+    net = nn.Sequential(nn.Linear(48, 96), nn.Tanh(), nn.Linear(96, 40)).to(device)
     comms = []
     for m in (net[0], net[2], net):
         fully_shard(m, mesh=mesh)
@@ -49,16 +50,17 @@ def model(mesh, gather=None, reduce=None, custom=True):
     return net, comms
 
 
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(step: int, device: torch.device = CPU) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * dist.get_rank() + step)
-    return torch.randn(16, 48, generator=g), torch.randn(16, 40, generator=g)
+    x, y = torch.randn(16, 48, generator=g), torch.randn(16, 40, generator=g)
+    return x.to(device), y.to(device)
 
 
-def train(net: nn.Module, steps: int, lr: float = 0.05, hook=None) -> list[float]:
+def train(net: nn.Module, steps: int, lr: float = 0.05, hook=None, device=CPU) -> list[float]:
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     losses = []
     for s in range(steps):
-        x, y = batch(s)
+        x, y = batch(s, device)
         loss = nn.functional.mse_loss(net(x), y)
         loss.backward()
         if hook is not None:
