@@ -228,6 +228,16 @@ nb)
       "$OUT/nb$n" tests/mpi/test_gpu_nonblocking.py -rs 2>&1 | tail -2
     tail -6 "$OUT/nb$n/rank-0.log" | tee "$OUT/pytest_nb$n.txt"
   done ;;
+dpgpu)
+  # DP on CUDA tensors through the torch backend, one rank over one-rank NCCL
+  # (tests/mpi/test_torch_backend_gpu.py): a compressed all_to_all_single bitwise the host
+  # codec's roundtrip, FSDP2 with coccl.torch.shard_comms (delta gather, feedback reduce).
+  # Budget: 60 s.
+  step pytest gpu: torch all_to_all_single and FSDP2 comms on CUDA, one rank
+  mkdir -p "$OUT/dpgpu"
+  timeout 60 mpiexec --oversubscribe -n 1 python3 -m mpi4py tests/mpi/rank_main.py "$OUT/dpgpu" \
+    tests/mpi/test_torch_backend_gpu.py -k "cuda or nccl" -rs 2>&1 | tail -2
+  tail -8 "$OUT/dpgpu/rank-0.log" | tee "$OUT/pytest_dpgpu.txt" ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
