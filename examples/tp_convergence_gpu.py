@@ -14,7 +14,25 @@ distinct bytes, no window twice). Arms, each for seeds 0, 1, 2:
     taco_no_dual_scale  TP, two_shot, TACO without the post-rotation scale s
     int8                TP, two_shot, per-group INT8
 
-and every TP arm at TP = 4 and TP = 8. The TP ranks are virtual
+and every TP arm at TP = 4 and TP = 8. The ``frontier`` command (issue #33: the fewest
+bytes per element within +0.5% of uncompressed, the interval's upper end below +1%) runs
+uncompressed, taco and the 4-6-bit codecs, all two_shot:
+
+    mxfp6               mx e2m3, block 32, E8M0 scales (MXFP6; e2m3 rather than e3m2: half
+                        the error on the recorded TP tensors, cpu-fidelity-real.json)
+    mxfp4               mx e2m1, block 32, E8M0 scales (MXFP4)
+    nvfp4               mx e2m1, block 16, E4M3 scales and a float32 one per payload
+    taco_fp6, taco_fp4  taco_fp e2m3 / e2m1, group 128 (TACO's ASH and dual scale)
+    int4_h32            int, 4 bits, group 128, Hadamard blocks of 32
+    fwd_nvfp4_bwd_taco  nvfp4 on the forward AllReduces (activations, bfloat16), taco on
+                        the backward ones (input gradients, float32)
+    fwd_taco_bwd_nvfp4  the other way round
+
+and writes bench/results/tp-frontier-gpu.json (the same report plus ``frontier``: per arm
+and TP size the codec's payload bytes per element forward, backward and their mean, the
+paired delta and its interval, whether it meets the target; ``tp_frontier.py``), its PNG
+(bytes per element against the delta) and the loss curves beside it (``-curves.png``). The
+TP ranks are virtual
 (``coccl.tensor_parallel.VirtualTPGroup``): one process holds every rank's shards, computes
 every rank's partial products with the calls a real rank makes, and sums them with
 ``coccl.virtual_ranks.simulate_allreduce``, bitwise a real coccl AllReduce (tests/). So a
@@ -32,6 +50,13 @@ Phases, one command each (2 H200s, 32 cores):
     python examples/tp_convergence_gpu.py check
     # the whole pipeline in seconds on a CPU (what CI runs)
     python examples/tp_convergence_gpu.py run --smoke --out /tmp/s.json
+    # 3. the frontier on ONE H200, in one call of at most 540 s (bench/scripts/
+    #    h200_check.sh part frontier): 8 arms x TP 4 x 5 seeds, taco at TP 4 and 8, the
+    #    plain model: 55 runs, 10 workers (the defaults of ``frontier``)
+    python examples/tp_convergence_gpu.py frontier --tps 4,8 --only 8=taco \
+        --seeds 0,1,2,3,4 --jobs-per-gpu 10 --time-limit-s 480
+    # 4. the same again with a wider --only (e.g. 8=taco+nvfp4+int4_h32) adds TP = 8 runs;
+    #    finished runs in --work-dir are kept, so it runs only the new ones
 
 ``run`` writes each run to ``--work-dir`` as it finishes and stops at ``--time-limit-s``
 (workers save a checkpoint on SIGTERM); the same command again resumes. ``run`` starts an
@@ -59,6 +84,17 @@ overlap and the bound is closer to the matmul and memory time (~150 s). Start-up
 CuPy, codec kernel compilation, corpus) is ~30-60 s. So about 4-5 minutes, within the
 6-minute budget; if the estimate is off, ``--time-limit-s`` (480) stops the runs at a
 checkpoint with time to save them, and the same command resumes.
+
+The frontier's plan, from the recorded table's rates (8 runs sharing an H200 under MPS:
+about 32 steps/s each at TP = 4, 23 at TP = 8, so one H200 does about 256 TP = 4 steps/s,
+184 TP = 8 steps/s): 45 TP = 4 runs take ~350 s of the GPU, 5 TP = 8 runs ~55 s, 5 plain
+ones ~10 s: ~415 s, plus ~45 s start-up, if the new codecs cost what taco costs. Their
+kernels are slower per byte (bench/NOTES.md: the mx and taco_fp ones at 0.02-0.25 of a
+copy) but launch few threads on these 1.6 M-element messages, leaving the GPU to the other
+runs under MPS; if they stretch the runs past ``--time-limit-s`` the runs stop at a
+checkpoint, the report holds the finished ones (``incomplete`` lists the rest), and the
+same command resumes. Every frontier arm at TP = 8 too (40 more runs, ~440 s) needs a
+second call of the same length.
 """
 
 from __future__ import annotations

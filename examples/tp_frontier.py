@@ -120,8 +120,11 @@ def plot_frontier(
         ]
         label = "uncompressed (TP = 1, no wire)" if tp == 1 else f"TP = {tp}"
         ax.errorbar(x, y, yerr=err, fmt=markers.get(tp, "^"), capsize=3, label=label, ms=7)
-        for xi, yi, p in zip(x, y, mine, strict=True):
-            ax.annotate(p["arm"], (xi, yi), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        for i, (xi, yi, p) in enumerate(zip(x, y, mine, strict=True)):
+            # alternate above and below: arms of equal bytes (e.g. the two directions'
+            # swaps) sit at one x
+            offset = (5, 4) if i % 2 == 0 else (5, -10)
+            ax.annotate(p["arm"], (xi, yi), textcoords="offset points", xytext=offset, fontsize=7)
     ax.axhline(0.0, color="k", lw=1)
     ax.axhline(target_pct, color="tab:green", ls="--", lw=1, label=f"+{target_pct}% (target)")
     ax.axhline(ci_below_pct, color="tab:red", ls="--", lw=1, label=f"+{ci_below_pct}% (interval)")
