@@ -14,7 +14,25 @@ distinct bytes, no window twice). Arms, each for seeds 0, 1, 2:
     taco_no_dual_scale  TP, two_shot, TACO without the post-rotation scale s
     int8                TP, two_shot, per-group INT8
 
-and every TP arm at TP = 4 and TP = 8. The TP ranks are virtual
+and every TP arm at TP = 4 and TP = 8. The ``frontier`` command (issue #33: the fewest
+bytes per element within +0.5% of uncompressed, the interval's upper end below +1%) runs
+uncompressed, taco and the 4-6-bit codecs, all two_shot:
+
+    mxfp6               mx e2m3, block 32, E8M0 scales (MXFP6; e2m3 rather than e3m2: half
+                        the error on the recorded TP tensors, cpu-fidelity-real.json)
+    mxfp4               mx e2m1, block 32, E8M0 scales (MXFP4)
+    nvfp4               mx e2m1, block 16, E4M3 scales and a float32 one per payload
+    taco_fp6, taco_fp4  taco_fp e2m3 / e2m1, group 128 (TACO's ASH and dual scale)
+    int4_h32            int, 4 bits, group 128, Hadamard blocks of 32
+    fwd_nvfp4_bwd_taco  nvfp4 on the forward AllReduces (activations, bfloat16), taco on
+                        the backward ones (input gradients, float32)
+    fwd_taco_bwd_nvfp4  the other way round
+
+and writes bench/results/tp-frontier-gpu.json (the same report plus ``frontier``: per arm
+and TP size the codec's payload bytes per element forward, backward and their mean, the
+paired delta and its interval, whether it meets the target; ``tp_frontier.py``), its PNG
+(bytes per element against the delta) and the loss curves beside it (``-curves.png``). The
+TP ranks are virtual
 (``coccl.tensor_parallel.VirtualTPGroup``): one process holds every rank's shards, computes
 every rank's partial products with the calls a real rank makes, and sums them with
 ``coccl.virtual_ranks.simulate_allreduce``, bitwise a real coccl AllReduce (tests/). So a
@@ -32,6 +50,13 @@ Phases, one command each (2 H200s, 32 cores):
     python examples/tp_convergence_gpu.py check
     # the whole pipeline in seconds on a CPU (what CI runs)
     python examples/tp_convergence_gpu.py run --smoke --out /tmp/s.json
+    # 3. the frontier on ONE H200, in one call of at most 540 s (bench/scripts/
+    #    h200_check.sh part frontier): 8 arms x TP 4 x 5 seeds, taco at TP 4 and 8, the
+    #    plain model: 55 runs, 10 workers (the defaults of ``frontier``)
+    python examples/tp_convergence_gpu.py frontier --tps 4,8 --only 8=taco \
+        --seeds 0,1,2,3,4 --jobs-per-gpu 10 --time-limit-s 480
+    # 4. the same again with a wider --only (e.g. 8=taco+nvfp4+int4_h32) adds TP = 8 runs;
+    #    finished runs in --work-dir are kept, so it runs only the new ones
 
 ``run`` writes each run to ``--work-dir`` as it finishes and stops at ``--time-limit-s``
 (workers save a checkpoint on SIGTERM); the same command again resumes. ``run`` starts an
@@ -59,6 +84,17 @@ overlap and the bound is closer to the matmul and memory time (~150 s). Start-up
 CuPy, codec kernel compilation, corpus) is ~30-60 s. So about 4-5 minutes, within the
 6-minute budget; if the estimate is off, ``--time-limit-s`` (480) stops the runs at a
 checkpoint with time to save them, and the same command resumes.
+
+The frontier's plan, from the recorded table's rates (8 runs sharing an H200 under MPS:
+about 32 steps/s each at TP = 4, 23 at TP = 8, so one H200 does about 256 TP = 4 steps/s,
+184 TP = 8 steps/s): 45 TP = 4 runs take ~350 s of the GPU, 5 TP = 8 runs ~55 s, 5 plain
+ones ~10 s: ~415 s, plus ~45 s start-up, if the new codecs cost what taco costs. Their
+kernels are slower per byte (bench/NOTES.md: the mx and taco_fp ones at 0.02-0.25 of a
+copy) but launch few threads on these 1.6 M-element messages, leaving the GPU to the other
+runs under MPS; if they stretch the runs past ``--time-limit-s`` the runs stop at a
+checkpoint, the report holds the finished ones (``incomplete`` lists the rest), and the
+same command resumes. Every frontier arm at TP = 8 too (40 more runs, ~440 s) needs a
+second call of the same length.
 """
 
 from __future__ import annotations
@@ -66,6 +102,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
@@ -89,10 +126,12 @@ if str(HERE) not in sys.path:  # the sibling example modules, also when imported
 
 import convergence_stats as stats  # noqa: E402
 import stdlib_corpus  # noqa: E402
+import tp_frontier  # noqa: E402
 from run_convergence import codec_sources_digest, git_commit, mpiexec  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUT = ROOT / "bench" / "results" / "tp-convergence-gpu.json"
+DEFAULT_FRONTIER_OUT = ROOT / "bench" / "results" / "tp-frontier-gpu.json"
 TARGET_DELTA_PCT = 0.5  # the issue's target for taco: at most +0.5% ...
 TARGET_CI_BELOW_PCT = 1.0  # ... with a 95% interval that excludes +1%
 INTERRUPTED = 75  # a worker's exit status when it stopped at a checkpoint (EX_TEMPFAIL)
@@ -101,13 +140,26 @@ INTERRUPTED = 75  # a worker's exit status when it stopped at a checkpoint (EX_T
 # ---------------------------------------------------------------------- configuration
 @dataclass(frozen=True)
 class Arm:
-    """A wire configuration: ``compressor`` None is the plain, non-TP model."""
+    """A wire configuration: ``compressor`` None is the plain, non-TP model.
+
+    ``backward`` None: ``compressor`` carries both directions; else ``compressor`` the
+    forward AllReduces (the activations, bfloat16) and ``backward`` the backward ones
+    (the input gradients, float32): ``tp_gpt.parallelize``'s ``backward_group``."""
 
     name: str
     compressor: dict[str, Any] | None
     algorithm: str | None
+    backward: dict[str, Any] | None = None
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The arm's wire fields in a run's row and the report (``backward_compressor``
+        only where the directions differ)."""
+        fields = {"algorithm": self.algorithm, "compressor": self.compressor}
+        return fields if self.backward is None else {**fields, "backward_compressor": self.backward}
 
 
+NVFP4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
 ARMS = {
     arm.name: arm
     for arm in (
@@ -118,8 +170,20 @@ ARMS = {
         Arm("taco_no_ash", {"id": "taco", "ash": False}, "two_shot"),
         Arm("taco_no_dual_scale", {"id": "taco", "dual_scale": False}, "two_shot"),
         Arm("int8", {"id": "int8"}, "two_shot"),
+        # the frontier of issue #33 (the ``frontier`` command): 4-6 bits per element
+        Arm("mxfp6", {"id": "mx", "element": "e2m3", "block": 32, "scale": "e8m0"}, "two_shot"),
+        Arm("mxfp4", {"id": "mx", "element": "e2m1", "block": 32, "scale": "e8m0"}, "two_shot"),
+        Arm("nvfp4", NVFP4, "two_shot"),
+        Arm("taco_fp6", {"id": "taco_fp", "element": "e2m3", "group_size": 128}, "two_shot"),
+        Arm("taco_fp4", {"id": "taco_fp", "element": "e2m1", "group_size": 128}, "two_shot"),
+        Arm("int4_h32", {"id": "int", "bits": 4, "group_size": 128, "hadamard": 32}, "two_shot"),
+        Arm("fwd_nvfp4_bwd_taco", NVFP4, "two_shot", {"id": "taco"}),
+        Arm("fwd_taco_bwd_nvfp4", {"id": "taco"}, "two_shot", NVFP4),
     )
 }
+# ``run``'s arms (the recorded table); ``frontier`` runs FRONTIER_ARMS
+DEFAULT_ARMS = list(ARMS)[:7]
+FRONTIER_ARMS = ["uncompressed", "taco", *list(ARMS)[7:]]
 
 
 @dataclass(frozen=True)
@@ -347,7 +411,7 @@ def train(
         if not is_tp_sharded(p):
             replicated.update(name.encode() + p.detach().cpu().numpy().tobytes())
     if arm_fields is None:
-        arm_fields = {"algorithm": ARMS[job.arm].algorithm, "compressor": ARMS[job.arm].compressor}
+        arm_fields = ARMS[job.arm].record
     return {
         "arm": job.arm,
         "seed": job.seed,
@@ -372,15 +436,23 @@ def train(
 
 
 def plain_build(
-    model: Any, group: Any, device: Any, lr: Any, x: Any, y: Any, autocast: Callable[[], Any]
+    model: Any,
+    group: Any,
+    device: Any,
+    lr: Any,
+    x: Any,
+    y: Any,
+    autocast: Callable[[], Any],
+    backward_group: Any = None,
 ) -> tuple[Any, Any, Callable[[], Any]]:
-    """The model on ``device`` (its TP shards over ``group`` unless None), its AdamW and
-    the training step on the batch ``x``, ``y``: the loss, its backward, the update."""
+    """The model on ``device`` (its TP shards over ``group`` unless None; the backward
+    AllReduces over ``backward_group`` when given), its AdamW and the training step on
+    the batch ``x``, ``y``: the loss, its backward, the update."""
     import torch.nn.functional as F  # noqa: N812, PLC0415
     import tp_gpt  # noqa: PLC0415
 
     if group is not None:
-        model = tp_gpt.parallelize(model, group)
+        model = tp_gpt.parallelize(model, group, backward_group)
     model.to(device)
     opt = tp_gpt.make_optimizer(model, lr, fused=True, capturable=True)
 
@@ -392,6 +464,14 @@ def plain_build(
         return loss.detach()
 
     return model, opt, step_fn
+
+
+def arm_build(arm: Arm, make_group: Callable[[dict[str, Any]], Any]) -> Callable[..., Any] | None:
+    """``train``'s ``build`` for ``arm``: None (:func:`plain_build`) when one codec carries
+    both directions, else plain_build with a backward group of ``make_group(backward)``."""
+    if arm.backward is None:
+        return None
+    return functools.partial(plain_build, backward_group=make_group(arm.backward))
 
 
 def _device_name(device: Any) -> str:
@@ -466,6 +546,7 @@ def worker_main(args: argparse.Namespace) -> int:
             work / f"{job.name}.ckpt",
             lambda: stopping["now"],
             lambda msg: print(msg, flush=True),
+            build=arm_build(a, functools.partial(VirtualTPGroup, tp, a.algorithm)),
         )
         if result is None:
             return INTERRUPTED
@@ -511,6 +592,7 @@ def rank_main(args: argparse.Namespace) -> int:
         None,
         lambda: False,
         (lambda msg: None) if quiet else (lambda msg: print(f"[real] {msg}", flush=True)),
+        build=arm_build(a, functools.partial(TPGroup, comm, a.algorithm)),
     )
     backend = comm.backend
     comm.close()
@@ -741,10 +823,27 @@ def run_main(args: argparse.Namespace) -> int:
         previous = json.loads(out.read_text())
         if "real_vs_sim" in previous:
             report["real_vs_sim"] = previous["real_vs_sim"]
+    png = args.png or out.with_suffix(".png")
+    frontier = args.command == "frontier"
+    if frontier:
+        report["frontier"] = tp_frontier.frontier(report, TARGET_DELTA_PCT, TARGET_CI_BELOW_PCT)
+        report["frontier_fewest_bytes"] = tp_frontier.fewest_bytes(report["frontier"])
+        report["frontier_rule"] = (
+            f"meets_target: delta <= +{TARGET_DELTA_PCT}% vs uncompressed and its 95% "
+            f"interval's upper end below +{TARGET_CI_BELOW_PCT}%; bytes_per_element: the "
+            "codec's payload bytes of one TP AllReduce (batch x seq x d_model elements) "
+            "per element, forward bfloat16, backward float32, mean of the two (a step "
+            "has as many elements of each)"
+        )
     write_json(out, report)
     if results:
-        plot(report, args.png or out.with_suffix(".png"))
+        # the frontier's PNG is its bytes against loss; its loss curves go beside it
+        plot(report, png.with_name(png.stem + "-curves.png") if frontier else png)
+        if frontier:
+            tp_frontier.plot_frontier(report, png, TARGET_DELTA_PCT, TARGET_CI_BELOW_PCT)
     print_summary(report, log)
+    if frontier:
+        tp_frontier.print_frontier(report, log)
     if missing:
         log(f"[run] {len(missing)} runs not finished: run the same command again to resume")
         return 3
@@ -834,9 +933,7 @@ def build_report(
             "autocast": "bfloat16",
         },
         "corpus": first.get("corpus"),
-        "arms": {
-            a: {"compressor": ARMS[a].compressor, "algorithm": ARMS[a].algorithm} for a in arms
-        },
+        "arms": {a: ARMS[a].record for a in arms},
         "tps": tps,
         "seeds": seeds,
         "mps": mps,
@@ -1152,23 +1249,40 @@ def add_runner_options(
     )
 
 
+def add_experiment_options(
+    run: argparse.ArgumentParser,
+    arms: list[str],
+    seeds: str,
+    only: str,
+    out: Path,
+    jobs_per_gpu: int,
+) -> None:
+    """``run``'s and ``frontier``'s options, with these defaults."""
+    run.add_argument("--smoke", action="store_true", help="tiny model, 4 steps, on the CPU")
+    run.add_argument("--arms", default=",".join(arms), help="comma-separated arms")
+    run.add_argument("--tps", default="4,8", help="TP sizes of the TP arms")
+    run.add_argument("--seeds", default=seeds, help="seeds (weights and data order)")
+    run.add_argument(
+        "--only", default=only, help="TP=arm+arm,...: at that TP size run only those arms"
+    )
+    run.add_argument("--steps", type=int, default=FULL.steps, help="training steps")
+    work = Path(tempfile.gettempdir()) / f"coccl-{out.stem}"
+    add_runner_options(run, jobs_per_gpu, 480.0, work)
+    run.add_argument("--out", type=Path, default=out, help="the JSON")
+    run.add_argument("--png", type=Path, default=None, help="the plot (None: beside --out)")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=fmt)
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="the experiment (phase 1)", formatter_class=fmt)
-    run.add_argument("--smoke", action="store_true", help="tiny model, 4 steps, on the CPU")
-    run.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
-    run.add_argument("--tps", default="4,8", help="TP sizes of the TP arms")
-    run.add_argument("--seeds", default="0,1,2", help="seeds (weights and data order)")
-    run.add_argument(
-        "--only", default="", help="TP=arm+arm,...: at that TP size run only those arms"
+    add_experiment_options(run, DEFAULT_ARMS, "0,1,2", "", DEFAULT_OUT, 0)
+    frontier = sub.add_parser(
+        "frontier", help="the 4-6-bit codecs' bytes against loss (#33)", formatter_class=fmt
     )
-    run.add_argument("--steps", type=int, default=FULL.steps, help="training steps")
-    add_runner_options(run, 0, 480.0, Path(tempfile.gettempdir()) / "coccl-tp-convergence-gpu")
-    run.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON")
-    run.add_argument("--png", type=Path, default=None, help="the plot (None: beside --out)")
+    add_experiment_options(frontier, FRONTIER_ARMS, "0,1,2,3,4", "8=taco", DEFAULT_FRONTIER_OUT, 10)
 
     check = sub.add_parser(
         "check", help="real TP over NCCL vs simulated (phase 2)", formatter_class=fmt
@@ -1211,6 +1325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     commands = {
         "run": run_main,
+        "frontier": run_main,
         "check": check_main,
         "estimate": estimate_main,
         "worker": worker_main,

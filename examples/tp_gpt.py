@@ -179,23 +179,38 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def parallelize(model: GPT, group: Any) -> GPT:
+def parallelize(model: GPT, group: Any, backward_group: Any = None) -> GPT:
     """Replace every block's linears by this rank's TP shards of them, in place.
 
     ``group`` is a :class:`coccl.tensor_parallel.TPGroup`, or a ``VirtualTPGroup``: then
     the layers hold every rank's shards and the model runs all ranks in this process.
     Heads and MLP hidden units must divide by the group size.
+
+    ``backward_group`` (default: ``group``) carries the backward AllReduces: the
+    column-parallel layers' (Megatron's *f*, the input gradients), while ``group`` keeps
+    the row-parallel layers' forward ones (*g*, the activations). A column-parallel layer
+    communicates only backward and a row-parallel one only forward, so the two
+    directions can use different codecs. Both groups must be the same ranks: the same
+    kind, size and rank.
     """
     from coccl.tensor_parallel import ColumnParallelLinear, RowParallelLinear  # noqa: PLC0415
 
     cfg = model.cfg
+    backward = group if backward_group is None else backward_group
+    if type(backward) is not type(group) or backward.size != group.size:
+        raise ValueError(
+            f"backward_group ({type(backward).__name__} of {backward.size}) must be the same "
+            f"kind and size as group ({type(group).__name__} of {group.size})"
+        )
+    if getattr(backward, "rank", None) != getattr(group, "rank", None):
+        raise ValueError(f"backward_group is rank {backward.rank}, group rank {group.rank}")
     if cfg.heads % group.size:
         raise ValueError(f"heads={cfg.heads} is not divisible by the TP size {group.size}")
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
-        attn.qkv = ColumnParallelLinear.from_linear(attn.qkv, group, blocks=3)
+        attn.qkv = ColumnParallelLinear.from_linear(attn.qkv, backward, blocks=3)
         attn.proj = RowParallelLinear.from_linear(attn.proj, group)
-        mlp.fc1 = ColumnParallelLinear.from_linear(mlp.fc1, group)
+        mlp.fc1 = ColumnParallelLinear.from_linear(mlp.fc1, backward)
         mlp.fc2 = RowParallelLinear.from_linear(mlp.fc2, group)
     return model
 

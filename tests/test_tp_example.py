@@ -154,8 +154,109 @@ def test_convergence_experiment_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.launch
+def test_frontier_smoke(tmp_path: Path) -> None:
+    """The frontier command on the CPU with a 4-bit arm and a per-direction arm: the runs,
+    the frontier points (bytes from the codecs themselves), its PNG and the curves'."""
+    from coccl.compressors import get_compressor  # noqa: PLC0415
+
+    tpc = load_example("tp_convergence_gpu")
+    out = tmp_path / "frontier.json"
+    run = [sys.executable, str(CONVERGENCE), "frontier", "--smoke", "--seeds", "0,1"]
+    run += ["--arms", "uncompressed,nvfp4,fwd_taco_bwd_nvfp4", "--tps", "4"]
+    run += ["--work-dir", str(tmp_path / "runs"), "--out", str(out), "--jobs-per-gpu", "1"]
+    proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert (tmp_path / "frontier-curves.png").stat().st_size > 0
+    assert len(report["runs"]) == 6 and not report["incomplete"]
+    mixed = [r for r in report["runs"] if r["arm"] == "fwd_taco_bwd_nvfp4"]
+    assert all(r["backward_compressor"] == tpc.NVFP4 for r in mixed)
+    assert all("backward_compressor" not in r for r in report["runs"] if r["arm"] == "nvfp4")
+    points = {(p["arm"], p["tp"]): p for p in report["frontier"]}
+    assert set(points) == {("uncompressed", 1), ("nvfp4", 4), ("fwd_taco_bwd_nvfp4", 4)}
+    count = 4 * 32 * 64  # the smoke setup's batch x seq x d_model
+    nv = get_compressor(tpc.NVFP4)
+    taco = get_compressor("taco")
+    bf16 = tpc.tp_frontier.FORWARD_DTYPE
+    mixed = points[("fwd_taco_bwd_nvfp4", 4)]["bytes_per_element"]
+    assert mixed["forward"] == taco.encoded_nbytes(count, bf16) / count
+    assert mixed["backward"] == nv.encoded_nbytes(count, np.float32) / count
+    assert mixed["mean"] == (mixed["forward"] + mixed["backward"]) / 2
+    assert points[("uncompressed", 1)]["bytes_per_element"] == {
+        "forward": 2.0,
+        "backward": 4.0,
+        "mean": 3.0,
+    }
+    nvfp4 = points[("nvfp4", 4)]
+    assert nvfp4["delta_pct"] == report["summary"]["nvfp4"]["tp4"]["delta_pct_vs_uncompressed"]
+    assert nvfp4["meets_target"] == (nvfp4["delta_pct"] <= 0.5 and nvfp4["ci"][1] < 1.0)
+    assert [p["bytes_per_element"]["mean"] for p in report["frontier"]] == sorted(
+        p["bytes_per_element"]["mean"] for p in report["frontier"]
+    )
+    assert set(report["frontier_fewest_bytes"]) == {"tp4"}
+
+
+def test_parallelize_sends_each_direction_through_its_group() -> None:
+    """With a backward group, the forward AllReduces (row-parallel) go through the
+    forward group and the backward ones (column-parallel) through the backward group: the
+    forward is bitwise the one-group model's of the forward codec, the gradients are not."""
+    from dataclasses import dataclass, field  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from coccl.tensor_parallel import VirtualTPGroup  # noqa: PLC0415
+
+    tp_gpt = load_example("tp_gpt")
+    tpc = load_example("tp_convergence_gpu")
+
+    @dataclass(frozen=True)
+    class Counting(VirtualTPGroup):
+        calls: list = field(default_factory=list, compare=False)
+
+        def allreduce(self, partials):  # type: ignore[override]
+            self.calls.append(partials[0].dtype)
+            return super().allreduce(partials)
+
+    cfg = tp_gpt.GPTConfig(layers=2, d_model=32, heads=4, seq=16)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+
+    def model(group, backward_group=None):
+        torch.manual_seed(0)
+        return tp_gpt.parallelize(tp_gpt.GPT(cfg), group, backward_group)
+
+    def loss_and_grads(m):
+        logits = m(x)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten())
+        loss.backward()
+        return logits.detach(), [p.grad.clone() for p in m.parameters()]
+
+    fwd, bwd = Counting(2, "two_shot", tpc.NVFP4), Counting(2, "two_shot", "taco")
+    both = model(fwd, bwd)
+    logits = both(x)
+    assert (len(fwd.calls), len(bwd.calls)) == (2 * cfg.layers, 0)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+    assert (len(fwd.calls), len(bwd.calls)) == (2 * cfg.layers, 2 * cfg.layers)
+
+    split_logits, split_grads = loss_and_grads(
+        model(VirtualTPGroup(2, "two_shot", tpc.NVFP4), VirtualTPGroup(2, "two_shot", "taco"))
+    )
+    one_logits, one_grads = loss_and_grads(model(VirtualTPGroup(2, "two_shot", tpc.NVFP4)))
+    assert torch.equal(split_logits, one_logits)  # the forward: the forward codec's alone
+    assert not all(torch.equal(a, b) for a, b in zip(split_grads, one_grads, strict=True))
+    # the same codec both ways is the one-group model, bitwise
+    same_logits, same_grads = loss_and_grads(
+        model(VirtualTPGroup(2, "two_shot", tpc.NVFP4), VirtualTPGroup(2, "two_shot", tpc.NVFP4))
+    )
+    assert torch.equal(same_logits, one_logits)
+    assert all(torch.equal(a, b) for a, b in zip(same_grads, one_grads, strict=True))
+    with pytest.raises(ValueError, match="same kind and size"):
+        model(VirtualTPGroup(2), VirtualTPGroup(4))
+
+
+@pytest.mark.launch
 def test_convergence_help_shows_defaults() -> None:
-    for command in ("run", "check"):
+    for command in ("run", "frontier", "check"):
         proc = subprocess.run(
             [sys.executable, str(CONVERGENCE), command, "--help"],
             capture_output=True,

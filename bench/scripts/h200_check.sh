@@ -238,6 +238,17 @@ dpgpu)
   timeout 60 mpiexec --oversubscribe -n 1 python3 -m mpi4py tests/mpi/rank_main.py "$OUT/dpgpu" \
     tests/mpi/test_torch_backend_gpu.py -k "cuda or nccl" -rs 2>&1 | tail -2
   tail -8 "$OUT/dpgpu/rank-0.log" | tee "$OUT/pytest_dpgpu.txt" ;;
+frontier)
+  # The TP frontier of the 4-6-bit codecs (issue #33, helper frontier): 8 arms at TP = 4,
+  # taco at TP = 4 and 8, the plain model, 5 seeds each (55 runs of 2000 steps on virtual
+  # TP ranks, 10 workers under MPS). The runs stop at a checkpoint at the time limit and
+  # the report holds the finished ones; the same part again resumes (a warm machine keeps
+  # the work folder). Budget: one call of 540 s (~460 s expected).
+  step "TP frontier: bytes per element against loss"
+  timeout ${FRONTIER_TIMEOUT:-530} python3 examples/tp_convergence_gpu.py frontier --tps 4,8 \
+    --only 8=taco --seeds 0,1,2,3,4 --jobs-per-gpu 10 --time-limit-s ${FRONTIER_LIMIT_S:-480} \
+    --work-dir /tmp/coccl-tp-frontier-gpu --out "$JSONDIR/tp-frontier-gpu.json" 2>&1 \
+    | tee "$OUT/tp_frontier_log.txt" | tail -40 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
