@@ -229,6 +229,13 @@ class PointToPointCalls:
         check = self._check_usable  # type: ignore[attr-defined]
         return [P2PHandle(engine, m, check) for m in engine.post(postings, group)]
 
+    def p2p_over_nccl(self, device_id: int | None) -> bool:
+        """Whether point-to-point messages of device data on GPU ``device_id`` travel
+        over NCCL: False for host data (None), and on a communicator without NCCL or
+        whose NCCL runs on another GPU."""
+        nccl = self._nccl  # type: ignore[attr-defined]
+        return device_id is not None and nccl is not None and device_id == nccl.device_id
+
     def _p2p_pools(self) -> list[Any]:
         """The pools of the point-to-point transport (its pinned staging buffers)."""
         return [] if self._p2p is None else self._p2p.transport.pools()
