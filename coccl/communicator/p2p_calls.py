@@ -63,7 +63,9 @@ class P2PHandle:
     Over NCCL, ``wait()`` returns once both ends matched and the message's group is
     enqueued: the received array is ready in the order of the stream that was current at
     the post (as a collective's result over NCCL), and the host does not wait for the
-    device; ``test()`` is True once the device work has ended too."""
+    device; ``test()`` is True once the device work has ended too. Device data over MPI:
+    ``wait()`` returns once the transfers are done, the received array ready in the order
+    of the stream that was current at the post."""
 
     def __init__(self, engine: P2PEngine, message: Message, check: Callable[[], None]) -> None:
         self._engine = engine
