@@ -41,7 +41,7 @@ import coccl
 from coccl.communicator.sizing import chunk_elems
 
 from . import bounds, launch, timing
-from .cli import command, datatype
+from .cli import command, datatype, parse_size
 from .collective import (
     EXIT_USAGE,
     EXIT_WRONG,
@@ -151,14 +151,32 @@ class Job:
             [rank_data(s, count, dtype)[r * blk : (r + 1) * blk] for s in range(n)]
         )
 
-    def time(self, fn: Callable[[], Any]) -> timing.TimeStats:
-        """First call, warm-up, timed loops: the rank-combined time of one call."""
+    def time(self, fn: Callable[[], Any], size: int) -> timing.TimeStats:
+        """First call, warm-up, timed loops: the rank-combined time of one call of
+        ``size`` bytes (``point_iters``)."""
         barrier = self.comm.barrier
+        iters, warmup, _ = point_iters(self.args, size)
         timing.timed_call(fn, barrier, self.sync)
-        for _ in range(self.args.warmup_iters):
+        for _ in range(warmup):
             fn()
-        times = timing.time_calls(fn, self.args.iters, barrier, self.sync)
+        times = timing.time_calls(fn, iters, barrier, self.sync)
         return timing.summarize(self.mpi, times, timing.AVERAGES[self.args.average])
+
+
+def point_iters(args: argparse.Namespace, size: int) -> tuple[int, int, int]:
+    """(timed calls per loop, warm-up calls, overlap runs) of a point of ``size`` bytes:
+    ``-n``, ``-w`` and ``--overlap-iters`` (default: ``-n`` within 3-5), scaled down
+    where ``-n`` calls would move more than ``--iters-bytes`` (at least one timed call
+    per loop, three overlap runs), so a sweep to 1 GiB ends in a bounded time."""
+    iters, warmup = args.iters, args.warmup_iters
+    overlap = args.overlap_iters or max(3, min(iters, 5))
+    budget = args.iters_bytes
+    if budget and size and iters * size > budget:
+        scale = budget / (iters * size)
+        iters = max(1, int(iters * scale))
+        warmup = int(warmup * scale)
+        overlap = max(3, min(overlap, int(overlap * scale)))
+    return iters, warmup, overlap
 
 
 # ------------------------------------------------------------------ native exchanges
@@ -240,7 +258,7 @@ def measure_size(job: Job, count: int) -> list[ExchangeRow]:
     out = xp.empty(count, dtype=dtype)
     expected = job.expected(count) if job.args.check else None
     size = count * dtype.itemsize
-    native = job.time(job.native.call(x, out, job.spec.blocks))
+    native = job.time(job.native.call(x, out, job.spec.blocks), size)
     rows = [
         _row(
             job, count, "native", "identity", native, native, 1.0, _check(job, out, expected, None)
@@ -251,7 +269,7 @@ def measure_size(job: Job, count: int) -> list[ExchangeRow]:
             continue
         call = job.coccl_call(x, out, codec, job.args.chunk_bytes)
         job.comm.reset_stats()
-        stats = job.time(call)
+        stats = job.time(call, size)
         job.comm.reset_stats()
         call()
         job.sync()
@@ -345,7 +363,7 @@ def _overlap(job: Job, row: ExchangeRow, x: Any, out: Any, codec: Any, pipelined
 
     runs = {"pipelined": pipelined, "codec_only": codec_only, "transport_only": transport_only}
     samples: dict[str, list[float]] = {k: [] for k in runs}
-    iters = job.args.overlap_iters or max(3, min(job.args.iters, 5))
+    iters = point_iters(job.args, x.size * dtype.itemsize)[2]
     for i in range(iters + 1):  # the first round warms up
         for name, fn in runs.items():
             job.sync()
@@ -375,6 +393,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the element type (float32, bfloat16, float16, float64, ...)")
     add("--backend", choices=("auto", "mpi", "nccl"), default="auto",
         help="coccl.init's backend: the transport of device data")
+    add("--iters-bytes", type=parse_size, default=0,
+        help="at sizes where -n calls would move more than this, fewer timed, warm-up "
+             "and overlap calls, as many as fit (at least 1 per timed loop, 3 overlap "
+             "runs); 0: always -n")
     # fmt: on
     add_codec_arguments(add, "identity,tah:row=4096,taco")
 
@@ -482,6 +504,7 @@ def _metadata(job: Job, device: dict[str, Any]) -> dict[str, Any]:
         "gpu": device["gpu"],
         "datatype": args.datatype.name,
         "iters": args.iters,
+        "iters_bytes": args.iters_bytes,
         "warmup_iters": args.warmup_iters,
         "check": int(args.check),
         "average": timing.AVERAGES[args.average],

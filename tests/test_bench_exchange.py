@@ -148,3 +148,18 @@ def test_hierarchical_allreduce_sweep_on_one_level(
     assert all(r["wrong"] == 0 for r in rows)
     lossy = [r for r in rows if r["compressor"] == "int:bits=8"]
     assert lossy[0]["ran"]["quantizations"].startswith("2 per element")
+
+
+def test_iters_bytes_scales_the_calls_of_large_points_down() -> None:
+    """``--iters-bytes``: points where -n calls would move more run fewer calls (at least
+    one per timed loop and three overlap runs); smaller points, or 0, run -n."""
+    from coccl.bench.exchange import point_iters
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["sendrecv", "-n", "20", "-w", "5", "--iters-bytes", "1G"])
+    assert args.iters_bytes == 1 << 30
+    assert point_iters(args, 1 << 20) == (20, 5, 5)
+    assert point_iters(args, 256 << 20) == (4, 1, 3)
+    assert point_iters(args, 4 << 30) == (1, 0, 3)
+    args = parser.parse_args(["sendrecv", "-n", "20", "-w", "5"])
+    assert point_iters(args, 4 << 30) == (20, 5, 5)

@@ -43,3 +43,62 @@ def test_p2p_cases_under_torchrun(tmp_path: Path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_p2p_gpu_cases_two_ranks_sharing_a_gpu(tmp_path: Path):
     run_cases("tests/scripts/torch_p2p_gpu_cases.py", 2, tmp_path)
+
+
+def test_only_nccl_on_the_tensors_gpu_takes_cuda_tensors_as_they_are() -> None:
+    """``Communicator.p2p_over_nccl``, which decides whether the torch backend hands a
+    CUDA tensor to the Communicator as it is (else through a host copy): never for host
+    data, nor on a communicator without NCCL."""
+    from mpi4py import MPI
+
+    import coccl
+
+    comm = coccl.init(MPI.COMM_SELF, backend="mpi")
+    try:
+        assert not comm.p2p_over_nccl(None)
+        assert not comm.p2p_over_nccl(0)
+    finally:
+        comm.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("codec", ["identity", "int8"])
+def test_cuda_tensors_travel_over_nccl_as_they_are(codec: str) -> None:
+    """On a one-rank NCCL Communicator a CUDA tensor sent to the rank itself goes to the
+    Communicator as it is (no host copy counted), over NCCL (its bytes on NCCL's
+    counter), and lands bitwise as each chunk's decode(encode(chunk)) on the CPU; the
+    receive is ordered before the stream current at its wait (a side stream)."""
+    from collections import Counter
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import coccl
+    from coccl.torch import p2p
+    from coccl.torch.backend import CocclOptions
+
+    comm = coccl.init(MPI.COMM_SELF, backend="nccl")
+    try:
+        opts = CocclOptions(p2p_backward=codec, min_compress_bytes=0, chunk_bytes=64 << 10)
+        x = torch.randn(1 << 16, device="cuda")  # four chunks
+        out = torch.empty_like(x)
+        counts: Counter[str] = Counter()
+        comm.reset_stats()
+        sent = p2p.post(comm, opts, "send", [x], 0, 3, counts)
+        got = p2p.post(comm, opts, "recv", [out], 0, 3, counts)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            got.wait()
+            copy = out.clone()
+        sent.wait()
+        side.synchronize()
+        assert not any(k.startswith("copied:") for k in counts)
+        assert comm._nccl.bytes_sent == comm.stats()["bytes_sent"] > 0
+        host, xs, elems = coccl.get_compressor(codec), x.cpu().numpy(), 16 << 10
+        parts = [xs[a : a + elems] for a in range(0, xs.size, elems)]
+        expect = np.concatenate(
+            [host.decode(host.encode(p), count=p.size, dtype=p.dtype) for p in parts]
+        )
+        assert np.array_equal(copy.cpu().numpy(), expect)
+    finally:
+        comm.close()

@@ -177,6 +177,28 @@ ncclp2p)
     -b 4M -e 256M -f 4 -n 2 -w 1 --no-progress --algorithm hierarchical,native --compressor identity,int:bits=8 \
     -d float32 --json "$JSONDIR/h200-mpi-4ranks-hierarchical.json" 2>&1 | tee "$OUT/hierarchical.txt" \
     | grep -v "^#  Rank" | tail -16 ;;
+p2psweep)
+  # Point-to-point of device data after session 14's fix of its staged path (the codec's
+  # kernels on the device's compute stream, each chunk's payload alone staged through pinned
+  # memory; before, the whole message was copied to the host and the CPU kernels encoded it):
+  # the GPU tests it touches (one-rank NCCL point-to-point and the torch backend's CUDA
+  # tensors handed to NCCL as they are; tests/mpi/test_p2p_calls.py's device case on 2 ranks
+  # sharing the GPU over staged MPI), then the 2-rank staged send/recv sweep 1 MiB to 1 GiB
+  # (identity, tah, taco beside MPI_Sendrecv of the same run; overlap from 64 MiB; fewer
+  # calls from 256 MiB: --iters-bytes). Budget: 230 s (the timeouts; about 150 s expected).
+  step "pytest one-rank NCCL point-to-point, torch CUDA tensors over NCCL"
+  timeout ${P2P_TEST_TIMEOUT:-50} python3 -m pytest -q -p no:cacheprovider -rs tests/test_nccl_p2p.py \
+    tests/test_torch_p2p.py::test_cuda_tensors_travel_over_nccl_as_they_are \
+    2>&1 | tee "$OUT/pytest_p2psweep_nccl.txt" | grep -v "^SKIPPED" | tail -15
+  step "pytest staged device point-to-point, 2 ranks sharing the GPU"
+  mkdir -p "$OUT/p2p2"
+  timeout ${P2P_MPI_TIMEOUT:-40} mpiexec --oversubscribe -n 2 python3 -m mpi4py tests/mpi/rank_main.py \
+    "$OUT/p2p2" tests/mpi/test_p2p_calls.py -k device -rs 2>&1 | tail -2
+  tail -6 "$OUT/p2p2/rank-0.log" | tee "$OUT/pytest_p2psweep_mpi2.txt"
+  step "2-rank staged send/recv sweep on the GPU, 1 MiB to 1 GiB, overlap from 64 MiB"
+  timeout ${P2P_SWEEP_TIMEOUT:-140} python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 1M -e 1G -f 4 \
+    -n 2 -w 1 --iters-bytes 256M --no-progress --compressor identity,tah:row=4096,taco --overlap-min 64M \
+    --overlap-iters 3 --json "$JSONDIR/h200-mpi-2ranks-sendrecv.json" 2>&1 | tee "$OUT/p2psweep.txt" | tail -30 ;;
 state)
   # Caller-kept states (#31) on device data: the delta AllGather and error feedback give
   # bitwise the host's results, call after call: 1, 2 and 4 ranks sharing the GPU over

@@ -275,7 +275,7 @@ class Communicator(
     def pools(self) -> list[BufferPool]:
         """Every buffer pool this communicator uses (for memory statistics)."""
         runner = self._runner
-        pools = [runner.host_pool, *runner.host.pools()]
+        pools = [runner.host_pool, *runner.host.pools(), *self._p2p_pools()]
         pools += [ctx.pool for ctx in runner.devices.values()]
         pools += [p.graph.pool for p in self._plans.values() if p.graph and p.graph.pool]
         if self._nccl is not None:

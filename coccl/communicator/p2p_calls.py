@@ -8,8 +8,12 @@ progress engine (``coccl.communicator.p2p_engine``), which exchanges the two end
 signatures over a transport of its own (an MPI duplicate), so its messages never meet
 the collectives'. Host data travels over that transport. Device data on a communicator
 with NCCL travels over NCCL, in groups (``coccl.communicator.p2p_nccl``); on one without,
-over MPI through host copies (the caller's stream is synchronised first; a received
-message is copied to the device on the stream that was current at ``irecv``).
+over MPI as the collectives' staged device data does: the codec's kernels run on the
+device, on coccl's compute stream, and only each chunk's payload is copied through pinned
+host memory, on that stream (``coccl.transports.mpi``), so the host never waits for the
+device inside a message but where MPI needs a payload's bytes. The compute stream waits
+for the caller's stream at the post; the caller's stream waits for the compute stream
+when the message finishes.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from coccl.core.arrays import (
 )
 from coccl.core.options import check_chunk_bytes
 from coccl.core.transport import PollingTransport
-from coccl.engine.polling import InlineExecutor
+from coccl.engine.polling import GpuExecutor, InlineExecutor
 from coccl.errors import CocclError
 
 
@@ -59,7 +63,9 @@ class P2PHandle:
     Over NCCL, ``wait()`` returns once both ends matched and the message's group is
     enqueued: the received array is ready in the order of the stream that was current at
     the post (as a collective's result over NCCL), and the host does not wait for the
-    device; ``test()`` is True once the device work has ended too."""
+    device; ``test()`` is True once the device work has ended too. Device data over MPI:
+    ``wait()`` returns once the transfers are done, the received array ready in the order
+    of the stream that was current at the post."""
 
     def __init__(self, engine: P2PEngine, message: Message, check: Callable[[], None]) -> None:
         self._engine = engine
@@ -225,6 +231,17 @@ class PointToPointCalls:
         check = self._check_usable  # type: ignore[attr-defined]
         return [P2PHandle(engine, m, check) for m in engine.post(postings, group)]
 
+    def p2p_over_nccl(self, device_id: int | None) -> bool:
+        """Whether point-to-point messages of device data on GPU ``device_id`` travel
+        over NCCL: False for host data (None), and on a communicator without NCCL or
+        whose NCCL runs on another GPU."""
+        nccl = self._nccl  # type: ignore[attr-defined]
+        return device_id is not None and nccl is not None and device_id == nccl.device_id
+
+    def _p2p_pools(self) -> list[Any]:
+        """The pools of the point-to-point transport (its pinned staging buffers)."""
+        return [] if self._p2p is None else self._p2p.transport.pools()
+
     # --------------------------------------------------------------- checks
     def _engine(self) -> P2PEngine:
         self._check_usable()  # type: ignore[attr-defined]
@@ -259,11 +276,9 @@ class PointToPointCalls:
         codec, sig = self._signature(src, compressor, tag, chunk_bytes, streamed)
         if streamed:
             return self._streamed("send", peer, codec, sig, src)
-        data = src.data
         if src.device_id is not None:
-            caller_stream(x).synchronize()  # the caller's work on x is done
-            data = data.get()
-        return self._posting("send", peer, codec, sig, data, lambda: None)
+            return self._staged("send", peer, codec, sig, src)
+        return self._posting("send", peer, codec, sig, src.data, lambda: None)
 
     def _receiving(
         self, out: Any, src: Any, compressor: Any, tag: Any, chunk_bytes: Any
@@ -277,17 +292,9 @@ class PointToPointCalls:
         codec, sig = self._signature(dst, compressor, tag, chunk_bytes, streamed)
         if streamed:
             return self._streamed("recv", peer, codec, sig, dst)
-        if dst.device_id is None:
-            return self._posting("recv", peer, codec, sig, dst.data, lambda: dst.obj)
-        stream = caller_stream(out)
-        host = np.empty(dst.size, dtype=dst.dtype)
-
-        def finish() -> Any:
-            dst.data.set(host, stream=stream)
-            stream.synchronize()  # the host copy is reused by no one, but must outlive it
-            return dst.obj
-
-        return self._posting("recv", peer, codec, sig, host, finish)
+        if dst.device_id is not None:
+            return self._staged("recv", peer, codec, sig, dst)
+        return self._posting("recv", peer, codec, sig, dst.data, lambda: dst.obj)
 
     def _streams(self, flat: Flat) -> bool:
         """Whether ``flat`` travels over NCCL: device data on a communicator with NCCL
@@ -333,6 +340,39 @@ class PointToPointCalls:
         schedule = p2p.send if kind == "send" else p2p.recv
         executor = runner._executor(min(sig["chunk_elems"], data.size) * data.dtype.itemsize)
         return Posting(kind, peer, sig, lambda: schedule(plan, data, peer), executor, finish)
+
+    def _staged(self, kind: str, peer: int, codec: Compressor, sig: dict, flat: Flat) -> Posting:
+        """The posting of device data over MPI (see the module docstring): its rounds on
+        the device's pool and compute stream, which waits for the caller's stream now;
+        the caller's stream waits for it once the message is complete."""
+        runner = self._runner  # type: ignore[attr-defined]
+        ctx = runner._device(flat.device_id)
+        with ctx.device:
+            caller = caller_stream(flat.obj)
+            ctx.compute.wait_event(ctx.event(caller))
+        plan = algorithms.ScheduleArgs(
+            rank=self.rank,
+            size=self.size,
+            codec=codec,
+            dtype=flat.dtype,
+            op="sum",
+            chunk_elems=sig["chunk_elems"],
+            pool=ctx.pool,
+            label=f"point-to-point {kind}",
+            depth=self._p2p.depth,  # type: ignore[union-attr]
+        )
+        schedule = p2p.send if kind == "send" else p2p.recv
+        result = flat.obj if kind == "recv" else None
+
+        def finish() -> Any:
+            with ctx.device:
+                caller.wait_event(ctx.event(ctx.compute))
+            return result
+
+        return Posting(
+            kind, peer, sig, lambda: schedule(plan, flat.data, peer), GpuExecutor(ctx.compute),
+            finish, stream=(ctx.device, ctx.compute),
+        )  # fmt: skip
 
     def _streamed(self, kind: str, peer: int, codec: Compressor, sig: dict, flat: Flat) -> Posting:
         """The posting of a message over NCCL: its chunks from (or into) the caller's

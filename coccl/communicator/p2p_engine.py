@@ -54,6 +54,9 @@ class Posting:
     finish: Callable[[], Any]
     streamed: bool = False  # its chunks travel over NCCL, launched in a group
     device: Any = None  # a streamed message's stream state (p2p_nccl.DeviceMessage)
+    # staged device data: (device, compute stream), current while its rounds advance, so
+    # the transport's staging copies run on the stream of the codec's kernels
+    stream: Any = None
 
 
 @dataclass(eq=False)
@@ -100,6 +103,13 @@ class Message:
 
     def poll(self, transport: PollingTransport, rank: int) -> bool:
         """Move the message as far as it can go without blocking; True on progress."""
+        if self.posting.stream is None:
+            return self._poll(transport, rank)
+        device, stream = self.posting.stream
+        with device, stream:
+            return self._poll(transport, rank)
+
+    def _poll(self, transport: PollingTransport, rank: int) -> bool:
         progressed = False
         if not self.verified and self.peer_sig.test():
             self._verify(rank)

@@ -26,10 +26,15 @@ tests any of them, so sends and receives in both directions at once (a ring of
 ``batch_isend_irecv`` exchanges) never wait on one another. A large message (more chunks
 than ``COCCL_PIPELINE_DEPTH``) is moved by those calls only, not in the background.
 
-CUDA tensors travel through host copies: a send copies the tensor to the host after the
-caller's current stream; a receive lands in host memory and is copied into the tensor
-on the stream current at ``Work.wait()`` (or at the ``is_completed()`` that first sees it
-done). Non-contiguous tensors are copied in and out the same way.
+CUDA tensors on a group whose Communicator has NCCL on their GPU (one rank per GPU) go
+to it as they are and travel over NCCL, the codec's kernels on the device: the message
+is ordered after the work enqueued on the stream current at the post, and a received
+tensor before the work enqueued on the stream current at ``Work.wait()`` (or at the
+``is_completed()`` that first sees it done) from then on. Elsewhere (staged MPI: ranks
+sharing a GPU) they travel through host copies: a send copies the tensor to the host
+after the caller's current stream; a receive lands in host memory and is copied into the
+tensor on the stream current at ``Work.wait()`` (or ``is_completed()``). Non-contiguous
+tensors are copied in and out as host tensors are.
 """
 
 from __future__ import annotations
@@ -138,16 +143,40 @@ def post(
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"a coccl {kind} takes a torch tensor, got {type(tensor).__name__}")
     key, compressor = choose(opts, kind, comm.rank, peer, tensor)
-    wire, finish = _wire(tensor, kind)
+    direct = tensor.is_cuda and tensor.is_contiguous()
+    if direct and comm.p2p_over_nccl(tensor.device.index):
+        wire, finish = _on_device(tensor, kind)
+    else:
+        direct = False
+        wire, finish = _wire(tensor, kind)
     options = {"compressor": compressor, "tag": tag, "chunk_bytes": opts.chunk_bytes}
     if kind == "send":
         handle = comm.isend(wire, peer, **options)
     else:
         handle = comm.irecv(wire, peer, **options)
     counts[key] += 1
-    if finish is not None:
+    if finish is not None and not direct:
         counts[f"copied:{kind}"] += 1
     return Pending([handle], finish)
+
+
+def _on_device(tensor: torch.Tensor, kind: str) -> tuple[torch.Tensor, Callable[[], Any] | None]:
+    """The tensor the Communicator moves over NCCL for contiguous CUDA ``tensor`` (itself,
+    or its bytes for a dtype it does not carry), and for a receive what orders it before
+    the stream current when it is found complete (the Communicator orders it on the
+    stream current at the post)."""
+    t = tensor.detach()
+    buf = t if t.dtype in CARRIED else t.reshape(-1).view(torch.uint8)
+    if kind == "send":
+        return buf, None
+    posted = torch.cuda.current_stream(t.device)
+
+    def order() -> None:
+        now = torch.cuda.current_stream(t.device)
+        if now != posted:
+            now.wait_stream(posted)
+
+    return buf, order
 
 
 def _wire(tensor: torch.Tensor, kind: str) -> tuple[torch.Tensor, Callable[[], Any] | None]:

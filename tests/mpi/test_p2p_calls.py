@@ -191,20 +191,31 @@ def _cupy():
 
 @pytest.mark.skipif(_cupy() is None, reason="needs CuPy and a CUDA GPU")
 @pytest.mark.parametrize("codec", ["identity", "int8"])
-def test_device_data_through_host_copies(comm, codec):
-    """Over backend="mpi" device arrays travel through host copies: a CuPy array sent
-    around the ring lands in a CuPy ``out`` as the host path delivers it."""
+def test_device_data_staged_as_the_collectives(comm, codec):
+    """Over backend="mpi" device arrays are staged as the collectives' are: a CuPy array
+    sent around the ring lands in a CuPy ``out`` as the host path delivers it, the codec
+    runs on the device (its payloads in the device pool, none in the host pool) and only
+    payloads cross the pinned staging buffers, a chunk at a time (never the whole
+    message: the p2p path once copied it to the host and ran the CPU codec there)."""
     cp = _cupy()
     seed = case_seed("device", codec)
     right, left = (RANK + 1) % N, (RANK - 1) % N
-    x = cp.asarray(rank_data(seed, RANK, 1000, np.float32))
-    out = cp.empty(1000, cp.float32)
+    count = 1 << 14  # 64 chunks of 1 KiB: the pipeline's window holds a few of them
+    x = cp.asarray(rank_data(seed, RANK, count, np.float32))
+    out = cp.empty(count, cp.float32)
+    for h in comm.batch_p2p([("send", x, right), ("recv", out, left)], compressor=codec):
+        h.wait()  # a first message: nothing of it counts below
+    comm.reset_stats()
     hs = comm.isend(x, right, compressor=codec, chunk_bytes=1024)
     assert comm.irecv(out, left, compressor=codec, chunk_bytes=1024).wait() is out
     hs.wait()
     c = coccl.get_compressor(codec)
-    expect = chunked_roundtrip(c, rank_data(seed, left, 1000, np.float32), 256)
+    expect = chunked_roundtrip(c, rank_data(seed, left, count, np.float32), 256)
     np.testing.assert_array_equal(cp.asnumpy(out), expect)
+    stats = comm.stats()
+    assert stats["peak_host_bytes"] == 0
+    assert 0 < stats["peak_pinned_bytes"] < x.nbytes
+    assert (stats["peak_device_bytes"] > 0) == (codec != "identity")
 
 
 def test_a_handle_of_a_closed_communicator_raises():
