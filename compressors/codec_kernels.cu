@@ -454,6 +454,22 @@ DEV void unpack4_fp8(u32 w, float* v) {
 }
 
 // ----------------------------------------------------------------- memory helpers
+// cp.async (sm_80+): a 16-byte global -> shared copy that holds no register while in
+// flight (ASYNC7 0: none; callers then copy through registers).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define ASYNC7 1
+DEV void cp_async16(uint4* dst, const uint4* src) {
+  u32 d;
+  asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}"
+      : "=r"(d) : "l"(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+DEV void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+DEV void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+#else
+#define ASYNC7 0
+#endif
+
 DEV int swz(int c) { return c ^ ((c >> 3) & 7); }  // 16-byte chunk -> smem slot
 
 DEV uint4 ldg4(const uint4* p) { return __ldg(p); }
@@ -972,20 +988,6 @@ DEV int slot7(int l, int c) {
   const int f = CH >= 8 ? (l & 7) : (((l * CH) >> 3) & (CH - 1));
   return l * CH + (c ^ f);
 }
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define ASYNC7 1
-DEV void cp_async16(uint4* dst, const uint4* src) {
-  u32 d;
-  asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}"
-      : "=r"(d) : "l"(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-DEV void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-DEV void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-#else
-#define ASYNC7 0
-#endif
 
 // Start copying a warp's tile at `tile_bytes` (32 lanes' CH chunks each, in order) into
 // buffer sb, chunk c of lane l at slot7<CH>(l, c).

@@ -27,6 +27,7 @@ _functions: dict[tuple, Any] = {}
 _sources: dict[Path, str] = {}
 _sm_counts: dict[int, int] = {}
 _cupy_module: list[Any] = []
+_last_kernel: list[Any] = [None]  # the kernel this process launched last (any codec)
 
 
 def cupy_module() -> Any:
@@ -75,6 +76,19 @@ def compile_function(
                 module = cp.RawModule(code=code, options=options)
                 fn = _functions[key] = module.get_function(name)
     return fn
+
+
+def note_launch(kern: Any) -> None:
+    """Record ``kern`` as the kernel launched last (what :func:`last_kernel_attributes`
+    reports); every codec's launcher calls it after a launch."""
+    _last_kernel[0] = kern
+
+
+def last_kernel_attributes() -> dict[str, Any]:
+    """Registers, local (spill) memory, shared memory and the like of the codec kernel this
+    process launched last (CuPy's ``Function.attributes``); empty before the first."""
+    kern = _last_kernel[0]
+    return {} if kern is None else dict(kern.attributes)
 
 
 def sm_count(cp: Any) -> int:

@@ -35,9 +35,12 @@ from .gpu_build import (
     compile_function,
     cupy_module,
     element_type,
+    last_kernel_attributes,
+    note_launch,
     overlap,
     sm_count,
 )
+from .intq_gpu import int_encode
 from .layout import GROUP_SIZES, int8_layout, num_groups, taco_nbytes
 
 __all__ = [
@@ -59,7 +62,9 @@ _FMT = {"e4m3": 0, "e5m2": 1}
 _INT8_FAST_GROUPS = (32, 64, 128, 256, 512, 1024)
 _TILE = 1024  # elements one warp handles per step in the fast kernels
 
-_OP_TACO_ENC, _OP_TACO_DEC, _OP_INT8_ENC, _OP_INT8_DEC = 1, 2, 3, 4
+# Kernel 3 (int8's 32-per-lane encode) is no longer launched: int8_encode runs the int
+# codec's staged 8-bit kernel for these groups.
+_OP_TACO_ENC, _OP_TACO_DEC, _OP_INT8_DEC = 1, 2, 4
 _OP_INT8_ENC_ANY, _OP_INT8_DEC_ANY = 5, 6
 _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 _OP_TACO_HOP = 8  # taco ring hop: encode(own + decode(payload)) in one kernel
@@ -89,7 +94,6 @@ _KINDS = ("encode", "decode", "accumulate", "hop")
 # (device, kind, defines) -> (kernel, threads, warps per block, largest grid): the launch of
 # a chunk-sized message is a few microseconds of GPU time, so its host cost matters.
 _launches: dict[tuple, tuple[Any, int, int, int]] = {}
-_last_kernel: list[Any] = [None]
 
 
 # ----------------------------------------------------------------------- public API
@@ -206,12 +210,13 @@ def int8_encode(x: Any, payload: Any, *, group_size: int) -> None:
     if count == 0:
         return
     if G in _INT8_FAST_GROUPS:
-        defs = {"OP": _OP_INT8_ENC, "GS": G, "XT": xt}
-        warps = -(-count // _TILE)
-    else:
-        defs = {"OP": _OP_INT8_ENC_ANY, "GS": G, "XT": xt}
-        warps = K
-    _launch(cp, defs, "encode", (x, payload), count, K, warps=warps)
+        # The int codec's 8-bit encode without rotation is int8's arithmetic byte for byte
+        # (FORMAT.md), and its kernel stages whole tiles through shared memory ahead
+        # (faster than kernel 3's lane-strided loads, for float32 most).
+        int_encode(x, payload, bits=8, group_size=G, hadamard=0, stochastic=False, key=0)
+        return
+    defs = {"OP": _OP_INT8_ENC_ANY, "GS": G, "XT": xt}
+    _launch(cp, defs, "encode", (x, payload), count, K, warps=K)
 
 
 def int8_decode(payload: Any, out: Any, *, group_size: int, accumulate: bool) -> None:
@@ -415,7 +420,7 @@ def _launch_here(
     kern, threads, per_block, grid_cap = cached
     blocks = max(1, min(-(-warps // per_block), grid_cap))
     kern((blocks,), (threads,), (*arrays, np.int64(count), np.int64(K)))
-    _last_kernel[0] = kern
+    note_launch(kern)
 
 
 # ------------------------------------------------------------------- tuning hooks
@@ -497,13 +502,6 @@ def tuning(**changes: Any) -> Iterator[dict[str, Any]]:
         yield get_tuning()
     finally:
         set_tuning(**previous)
-
-
-def last_kernel_attributes() -> dict[str, Any]:
-    """Registers, local (spill) memory, shared memory and the like of the kernel this
-    process launched last (CuPy's ``Function.attributes``); empty before the first."""
-    kern = _last_kernel[0]
-    return {} if kern is None else dict(kern.attributes)
 
 
 def _checked_tuning(key: str, value: Any) -> Any:

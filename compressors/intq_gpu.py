@@ -26,6 +26,7 @@ from .gpu_build import (
     compile_function,
     cupy_module,
     element_type,
+    note_launch,
     sm_count,
 )
 from .layout import int_layout
@@ -37,6 +38,11 @@ _SOURCES = (_HERE / "codec_kernels.cu", _HERE / "intq_kernels.cu")
 _BLOCKS_PER_SM = 16  # the grid is at most this many blocks per SM (grid-stride loops)
 # Resident threads per SM that __launch_bounds__ sizes the registers for, per kind.
 _RESIDENT = {"encode": 768, "decode": 768, "accumulate": 512}
+# The encode of 32 elements per lane copies whole tiles into shared memory ahead (ISTAGE,
+# cp.async): lane-strided loads straight from memory held float32 well under the copy
+# bandwidth. Its two buffers a warp (2 x 32 lanes x 32 elements) fit 48 KiB in 256
+# threads of 16-bit elements or 128 of float32.
+_ENCODE_STAGE = 1
 
 # (device, kind, defines) -> (kernel, threads, warps per block, largest grid, elements per lane)
 _launches: dict[tuple, tuple[Any, int, int, int, int]] = {}
@@ -118,10 +124,14 @@ def _launch(
         if cached is None:
             npl = 64 if defs["GS"] > 1024 else 32  # a group lies in at most 32 lanes
             threads = 128 if npl == 64 else 256  # the staging buffers fit 48 KiB
+            stage = int(kind == "encode" and npl == 32 and _ENCODE_STAGE)
+            if stage and defs["XT"] == 0:
+                threads = 128
             full = {
                 **defs,
                 "OP": 0,
                 "NPL": npl,
+                "ISTAGE": stage,
                 "THREADS": threads,
                 # 64 elements per lane need twice the registers: half the threads.
                 "MIN_BLOCKS": max(1, _RESIDENT[kind] * 32 // npl // threads),
@@ -133,3 +143,4 @@ def _launch(
         warps = -(-coded // (32 * npl))
         blocks = max(1, min(-(-warps // per_block), grid_cap))
         kern((blocks,), (threads,), (*arrays, np.int64(count), np.int64(K), np.uint64(key)))
+        note_launch(kern)

@@ -13,6 +13,8 @@
 //   HAD     Hadamard block H (0: none; else a power of two, 8 <= H <= GS)
 //   STOCH   encode: 1 stochastic rounding (FORMAT.md's u_i), 0 round to nearest even
 //   NPL     elements per lane: 32, or 64 for GS = 2048 (a group lies in GS / NPL lanes)
+//   ISTAGE  encode: 1 copies whole tiles into shared memory ahead (cp.async), 0 reads
+//           lane by lane one tile ahead in registers (the kernel's comment says more)
 //
 // Layout: a warp works on tiles of 32 * NPL consecutive elements; lane l holds elements
 // [NPL l, NPL l + NPL) of its tile in registers, as NPL / 32 halves of 32. Its codes are
@@ -20,7 +22,8 @@
 // codes are written and read as coalesced words (each lane's 16-byte vectors, or through
 // shared memory), and the decode's elements as coalesced 16-byte chunks (staged_store),
 // wherever the tile is whole and the buffers aligned; elsewhere each lane accesses its own
-// elements and bytes. The encode reads its elements lane by lane, one tile ahead.
+// elements and bytes. The encode reads a whole tile into shared memory one tile ahead
+// (ISTAGE; lane by lane where the tile is partial or x unaligned).
 //
 // Kernel: `coccl_int(const void* src, void* dst, i64 count, i64 K, u64 key)`; encode:
 // src = x, dst = payload; decode: src = payload, dst = out. key: the stochastic rounding's
@@ -40,6 +43,9 @@
 #endif
 #ifndef NPL
 #define NPL 32
+#endif
+#ifndef ISTAGE
+#define ISTAGE 0
 #endif
 
 #define IQMAX ((1 << (BITS - 1)) - 1)
@@ -242,12 +248,51 @@ DEV void lane_load_npl(const char* xb, i64 base, i64 count, bool vin, u32* w) {
   for (int hv = 0; hv < IHV; ++hv) lane_load(xb, base + 32 * hv, count, vin, w + hv * NW);
 }
 
-// Grid-stride over warp tiles. The input is read lane by lane, the next tile's loads in
-// flight while this one computes (a warp overlaps its own latency, as int8's encode does),
-// not staged through shared memory. A whole tile's codes are stored as each lane's own
+// A whole warp tile's elements (32 lanes x ICH chunks, in order) started copying into
+// buffer sb: chunk u of the tile at slot swz(u), so that lane l's chunks are
+// swz(l * ICH + c) (staged_transpose's layout). With cp.async no register holds them.
+DEV void int_fetch_tile(const char* tile_bytes, uint4* sb, int lane) {
+  const uint4* g = (const uint4*)tile_bytes;
+#pragma unroll
+  for (int j = 0; j < ICH; ++j) {
+#if ASYNC7
+    cp_async16(sb + swz(j * 32 + lane), g + j * 32 + lane);
+#else
+    sb[swz(j * 32 + lane)] = ldg4(g + j * 32 + lane);
+#endif
+  }
+}
+
+// Grid-stride over warp tiles. ISTAGE 1: a whole tile is copied into this warp's shared
+// buffer with coalesced 16-byte copies (cp.async), the next tile's copy in flight while
+// this one computes (two buffers a warp); a partial tile, or an unaligned x, is read lane by
+// lane. ISTAGE 0: every tile is read lane by lane, the next tile's loads held in
+// registers while this one computes. A whole tile's codes are stored as each lane's own
 // 16-byte vectors where a lane's code words are a multiple of 4 and the payload is
 // aligned (lane l's codes follow lane l - 1's: the warp's stores are coalesced), else
 // through the warp's buffer (codes_store).
+DEV void int_store_tile(unsigned char* pay, const IntPay& lay, u32* cb, int lane, bool p16,
+                        i64 t0, i64 base, i64 K, const u32* cw, u32 dbits) {
+  const i64 coded = lay.coded;
+  if (p16 && t0 + ITILE <= coded) {
+    uint4* o = (uint4*)(pay + base * BITS / 8);
+#pragma unroll
+    for (int j = 0; j < ICW / 4; ++j)
+      o[j] = make_uint4(cw[4 * j], cw[4 * j + 1], cw[4 * j + 2], cw[4 * j + 3]);
+  } else if (lay.p4 && t0 + ITILE <= coded) {
+    codes_store((u32*)(pay + t0 * BITS / 8), cb, lane, cw);  // the tile's codes
+  } else if (base < coded) {
+    const i64 end = ((coded < base + NPL ? coded : base + NPL) * BITS + 7) >> 3;
+    unsigned char* lp = pay + base * BITS / 8;
+#pragma unroll
+    for (int b = 0; b < 4 * ICW; ++b)
+      if (base * BITS / 8 + b < end) lp[b] = (unsigned char)(cw[b >> 2] >> (8 * (b & 3)));
+  }
+  const i64 g = base / GS;
+  if ((lane & (ILPG - 1)) == 0 && g < K && base < coded)
+    st32(pay + lay.cbytes + 4 * g, dbits, lay.a4);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K, u64 key) {
   __shared__ u32 cbuf[WARPS * 32 * ICS];
@@ -257,12 +302,50 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   const int wib = threadIdx.x >> 5;
   u32* cb = cbuf + wib * 32 * ICS;
   const IntPay lay = int_pay(pay, count);
-  const i64 coded = lay.coded;
   const bool vin = (((u64)xb) & 15) == 0;
   const bool p16 = ICW % 4 == 0 && (((u64)pay) & 15) == 0;
   const i64 stride = (i64)gridDim.x * WARPS;
-  u32 wn[IHV * NW];
   const i64 first = (i64)blockIdx.x * WARPS + wib;
+#if ISTAGE
+  __shared__ uint4 xbuf[WARPS * 64 * ICH];
+  uint4* const wbuf = xbuf + wib * 64 * ICH;  // this warp's two buffers
+  auto whole = [&](i64 t) { return vin && t < lay.ntiles && (t + 1) * ITILE <= count; };
+  if (whole(first)) int_fetch_tile(xb + first * ITILE * EB, wbuf, lane);
+#if ASYNC7
+  cp_async_commit();
+#endif
+  int cur = 0;
+  for (i64 tile = first; tile < lay.ntiles; tile += stride, cur ^= 1) {
+    const i64 t0 = tile * ITILE;
+    const i64 base = t0 + (i64)lane * NPL;
+    uint4* const sb = wbuf + cur * 32 * ICH;
+    if (whole(tile + stride))
+      int_fetch_tile(xb + (tile + stride) * ITILE * EB, wbuf + (cur ^ 1) * 32 * ICH, lane);
+#if ASYNC7
+    cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
+    cp_async_wait1();   // all but the newest group: this tile is in
+#endif
+    __syncwarp();
+    u32 w[IHV * NW];
+    if (whole(tile)) {
+#pragma unroll
+      for (int c = 0; c < ICH; ++c) {
+        const uint4 q = sb[swz(lane * ICH + c)];
+        w[4 * c] = q.x;
+        w[4 * c + 1] = q.y;
+        w[4 * c + 2] = q.z;
+        w[4 * c + 3] = q.w;
+      }
+    } else {
+      lane_load_npl(xb, base, count, vin, w);
+    }
+    __syncwarp();  // the buffer is refilled next iteration
+    u32 cw[ICW], dbits;
+    int_encode_lane(w, lane, base, key, cw, dbits);
+    int_store_tile(pay, lay, cb, lane, p16, t0, base, K, cw, dbits);
+  }
+#else
+  u32 wn[IHV * NW];
   if (first < lay.ntiles) lane_load_npl(xb, first * ITILE + (i64)lane * NPL, count, vin, wn);
   for (i64 tile = first; tile < lay.ntiles; tile += stride) {
     const i64 t0 = tile * ITILE;
@@ -274,24 +357,9 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
       lane_load_npl(xb, (tile + stride) * ITILE + (i64)lane * NPL, count, vin, wn);
     u32 cw[ICW], dbits;
     int_encode_lane(w, lane, base, key, cw, dbits);
-    if (p16 && t0 + ITILE <= coded) {
-      uint4* o = (uint4*)(pay + base * BITS / 8);
-#pragma unroll
-      for (int j = 0; j < ICW / 4; ++j)
-        o[j] = make_uint4(cw[4 * j], cw[4 * j + 1], cw[4 * j + 2], cw[4 * j + 3]);
-    } else if (lay.p4 && t0 + ITILE <= coded) {
-      codes_store((u32*)(pay + t0 * BITS / 8), cb, lane, cw);  // the tile's codes
-    } else if (base < coded) {
-      const i64 end = ((coded < base + NPL ? coded : base + NPL) * BITS + 7) >> 3;
-      unsigned char* lp = pay + base * BITS / 8;
-#pragma unroll
-      for (int b = 0; b < 4 * ICW; ++b)
-        if (base * BITS / 8 + b < end) lp[b] = (unsigned char)(cw[b >> 2] >> (8 * (b & 3)));
-    }
-    const i64 g = base / GS;
-    if ((lane & (ILPG - 1)) == 0 && g < K && base < coded)
-      st32(pay + lay.cbytes + 4 * g, dbits, lay.a4);
+    int_store_tile(pay, lay, cb, lane, p16, t0, base, K, cw, dbits);
   }
+#endif
 }
 #endif
 

@@ -37,6 +37,7 @@ from .gpu_build import (
     compile_function,
     cupy_module,
     element_type,
+    note_launch,
     sm_count,
 )
 from .tah_format import tah_layout
@@ -55,6 +56,8 @@ _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in regist
 _BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
 _TILE_BLOCKS_PER_SM = 8  # tile kernels: one range a block, about one wave of blocks
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
+# __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers).
+_TILE_MIN_BLOCKS = {_OP_ENCODE: 4, _OP_DECODE: 4}
 
 
 def _kernel(defines: dict[str, Any]) -> Any:
@@ -62,9 +65,12 @@ def _kernel(defines: dict[str, Any]) -> Any:
     return compile_function((*_PRELUDE, *_SOURCE), full, "tah_kernel")
 
 
-def _grid(cp: Any, warps: int) -> int:
-    per_block = _THREADS // 32
-    return max(1, min(-(-warps // per_block), sm_count(cp) * _TILE_BLOCKS_PER_SM))
+def _tile_kernel(defs: dict[str, Any], cp: Any, warps: int, args: tuple) -> None:
+    """Launch tile kernel ``defs`` (encode or decode) over ``warps`` warps' tile groups."""
+    kern = _kernel({**defs, "MIN_BLOCKS": _TILE_MIN_BLOCKS[defs["TAH_OP"]]})
+    grid = max(1, min(-(-warps // (_THREADS // 32)), sm_count(cp) * _TILE_BLOCKS_PER_SM))
+    kern((grid,), (_THREADS,), args)
+    note_launch(kern)
 
 
 def _ratio_bits(ratio: float) -> str:
@@ -113,7 +119,7 @@ def tah_encode(
         }
         warps = -(-lay.tiles // (32 // (tile // 8)))
         args = (x, payload, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
-        _kernel(defs)((_grid(cp, warps),), (_THREADS,), (*args, i64(lay.bitmap_offset)))
+        _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
 
 
 def tah_decode(
@@ -148,4 +154,4 @@ def tah_decode(
         warps = -(-lay.tiles // (32 // (tile // 8)))
         i64 = np.int64
         args = (payload, out, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
-        _kernel(defs)((_grid(cp, warps),), (_THREADS,), (*args, i64(lay.bitmap_offset)))
+        _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))

@@ -228,17 +228,19 @@ torchp2p)
 kernels)
   # The tah and int kernels (issues #30, #31): a subset of their GPU tests, bitwise against
   # the CPU's kernels (every tah variant in bfloat16, the many-token, large, unaligned and
-  # graph cases; int at 4, 6 and 8 bits), then their throughput beside the device copy.
-  # Budget: 150 s (50 + 40 + 60).
+  # graph cases; int at 4, 6 and 8 bits; int8, whose encode runs the int kernel at 8 bits),
+  # then their throughput beside the device copy. Budget: 200 s (50 + 40 + 40 + 70).
   step pytest gpu tah and int kernels
   timeout 50 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
     -k "bfloat16 or many or large or unaligned or graph or float64" 2>&1 | tee "$OUT/pytest_kernels_tah.txt" | tail -6
   timeout 40 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py \
-    -k "b4-g128 or b8-g128 or b6-g32" 2>&1 | tee "$OUT/pytest_kernels_int.txt" | tail -6
+    -k "b4-g128 or b8-g128 or b6-g32 or b4-g2048" 2>&1 | tee "$OUT/pytest_kernels_int.txt" | tail -6
+  timeout 40 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
+    -k "int8 or tuning or codec_classes" 2>&1 | tee "$OUT/pytest_kernels_int8.txt" | tail -6
   step tah and int throughput
-  timeout 60 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
-    --compressor tah:row=4096,int:bits=4,int:bits=8 -d bfloat16,float32 -n 15 -c 0 \
-    --json "$JSONDIR/kernels.json" 2>&1 | tee "$OUT/kernels_log.txt" | tail -60 ;;
+  timeout 70 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+    --compressor int:bits=4,int:bits=8,int8,tah:row=4096 -d bfloat16,float32 -n 15 -c 0 \
+    --json "$JSONDIR/kernels.json" 2>&1 | tee "$OUT/kernels_log.txt" | tail -70 ;;
 nb)
   # Nonblocking collectives and buckets on device arrays (tests/mpi/test_gpu_nonblocking.py):
   # one rank (staged MPI and one-rank NCCL), then two ranks sharing the GPU (staged MPI).
