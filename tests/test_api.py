@@ -1,6 +1,9 @@
 """Single-process tests of the public API on a one-rank communicator: argument checks
 (raised before any byte moves), results' kinds and shapes, configuration."""
 
+import gc
+import weakref
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -180,3 +183,23 @@ def test_a_launcher_that_started_more_ranks_than_mpi_sees_is_an_error(variable):
     assert proc.returncode != 0
     assert "CocclError" in proc.stderr and f"{variable}=2" in proc.stderr
     assert "mpiexec" in proc.stderr
+
+
+@pytest.mark.parametrize("compressor", ["identity", "taco"])
+def test_a_call_keeps_no_reference_to_its_arrays(comm, compressor):
+    """With the garbage collector off, the input and the result die with the caller's
+    last reference: nothing of the call (its rounds, plan, pools) holds them. A tensor
+    held only by a reference cycle stays allocated in the pool snapshot torch's
+    cudagraph trees take when a recording ends (engine/streamed: Round.release)."""
+    x = np.ones(1 << 12, np.float32)
+    comm.allreduce(x, compressor=compressor, algorithm="ring")  # the plan's first call
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        y = comm.allreduce(x, x, compressor=compressor, algorithm="ring")
+        refs = weakref.ref(x), weakref.ref(y)
+        del x, y
+        assert [r() for r in refs] == [None, None]
+    finally:
+        if enabled:
+            gc.enable()

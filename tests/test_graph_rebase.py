@@ -1,12 +1,15 @@
 """What rebasing a replayed graph onto the caller's buffers reads from a kernel's
-parameters, and what the capture checks of the NCCL operations; the driver calls
-themselves run in the GPU tests (tests/mpi/test_nccl_graphs_gpu.py)."""
+parameters, what the capture checks of the NCCL operations, and how a capture's
+allocations switch the thread's capture mode; the driver calls themselves run in the GPU
+tests (tests/mpi/test_nccl_graphs_gpu.py, tests/test_caller_graph_gpu.py)."""
 
+import ctypes
 import struct
 from types import SimpleNamespace
 
 import pytest
 
+from coccl.engine import graphs
 from coccl.engine.graph_rebase import (
     CapturedBuffer as Span,
 )
@@ -97,3 +100,28 @@ def test_a_graph_that_cannot_be_read_is_not_rebasable():
     graph copy instead, never another error."""
     with pytest.raises(NotRebasable):
         Rebase(0, 0, SPANS)
+
+
+def test_relaxed_thread_exchanges_the_capture_mode_and_restores_it(monkeypatch):
+    """A capture's allocations (``cudaMalloc`` when the memory pool grows) run with the
+    thread in relaxed mode (2), which a global (0) or thread-local (1) capture forbids
+    otherwise; the thread's own mode comes back after, also when the block raises."""
+    thread_mode = [1]  # thread-local, as torch's cudagraph trees capture
+    seen = []
+
+    def exchange(mode_ptr):
+        mode = ctypes.cast(mode_ptr, ctypes.POINTER(ctypes.c_int)).contents
+        seen.append(mode.value)
+        thread_mode[0], mode.value = mode.value, thread_mode[0]
+        return 0
+
+    monkeypatch.setattr(graphs, "_exchange", [exchange])
+    with graphs.relaxed_thread():
+        assert thread_mode == [2]
+    assert thread_mode == [1] and seen == [2, 1]
+    with pytest.raises(KeyError), graphs.relaxed_thread():
+        raise KeyError("inside")
+    assert thread_mode == [1]
+    monkeypatch.setattr(graphs, "_exchange", [None])  # no driver library: a plain block
+    with graphs.relaxed_thread():
+        pass

@@ -155,6 +155,16 @@ callergraph)
   step pytest gpu: CUDA graphs of the caller
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_caller_graph_gpu.py tests/test_graph_safe.py \
     2>&1 | tee "$OUT/pytest_callergraph.txt" | grep -v "^SKIPPED" | tail -30 ;;
+compile)
+  # torch.compile(mode="reduce-overhead") of TP steps on one-rank NCCL coccl groups, an
+  # exact group's and a taco group's one after the other (cudagraph trees restore each
+  # other's pool snapshots), bitwise against the same steps compiled without CUDA graphs;
+  # a recorded call holds none of the caller's tensors; the global-mode captures, whose
+  # allocations now run with the thread in relaxed mode. Budget: about 90 s (the compiles).
+  step pytest gpu: torch.compile reduce-overhead
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_caller_graph_gpu.py \
+    -k "compile or keeps_no_reference or global" \
+    2>&1 | tee "$OUT/pytest_compile.txt" | grep -v "^SKIPPED" | tail -30 ;;
 ncclp2p)
   # Point-to-point over NCCL (one rank sending to itself inside NCCL groups), then on 2 and 4
   # ranks sharing the GPU over staged MPI: the send/recv sweep (identity, tah, taco beside

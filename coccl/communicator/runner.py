@@ -269,9 +269,9 @@ class Runner:
         except Exception as exc:
             raise GraphCaptureError(
                 f"recording {plan.label} into the caller's CUDA graph failed ({exc}); "
-                "coccl allocates its buffers while recording: if the capture's mode forbids "
-                "that, capture with capture_error_mode='relaxed' (torch.cuda.graph) or "
-                "cudaStreamCaptureModeRelaxed"
+                "coccl allocates its buffers while recording, with the thread in relaxed "
+                "capture mode: if the capture still forbids a call, capture with "
+                "capture_error_mode='relaxed' (torch.cuda.graph) or cudaStreamCaptureModeRelaxed"
             ) from exc
         return dst.obj
 

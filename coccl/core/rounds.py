@@ -74,6 +74,14 @@ class Round:
         return bool(self.sends or self.recvs or self.gather)
 
     def release(self) -> None:
+        """The round is done: its pool blocks go back, and it lets go of its steps and
+        dependencies. A step's payload (``Pending``) points back at the round that made
+        it, so a round holding its steps is a reference cycle through the caller's
+        buffers; only the garbage collector would free those, at a time of its choosing,
+        and torch's cudagraph trees snapshot their pool when a recording ends, counting
+        a buffer still held then as allocated for good."""
         for block in self.holds:
             block.release()
         self.holds.clear()
+        self.pre = self.post = None  # done_event and recvs_done stay: dependents read them
+        self.deps = ()

@@ -29,8 +29,10 @@ its own while it copies) is owned here until the plan is evicted.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from coccl.core.pool import BufferPool, device_pool
@@ -230,14 +232,50 @@ class CallerCapture:
 def _allocator_into(kept: list[Any]) -> Callable[[int], Any]:
     """A CuPy allocator (``cupy.cuda.using_allocator``) drawing on the default memory pool
     that appends every allocation to ``kept``, so nothing a captured graph touches is
-    freed while its owner holds ``kept``."""
+    freed while its owner holds ``kept``. The pool may have to grow (``cudaMalloc``)
+    while a stream captures: that runs with this thread in relaxed capture mode, as
+    torch's caching allocator does, since a global or thread-local capture (cudagraph
+    trees capture thread-local) forbids it otherwise; the memory is never freed before
+    the graph, so no replay can meet it reused."""
     import cupy as cp  # noqa: PLC0415
 
     memory_pool = cp.get_default_memory_pool()
 
     def keep(nbytes: int) -> Any:
-        memory = memory_pool.malloc(nbytes)
+        with relaxed_thread():
+            memory = memory_pool.malloc(nbytes)
         kept.append(memory)
         return memory
 
     return keep
+
+
+_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
+_exchange: list[Any] = []  # the driver's cuThreadExchangeStreamCaptureMode, or None
+
+
+def _exchange_function() -> Any:
+    if not _exchange:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+            fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _exchange.append(fn)
+    return _exchange[0]
+
+
+@contextlib.contextmanager
+def relaxed_thread() -> Iterator[None]:
+    """This thread's CUDA calls in the block are judged as in a relaxed-mode capture
+    (``cuThreadExchangeStreamCaptureMode``), whatever mode a capture in progress has;
+    without the driver library, the block runs as it is."""
+    fn = _exchange_function()
+    mode = ctypes.c_int(_RELAXED)
+    exchanged = fn is not None and fn(ctypes.byref(mode)) == 0
+    try:
+        yield
+    finally:
+        if exchanged:
+            fn(ctypes.byref(mode))  # mode holds the thread's previous mode
