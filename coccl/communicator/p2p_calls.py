@@ -322,21 +322,27 @@ class PointToPointCalls:
         wire = "nccl" if streamed else "mpi"
         return codec, agreement.signature(flat.size, name, codec.get_config(), tag, elems, wire)
 
+    def _p2p_args(
+        self, kind: str, codec: Compressor, sig: dict, dtype: np.dtype, pool: Any
+    ) -> algorithms.ScheduleArgs:
+        """The schedule arguments of one message's rounds (every wire alike)."""
+        return algorithms.ScheduleArgs(
+            rank=self.rank,
+            size=self.size,
+            codec=codec,
+            dtype=dtype,
+            op="sum",
+            chunk_elems=sig["chunk_elems"],
+            pool=pool,
+            label=f"point-to-point {kind}",
+            depth=self._p2p.depth,  # type: ignore[union-attr]
+        )
+
     def _posting(
         self, kind: str, peer: int, codec: Compressor, sig: dict, data: Any, finish: Any
     ) -> Posting:
         runner = self._runner  # type: ignore[attr-defined]
-        plan = algorithms.ScheduleArgs(
-            rank=self.rank,
-            size=self.size,
-            codec=codec,
-            dtype=np.dtype(data.dtype),
-            op="sum",
-            chunk_elems=sig["chunk_elems"],
-            pool=runner.host_pool,
-            label=f"point-to-point {kind}",
-            depth=self._p2p.depth,  # type: ignore[union-attr]
-        )
+        plan = self._p2p_args(kind, codec, sig, np.dtype(data.dtype), runner.host_pool)
         schedule = p2p.send if kind == "send" else p2p.recv
         executor = runner._executor(min(sig["chunk_elems"], data.size) * data.dtype.itemsize)
         return Posting(kind, peer, sig, lambda: schedule(plan, data, peer), executor, finish)
@@ -350,17 +356,7 @@ class PointToPointCalls:
         with ctx.device:
             caller = caller_stream(flat.obj)
             ctx.compute.wait_event(ctx.event(caller))
-        plan = algorithms.ScheduleArgs(
-            rank=self.rank,
-            size=self.size,
-            codec=codec,
-            dtype=flat.dtype,
-            op="sum",
-            chunk_elems=sig["chunk_elems"],
-            pool=ctx.pool,
-            label=f"point-to-point {kind}",
-            depth=self._p2p.depth,  # type: ignore[union-attr]
-        )
+        plan = self._p2p_args(kind, codec, sig, flat.dtype, ctx.pool)
         schedule = p2p.send if kind == "send" else p2p.recv
         result = flat.obj if kind == "recv" else None
 
@@ -382,17 +378,7 @@ class PointToPointCalls:
         with ctx.device:
             caller = caller_stream(flat.obj)
             device = DeviceMessage(caller, ctx.event(caller))
-        plan = algorithms.ScheduleArgs(
-            rank=self.rank,
-            size=self.size,
-            codec=codec,
-            dtype=flat.dtype,
-            op="sum",
-            chunk_elems=sig["chunk_elems"],
-            pool=ctx.pool,
-            label=f"point-to-point {kind}",
-            depth=self._p2p.depth,  # type: ignore[union-attr]
-        )
+        plan = self._p2p_args(kind, codec, sig, flat.dtype, ctx.pool)
         schedule = p2p.send if kind == "send" else p2p.recv
         result = flat.obj if kind == "recv" else None
 
