@@ -56,6 +56,9 @@ _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in regist
 _BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
 _TILE_BLOCKS_PER_SM = 8  # tile kernels: one range a block, about one wave of blocks
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
+# Elements a lane holds in the tile kernels (tah_kernels.cu's EPL): a tile's own work (its
+# range, its step's divisions, its place) is repeated by each of its TILE / EPL lanes.
+_EPL = 16
 # __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers).
 _TILE_MIN_BLOCKS = {_OP_ENCODE: 4, _OP_DECODE: 4}
 
@@ -78,7 +81,18 @@ def _ratio_bits(ratio: float) -> str:
 
 
 def _tile_defines(row: int, tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
-    return {"ROW": int(row), "TILE": int(tile), "BH": int(bits_high), "BL": int(bits_low)}
+    return {
+        "ROW": int(row),
+        "TILE": int(tile),
+        "BH": int(bits_high),
+        "BL": int(bits_low),
+        "EPL": _EPL,
+    }
+
+
+def _tile_warps(tiles: int, tile: int) -> int:
+    """Warps of a tile kernel: ``32 / (tile / EPL)`` tiles a warp."""
+    return -(-tiles // (32 // (tile // _EPL)))
 
 
 def tah_encode(
@@ -117,7 +131,7 @@ def tah_encode(
             "PIVOT": int(bool(pivot)),
             "RATIO_BITS": _ratio_bits(pivot_ratio),
         }
-        warps = -(-lay.tiles // (32 // (tile // 8)))
+        warps = _tile_warps(lay.tiles, tile)
         args = (x, payload, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
 
@@ -151,7 +165,7 @@ def tah_decode(
             **_tile_defines(row, tile, bits_high, bits_low),
             "ACC": int(bool(accumulate)),
         }
-        warps = -(-lay.tiles // (32 // (tile // 8)))
+        warps = _tile_warps(lay.tiles, tile)
         i64 = np.int64
         args = (payload, out, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
