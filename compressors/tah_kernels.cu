@@ -224,7 +224,8 @@ DEV u64 get_codes(const unsigned char* p, int nb) {
 // ========================================================================= encode (2)
 #if TAH_OP == 2
 // A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB
-// first, chunk j's 8 codes in codes[j].
+// first, chunk j's 8 codes in codes[j]; the bits of codes past ml are cleared once a
+// chunk (the last code byte holds them), not tested a value.
 template <int B>
 DEV void pack_codes(const float* u, int ml, float qh, u64* codes) {
 #pragma unroll
@@ -233,9 +234,10 @@ DEV void pack_codes(const float* u, int ml, float qh, u64* codes) {
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
       const int q = min(max(f2i_rn(f_add(u[8 * j + r], qh)), 0), (1 << B) - 1);
-      if (8 * j + r < ml) acc |= (u64)q << (r * B);
+      acc |= (u64)q << (r * B);
     }
-    codes[j] = acc;
+    const int mj = ml - 8 * j;
+    codes[j] = mj >= 8 ? acc : mj <= 0 ? 0ull : acc & ((1ull << (mj * B)) - 1ull);
   }
 }
 
@@ -244,12 +246,21 @@ DEV void pack_codes(const float* u, int ml, float qh, u64* codes) {
 DEV void tile_range(const float* v, int ml, int& lo, int& hi) {
   lo = 0x7fffffff;
   hi = (int)0x80000000;
+  if (ml == EPL) {  // the common case, without a test a value
 #pragma unroll
-  for (int r = 0; r < EPL; ++r) {
-    if (r < ml) {
+    for (int r = 0; r < EPL; ++r) {
       const int k = order_key(as_u(v[r]));
       lo = min(lo, k);
       hi = max(hi, k);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < EPL; ++r) {
+      if (r < ml) {
+        const int k = order_key(as_u(v[r]));
+        lo = min(lo, k);
+        hi = max(hi, k);
+      }
     }
   }
 #pragma unroll
