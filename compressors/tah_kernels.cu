@@ -316,19 +316,20 @@ DEV void put_lane_codes(unsigned char* p, const u64* codes, int ml, int b) {
 
 // The tile's largest |v| bits (first), the lowest index holding it (idx) and the largest
 // of the others (second; equal to first on a tie), over the LT lanes: the merge of two
-// lanes' triples is symmetric, so both lanes of a pair agree, whatever the order.
-DEV void tile_top2(const float* v, int ml, int li, u32& first, u32& second, int& idx) {
+// lanes' triples is symmetric, so both lanes of a pair agree, whatever the order. The
+// lane's values past its real ones are load_lane's zeros.
+DEV void tile_top2(const float* v, int li, u32& first, u32& second, int& idx) {
   first = 0;
   second = 0;
   idx = EPL * li;
 #pragma unroll
   for (int r = 0; r < EPL; ++r) {
-    const u32 a = as_u(v[r]) & 0x7fffffffu;
-    if (r < ml && a > first) {
+    const u32 a = as_u(v[r]) & 0x7fffffffu;  // a value past ml is 0: it changes nothing
+    if (a > first) {
       second = first;
       first = a;
       idx = EPL * li + r;
-    } else if (r < ml && a > second) {
+    } else if (a > second) {
       second = a;
     }
   }
@@ -390,7 +391,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
     int idx = 0;
     if (__any_sync(FULL_MASK, maybe)) {  // the whole warp: shuffles
       u32 top, second;
-      tile_top2(v, ml, li, top, second, idx);
+      tile_top2(v, li, top, second, idx);
       piv = maybe && first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
       if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoting tiles keep it
         float w[EPL];
