@@ -30,10 +30,10 @@
 // less of that work per element. Each block takes one contiguous range of tile groups,
 // its warps the consecutive groups of each step, so that the low tokens before a tile's
 // token (its place in the payload) are a running count: the block counts the bitmap
-// bytes before its range once, then adds the bytes it passes. Shuffles are never in divergent code: a warp
-// runs the pivot's transform only when one of its tiles pivots (a warp-wide vote), and
-// then with all lanes. Reductions that decide anything (min, max, the top two
-// magnitudes) are on integers, whose results no order changes.
+// bytes before its range once, then adds the bytes it passes. Shuffles are never in
+// divergent code: a warp runs the pivot's transform only when one of its tiles pivots (a
+// warp-wide vote), and then with all lanes. Reductions that decide anything (min, max,
+// the top two magnitudes) are on integers, whose results no order changes.
 //
 // An encode is kernels 1, 4, 2 and a decode kernel 3, with no other memory than the
 // payload's: a CUDA graph may capture them (the codec's graph_safe). Kernel 1 writes each
