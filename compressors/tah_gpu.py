@@ -54,10 +54,13 @@ _PRELUDE = (
 _THREADS = 256
 _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
 _BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
-_TILE_BLOCKS_PER_SM = 8  # tile kernels: one range a block, about one wave of blocks
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
-# __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers).
-_TILE_MIN_BLOCKS = {_OP_ENCODE: 4, _OP_DECODE: 4}
+# Elements a lane holds in the tile kernels (tah_kernels.cu's EPL): a tile's own work (its
+# range, its step's divisions, its place) is repeated by each of its TILE / EPL lanes.
+_EPL = 16
+# __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers: 64
+# and 48 by ptxas, no spill). Their grids are two such waves of blocks, one range a block.
+_TILE_MIN_BLOCKS = {_OP_ENCODE: 4, _OP_DECODE: 5}
 
 
 def _kernel(defines: dict[str, Any]) -> Any:
@@ -67,8 +70,9 @@ def _kernel(defines: dict[str, Any]) -> Any:
 
 def _tile_kernel(defs: dict[str, Any], cp: Any, warps: int, args: tuple) -> None:
     """Launch tile kernel ``defs`` (encode or decode) over ``warps`` warps' tile groups."""
-    kern = _kernel({**defs, "MIN_BLOCKS": _TILE_MIN_BLOCKS[defs["TAH_OP"]]})
-    grid = max(1, min(-(-warps // (_THREADS // 32)), sm_count(cp) * _TILE_BLOCKS_PER_SM))
+    min_blocks = _TILE_MIN_BLOCKS[defs["TAH_OP"]]
+    kern = _kernel({**defs, "MIN_BLOCKS": min_blocks})
+    grid = max(1, min(-(-warps // (_THREADS // 32)), sm_count(cp) * 2 * min_blocks))
     kern((grid,), (_THREADS,), args)
     note_launch(kern)
 
@@ -78,7 +82,18 @@ def _ratio_bits(ratio: float) -> str:
 
 
 def _tile_defines(row: int, tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
-    return {"ROW": int(row), "TILE": int(tile), "BH": int(bits_high), "BL": int(bits_low)}
+    return {
+        "ROW": int(row),
+        "TILE": int(tile),
+        "BH": int(bits_high),
+        "BL": int(bits_low),
+        "EPL": _EPL,
+    }
+
+
+def _tile_warps(tiles: int, tile: int) -> int:
+    """Warps of a tile kernel: ``32 / (tile / EPL)`` tiles a warp."""
+    return -(-tiles // (32 // (tile // _EPL)))
 
 
 def tah_encode(
@@ -117,7 +132,7 @@ def tah_encode(
             "PIVOT": int(bool(pivot)),
             "RATIO_BITS": _ratio_bits(pivot_ratio),
         }
-        warps = -(-lay.tiles // (32 // (tile // 8)))
+        warps = _tile_warps(lay.tiles, tile)
         args = (x, payload, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
 
@@ -151,7 +166,7 @@ def tah_decode(
             **_tile_defines(row, tile, bits_high, bits_low),
             "ACC": int(bool(accumulate)),
         }
-        warps = -(-lay.tiles // (32 // (tile // 8)))
+        warps = _tile_warps(lay.tiles, tile)
         i64 = np.int64
         args = (payload, out, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))

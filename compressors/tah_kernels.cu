@@ -20,16 +20,20 @@
 //           that a tile's token is a division by a constant (a shift for powers of two)
 //   SC_CACHE  scores: chunks of 8 elements a thread keeps in registers (a token of up to
 //           8 THREADS SC_CACHE elements is read once; longer ones twice)
+//   EPL     encode, decode: elements a lane holds, 8 or 16 (at most TILE / 2)
 //
-// Layout of encode and decode: a tile lives in LT = TILE / 8 consecutive lanes, lane li of
-// it holding elements [8 li, 8 li + 8) in registers, so a warp holds TPW = 32 / LT tiles
-// (a "tile group"). Each block takes one contiguous range of tile groups, its warps the
-// consecutive groups of each step, so that the low tokens before a tile's token (its
-// place in the payload) are a running count: the block counts the bitmap bytes before its
-// range once, then adds the bytes it passes. Shuffles are never in divergent code: a warp
-// runs the pivot's transform only when one of its tiles pivots (a warp-wide vote), and
-// then with all lanes. Reductions that decide anything (min, max, the top two
-// magnitudes) are on integers, whose results no order changes.
+// Layout of encode and decode: a tile lives in LT = TILE / EPL consecutive lanes, lane li
+// of it holding elements [EPL li, EPL li + EPL) in registers as CH = EPL / 8 chunks of 8
+// (each chunk's codes are whole bytes, b of them), so a warp holds TPW = 32 / LT tiles
+// (a "tile group"). A tile's own work (its range, the divisions of its step, its place
+// in the payload) is done by each of its LT lanes: the more elements a lane holds, the
+// less of that work per element. Each block takes one contiguous range of tile groups,
+// its warps the consecutive groups of each step, so that the low tokens before a tile's
+// token (its place in the payload) are a running count: the block counts the bitmap
+// bytes before its range once, then adds the bytes it passes. Shuffles are never in
+// divergent code: a warp runs the pivot's transform only when one of its tiles pivots (a
+// warp-wide vote), and then with all lanes. Reductions that decide anything (min, max,
+// the top two magnitudes) are on integers, whose results no order changes.
 //
 // An encode is kernels 1, 4, 2 and a decode kernel 3, with no other memory than the
 // payload's: a CUDA graph may capture them (the codec's graph_safe). Kernel 1 writes each
@@ -65,7 +69,14 @@
 #define TROW row
 #endif
 
-#define LT (TILE / 8)  // lanes per tile
+#ifndef EPL
+#define EPL 16
+#endif
+#if EPL != 8 && EPL != 16
+#error "EPL must be 8 or 16"
+#endif
+#define LT (TILE / EPL)  // lanes per tile
+#define CH (EPL / 8)     // chunks of 8 elements a lane
 #define TPW (32 / LT)  // tiles per warp
 #define SCORE_LEVELS 256
 #define SCORE_FRAC 20
@@ -97,6 +108,12 @@ DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
 #pragma unroll
     for (int r = 0; r < 8; ++r) v[r] = r < ml ? raw_to_f32(load_elem_raw(xb, e0 + r)) : 0.0f;
   }
+}
+
+// A lane's EPL elements from element e0 (ml of them exist, zero after), chunk by chunk.
+DEV void load_lane(const char* xb, i64 e0, int ml, bool vec, float* v) {
+#pragma unroll
+  for (int j = 0; j < CH; ++j) load8(xb, e0 + 8 * j, min(max(ml - 8 * j, 0), 8), vec, v + 8 * j);
 }
 
 // The block's count of the set bits in the first nb bytes of bm (every thread gets it);
@@ -143,15 +160,15 @@ DEV void low_before(const unsigned char* bm, i64 t, const LowRun& run, i64& l0, 
 
 // Swap the tile's element 0 with element j (j the same in all LT lanes of the tile).
 DEV void swap_first(float* v, int li, int lane, int j) {
-  const int hl = j >> 3, hs = j & 7;
+  const int hl = j / EPL, hs = j % EPL;
   float sel = v[0];
 #pragma unroll
-  for (int r = 1; r < 8; ++r) sel = r == hs ? v[r] : sel;
+  for (int r = 1; r < EPL; ++r) sel = r == hs ? v[r] : sel;
   const int tb = lane & ~(LT - 1);
   const float e0 = __shfl_sync(FULL_MASK, v[0], tb);
   const float ej = __shfl_sync(FULL_MASK, sel, tb + hl);
 #pragma unroll
-  for (int r = 0; r < 8; ++r) v[r] = (li == hl && r == hs) ? e0 : v[r];
+  for (int r = 0; r < EPL; ++r) v[r] = (li == hl && r == hs) ? e0 : v[r];
   if (li == 0) v[0] = ej;
 }
 
@@ -170,7 +187,7 @@ DEV TileLane tile_lane(i64 g, int lane, int li, i64 count, i64 K) {
   t.base = t.k * TILE;
   const i64 left = t.active ? count - t.base : 0;
   t.m = left < TILE ? (int)left : TILE;
-  t.ml = min(max(t.m - 8 * li, 0), 8);
+  t.ml = min(max(t.m - EPL * li, 0), EPL);
   return t;
 }
 
@@ -184,7 +201,7 @@ DEV void tile_place(i64 l0, bool low, i64 k, i64 row, i64 codes0, int& b, i64& o
   off = codes0 + seg + (base - t * row) * b / 8;
 }
 
-// A lane's nb code bytes (the low bytes of codes) at p: one word where they are 4 or 8
+// A chunk's nb code bytes (the low bytes of codes) at p: one word where they are 4 or 8
 // whole aligned bytes, else byte by byte.
 DEV void put_codes(unsigned char* p, u64 codes, int nb) {
   if (nb == 4 && (((u64)p) & 3) == 0) {
@@ -206,29 +223,44 @@ DEV u64 get_codes(const unsigned char* p, int nb) {
 
 // ========================================================================= encode (2)
 #if TAH_OP == 2
-// A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB first.
+// A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB
+// first, chunk j's 8 codes in codes[j]; the bits of codes past ml are cleared once a
+// chunk (the last code byte holds them), not tested a value.
 template <int B>
-DEV u64 pack_codes(const float* u, int ml, float qh) {
-  u64 acc = 0;
+DEV void pack_codes(const float* u, int ml, float qh, u64* codes) {
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const int q = min(max(f2i_rn(f_add(u[r], qh)), 0), (1 << B) - 1);
-    if (r < ml) acc |= (u64)q << (r * B);
+  for (int j = 0; j < CH; ++j) {
+    u64 acc = 0;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int q = min(max(f2i_rn(f_add(u[8 * j + r], qh)), 0), (1 << B) - 1);
+      acc |= (u64)q << (r * B);
+    }
+    const int mj = ml - 8 * j;
+    codes[j] = mj >= 8 ? acc : mj <= 0 ? 0ull : acc & ((1ull << (mj * B)) - 1ull);
   }
-  return acc;
 }
 
 // The tile's smallest and largest value as order keys (over its LT lanes; ml of the
-// lane's 8 values v are real).
+// lane's EPL values v are real).
 DEV void tile_range(const float* v, int ml, int& lo, int& hi) {
   lo = 0x7fffffff;
   hi = (int)0x80000000;
+  if (ml == EPL) {  // the common case, without a test a value
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    if (r < ml) {
+    for (int r = 0; r < EPL; ++r) {
       const int k = order_key(as_u(v[r]));
       lo = min(lo, k);
       hi = max(hi, k);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < EPL; ++r) {
+      if (r < ml) {
+        const int k = order_key(as_u(v[r]));
+        lo = min(lo, k);
+        hi = max(hi, k);
+      }
     }
   }
 #pragma unroll
@@ -239,9 +271,10 @@ DEV void tile_range(const float* v, int ml, int& lo, int& hi) {
 }
 
 // One tile's asymmetric quantization (FORMAT.md) from its range (tile_range's lo, hi):
-// v holds the lane's 8 values (ml real), b the tile's width; returns the codes packed
-// LSB first, sets c and step.
-DEV u64 quantize8(const float* v, int ml, int lo, int hi, int b, float& c, float& step) {
+// v holds the lane's EPL values (ml real), b the tile's width; sets the codes (packed LSB
+// first, pack_codes's chunks; zero where the tile's range is 0), c and step.
+DEV void quantize_lane(const float* v, int ml, int lo, int hi, int b, float& c, float& step,
+                       u64* codes) {
   const float flo = from_key(lo), fhi = from_key(hi);
   c = f_add(f_mul(fhi, as_f(BITS_HALF)), f_mul(flo, as_f(BITS_HALF)));
   const float r1 = f_sub(fhi, c), r2 = f_sub(c, flo);
@@ -249,39 +282,54 @@ DEV u64 quantize8(const float* v, int ml, int lo, int hi, int b, float& c, float
   const int qmax = (1 << b) - 1;
   const float qh = f_mul((float)qmax, as_f(BITS_HALF));
   step = 0.0f;
-  if (as_u(rr) == 0u) return 0ull;
+#pragma unroll
+  for (int j = 0; j < CH; ++j) codes[j] = 0;
+  if (as_u(rr) == 0u) return;
   step = f_div(rr, qh);
   if (as_u(step) == 0u || as_u(f_div(rr, step)) > as_u(qh)) step = next_up(step);
   // u_i = d_i / step where 1 / step would overflow (rare), else d_i * (1 / step): two
   // loops behind one branch, so that the common path holds no division per value.
-  float u[8];
+  float u[EPL];
   if (as_u(step) < BITS_MIN_NORMAL) {
 #pragma unroll
-    for (int r = 0; r < 8; ++r) u[r] = f_div(f_sub(v[r], c), step);
+    for (int r = 0; r < EPL; ++r) u[r] = f_div(f_sub(v[r], c), step);
   } else {
     const float inv = f_div(as_f(BITS_ONE), step);
 #pragma unroll
-    for (int r = 0; r < 8; ++r) u[r] = f_mul(f_sub(v[r], c), inv);
+    for (int r = 0; r < EPL; ++r) u[r] = f_mul(f_sub(v[r], c), inv);
   }
   // The codes at the tile's width, a constant in each branch (no shuffle in them).
-  return b == BH ? pack_codes<BH>(u, ml, qh) : pack_codes<BL>(u, ml, qh);
+  if (b == BH)
+    pack_codes<BH>(u, ml, qh, codes);
+  else
+    pack_codes<BL>(u, ml, qh, codes);
+}
+
+// A lane's codes (quantize_lane's chunks, ml values at b bits) at p, chunk by chunk.
+DEV void put_lane_codes(unsigned char* p, const u64* codes, int ml, int b) {
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    const int mj = min(max(ml - 8 * j, 0), 8);
+    if (mj > 0) put_codes(p + j * b, codes[j], (mj * b + 7) >> 3);
+  }
 }
 
 // The tile's largest |v| bits (first), the lowest index holding it (idx) and the largest
 // of the others (second; equal to first on a tie), over the LT lanes: the merge of two
-// lanes' triples is symmetric, so both lanes of a pair agree, whatever the order.
-DEV void tile_top2(const float* v, int ml, int li, u32& first, u32& second, int& idx) {
+// lanes' triples is symmetric, so both lanes of a pair agree, whatever the order. The
+// lane's values past its real ones are load_lane's zeros.
+DEV void tile_top2(const float* v, int li, u32& first, u32& second, int& idx) {
   first = 0;
   second = 0;
-  idx = 8 * li;
+  idx = EPL * li;
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const u32 a = as_u(v[r]) & 0x7fffffffu;
-    if (r < ml && a > first) {
+  for (int r = 0; r < EPL; ++r) {
+    const u32 a = as_u(v[r]) & 0x7fffffffu;  // a value past ml is 0: it changes nothing
+    if (a > first) {
       second = first;
       first = a;
-      idx = 8 * li + r;
-    } else if (r < ml && a > second) {
+      idx = EPL * li + r;
+    } else if (a > second) {
       second = a;
     }
   }
@@ -325,8 +373,8 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
     const i64 k = tl.k, base = tl.base;
     const bool active = tl.active;
     const int m = tl.m, ml = tl.ml;
-    float v[8];
-    load8(xb, base + 8 * li, ml, vec, v);
+    float v[EPL];
+    load_lane(xb, base + EPL * li, ml, vec, v);
     int lo, hi;
     tile_range(v, ml, lo, hi);
     // The largest |v| is at the smallest or the largest value, and the second largest is
@@ -343,18 +391,18 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
     int idx = 0;
     if (__any_sync(FULL_MASK, maybe)) {  // the whole warp: shuffles
       u32 top, second;
-      tile_top2(v, ml, li, top, second, idx);
+      tile_top2(v, li, top, second, idx);
       piv = maybe && first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
       if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoting tiles keep it
-        float w[8];
+        float w[EPL];
 #pragma unroll
-        for (int r = 0; r < 8; ++r) w[r] = v[r];
+        for (int r = 0; r < EPL; ++r) w[r] = v[r];
         swap_first(w, li, lane, idx);
-        wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+        wht_group<EPL, LT>(w, li);  // codec_kernels.cu's: h < EPL in the lane, then across
         int wlo, whi;
         tile_range(w, ml, wlo, whi);
 #pragma unroll
-        for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
+        for (int r = 0; r < EPL; ++r) v[r] = piv ? w[r] : v[r];
         lo = piv ? wlo : lo;
         hi = piv ? whi : hi;
       }
@@ -368,10 +416,12 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
       tile_place(l0, low, k, rowc, codes0, b, off);
     }
     float c, step;
-    u64 codes = quantize8(v, ml, lo, hi, b, c, step);
-    if (bad) codes = 0;
+    u64 codes[CH];
+    quantize_lane(v, ml, lo, hi, b, c, step, codes);
+#pragma unroll
+    for (int j = 0; j < CH; ++j) codes[j] = bad ? 0ull : codes[j];
     if (active) {
-      if (ml > 0) put_codes(pay + off + li * b, codes, (ml * b + 7) >> 3);
+      put_lane_codes(pay + off + li * CH * b, codes, ml, b);
       if (li == 0) {
         st32(pay + 4 * k, bad ? BITS_NAN : as_u(c), a4);
         st32(pay + 4 * K + 4 * k, bad ? BITS_NAN : as_u(step), a4);
@@ -423,14 +473,18 @@ DEV void store8(char* ob, i64 e0, int ml, bool vout, const float* v) {
 #endif
 }
 
-// A lane's 8 values from its codes: sat(c + ((float) q_r - qh) * step), B bits a code.
+// A lane's EPL values from its codes (chunk j's in codes[j]):
+// sat(c + ((float) q_r - qh) * step), B bits a code.
 template <int B>
-DEV void unpack_codes(u64 codes, float c, float step, float* v) {
+DEV void unpack_codes(const u64* codes, float c, float step, float* v) {
   const float qh = f_mul((float)((1 << B) - 1), as_f(BITS_HALF));
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const float k8 = f_sub((float)(int)((codes >> (r * B)) & (u64)((1 << B) - 1)), qh);
-    v[r] = sat_inf(f_add(c, f_mul(k8, step)));
+  for (int j = 0; j < CH; ++j) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const float k8 = f_sub((float)(int)((codes[j] >> (r * B)) & (u64)((1 << B) - 1)), qh);
+      v[8 * j + r] = sat_inf(f_add(c, f_mul(k8, step)));
+    }
   }
 }
 
@@ -461,7 +515,9 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
     int b = BH;
     float c = 0.0f, step = 0.0f;
     u32 p = 0;
-    u64 codes = 0;
+    u64 codes[CH];
+#pragma unroll
+    for (int j = 0; j < CH; ++j) codes[j] = 0;
     if (tl.active) {
       i64 l0, off;
       bool low;
@@ -470,26 +526,37 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
       c = as_f(ld32(pay + 4 * k, a4));
       step = as_f(ld32(pay + 4 * K + 4 * k, a4));
       p = pay[piv0 + k];
-      if (ml > 0) codes = get_codes(pay + off + li * b, (ml * b + 7) >> 3);
+      const unsigned char* q = pay + off + li * CH * b;
+#pragma unroll
+      for (int j = 0; j < CH; ++j) {
+        const int mj = min(max(ml - 8 * j, 0), 8);
+        if (mj > 0) codes[j] = get_codes(q + j * b, (mj * b + 7) >> 3);
+      }
     }
-    float v[8];
+    float v[EPL];
     if (b == BH)  // the width a constant in each branch (no shuffle in them)
       unpack_codes<BH>(codes, c, step, v);
     else
       unpack_codes<BL>(codes, c, step, v);
     const bool piv = (p & 0x80u) != 0u;
     if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoted tiles keep it
-      float w[8];
+      float w[EPL];
 #pragma unroll
-      for (int r = 0; r < 8; ++r) w[r] = v[r];
-      wht_group<8, LT>(w, li);  // codec_kernels.cu's: h = 1, 2, 4 in the lane, then across
+      for (int r = 0; r < EPL; ++r) w[r] = v[r];
+      wht_group<EPL, LT>(w, li);  // codec_kernels.cu's: h < EPL in the lane, then across
 #pragma unroll
-      for (int r = 0; r < 8; ++r) w[r] = f_mul(w[r], 1.0f / TILE);  // exact: a power of two
+      for (int r = 0; r < EPL; ++r) w[r] = f_mul(w[r], 1.0f / TILE);  // exact: a power of two
       swap_first(w, li, lane, (int)(p & 0x7fu));
 #pragma unroll
-      for (int r = 0; r < 8; ++r) v[r] = piv ? w[r] : v[r];
+      for (int r = 0; r < EPL; ++r) v[r] = piv ? w[r] : v[r];
     }
-    if (tl.active && ml > 0) store8(ob, base + 8 * li, ml, vout, v);
+    if (tl.active) {
+#pragma unroll
+      for (int j = 0; j < CH; ++j) {
+        const int mj = min(max(ml - 8 * j, 0), 8);
+        if (mj > 0) store8(ob, base + EPL * li + 8 * j, mj, vout, v + 8 * j);
+      }
+    }
   }
 }
 #endif

@@ -26,6 +26,7 @@ import pytest
 from coccl.compressors import TahCompressor
 from coccl.compressors.tah_cpu import low_prefix, token_keys
 from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
+from coccl.compressors.tah_gpu import _EPL as EPL  # the elements a lane the launches use
 
 from codec_reference import magnitude_sweep
 
@@ -80,7 +81,7 @@ def build(tmp_path_factory):
 
 
 def _variant(c: TahCompressor) -> dict:
-    return {"ROW": c.row, "TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low}
+    return {"ROW": c.row, "TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low, "EPL": EPL}
 
 
 def launch(lib: ctypes.CDLL, grid: int, *args) -> None:
@@ -98,7 +99,7 @@ def emulated_select(build, payload: np.ndarray, lay, cache: int = 16) -> None:
 
 def tile_grid(lay, tile: int) -> int:
     """Blocks for the tile kernels: several, some ranges short or empty."""
-    groups = -(-lay.tiles // (32 // (tile // 8)))
+    groups = -(-lay.tiles // (32 // (tile // EPL)))
     return min(5, groups)
 
 
