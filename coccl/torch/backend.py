@@ -401,13 +401,9 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
         options in force: ``(path, keyword arguments)``, path ``"compressed"`` or
         ``"exact"`` (``coccl.torch.describe`` shows the plan)."""
         opts = self._effective()
-        nbytes = x.numel() * x.element_size()
         lossy = not opts.codec.lossless
         if lossy and not (
-            collective in opts.compress
-            and nbytes >= opts.min_compress_bytes
-            and x.is_floating_point()
-            and op in ("sum", "avg")
+            collective in opts.compress and compressible(x, op, opts.min_compress_bytes)
         ):
             algorithm, compressor, path = "auto", "identity", "exact"
         else:
@@ -497,6 +493,17 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
         self.comm.close()
         if self._nccl is not None:
             self._nccl.abort()
+
+
+def compressible(x: torch.Tensor, op: str, min_compress_bytes: int) -> bool:
+    """Whether a lossy codec may carry ``x``: a floating tensor of at least
+    ``min_compress_bytes``, summed or averaged (``op`` ``"sum"`` for a gather); every
+    other call of a lossy group runs exact."""
+    return (
+        x.is_floating_point()
+        and x.numel() * x.element_size() >= min_compress_bytes
+        and op in ("sum", "avg")
+    )
 
 
 def _reduce_op(opts: Any) -> tuple[str, Any] | None:

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 import coccl
-from coccl.torch.backend import CocclProcessGroup, CocclWork, _reduce_op
+from coccl.torch.backend import CocclProcessGroup, CocclWork, _reduce_op, compressible
 from coccl.torch.policy import Traffic
 
 _EXACT = Traffic({"id": "identity"})
@@ -92,12 +92,7 @@ class _Comm:
     def compressed(self, x: torch.Tensor, group: Any, op: str = "sum") -> bool:
         """Whether this call of ``x`` runs the codec (see the module docstring)."""
         t = self.traffic
-        lossy = (
-            t.lossy
-            and x.is_floating_point()
-            and x.numel() * x.element_size() >= t.min_compress_bytes
-            and op in ("sum", "avg")
-        )
+        lossy = not self.codec.lossless and compressible(x, op, t.min_compress_bytes)
         if lossy and not isinstance(group, CocclProcessGroup):
             raise TypeError(
                 f"a lossy FSDP {self.collective} ({t.codec}) needs a coccl group, got "
