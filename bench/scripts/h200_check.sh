@@ -188,7 +188,7 @@ ncclp2p)
     -d float32 --json "$JSONDIR/h200-mpi-4ranks-hierarchical.json" 2>&1 | tee "$OUT/hierarchical.txt" \
     | grep -v "^#  Rank" | tail -16 ;;
 p2psweep)
-  # Point-to-point of device data after session 14's fix of its staged path (the codec's
+  # Point-to-point of device data over staged MPI (the codec's
   # kernels on the device's compute stream, each chunk's payload alone staged through pinned
   # memory; before, the whole message was copied to the host and the CPU kernels encoded it):
   # the GPU tests it touches (one-rank NCCL point-to-point and the torch backend's CUDA
