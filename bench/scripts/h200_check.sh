@@ -190,7 +190,7 @@ ncclp2p)
 p2psweep)
   # Point-to-point of device data over staged MPI (the codec's
   # kernels on the device's compute stream, each chunk's payload alone staged through pinned
-  # memory; before, the whole message was copied to the host and the CPU kernels encoded it):
+  # memory):
   # the GPU tests it touches (one-rank NCCL point-to-point and the torch backend's CUDA
   # tensors handed to NCCL as they are; tests/mpi/test_p2p_calls.py's device case on 2 ranks
   # sharing the GPU over staged MPI), then the 2-rank staged send/recv sweep 1 MiB to 1 GiB
