@@ -103,10 +103,13 @@ def run_alone(script: Path, cwd: Path, **extra: str) -> str:
 @pytest.mark.launch
 def test_world_of_one(tmp_path: Path):
     """A lone process (no launcher) becomes a coccl world of one; creating it leaves
-    torch's intra-op thread count alone (numba's OpenMP start would reset it)."""
+    torch's intra-op thread count alone (numba's OpenMP start would reset it); destroying
+    it destroys its inner Gloo groups then, not at the interpreter's exit (where a Gloo
+    worker freeing a tensor over numpy memory aborts the process), while torch may
+    still hold the group object."""
     script = tmp_path / "alone.py"
     script.write_text(
-        "import torch, torch.distributed as dist, coccl.torch\n"
+        "import gc, weakref, torch, torch.distributed as dist, coccl.torch\n"
         "opts = coccl.torch.CocclOptions(compressor='taco')\n"
         "torch.set_num_threads(1)\n"
         "torch.ones(256, 256) @ torch.ones(256, 256)  # torch's OpenMP team has started\n"
@@ -116,7 +119,14 @@ def test_world_of_one(tmp_path: Path):
         "t = torch.arange(5.0)\n"
         "dist.all_reduce(t, op=dist.ReduceOp.AVG)\n"
         "assert dist.get_world_size() == 1 and torch.equal(t, torch.arange(5.0))\n"
+        "pg = dist.group.WORLD\n"
+        "inner = [pg._gloo] + [getattr(x, 'group', None) for x in pg.comm._transports()]\n"
+        "refs = [weakref.ref(g) for g in inner if isinstance(g, dist.ProcessGroupGloo)]\n"
+        "assert len(refs) >= 2, inner  # the forwarding group and the wire's\n"
+        "del inner\n"
+        "gc.disable()  # freed by the destroy itself, not by a later collection\n"
         "dist.destroy_process_group()\n"
+        "assert [r() for r in refs] == [None] * len(refs), 'a Gloo group outlived the destroy'\n"
         "print('ok')\n"
     )
     run_alone(script, ROOT)

@@ -483,16 +483,19 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
 
     # ------------------------------------------------------------ lifecycle
     def shutdown(self) -> None:
-        """Free the Communicator and the inner NCCL group (torch calls this from
-        ``destroy_process_group``)."""
+        """Free the Communicator and the inner groups (torch calls this from
+        ``destroy_process_group``): the Gloo groups are destroyed here, while the
+        interpreter is alive, not at its exit (see ``GlooTransport.close``)."""
         self.comm.close()
         if self._nccl is not None:
             self._nccl.shutdown()
+        self._gloo = self._nccl = None
 
     def abort(self) -> None:
         self.comm.close()
         if self._nccl is not None:
             self._nccl.abort()
+        self._gloo = self._nccl = None
 
 
 def compressible(x: torch.Tensor, op: str, min_compress_bytes: int) -> bool:

@@ -31,9 +31,9 @@ class Forwarding:
     def _inner(self, tensors: Any) -> Any:
         """The inner group for these tensors: NCCL (created on first use) for CUDA
         tensors, Gloo otherwise."""
-        flat = flatten(tensors)
-        if not any(t.is_cuda for t in flat):
-            return self._gloo
+        host = self._host_group()  # raises once the group is destroyed
+        if not any(t.is_cuda for t in flatten(tensors)):
+            return host
         if self._nccl is None:
             # Creating a ProcessGroupNCCL does not communicate (NCCL's communicator is
             # made by its first operation), so any subset of ranks may get here first.
@@ -81,7 +81,12 @@ class Forwarding:
     def barrier(self, opts: Any = None) -> Any:
         """A Gloo barrier: every rank of the group has reached it (host order only)."""
         self._counts["forwarded:barrier"] += 1
-        return self._gloo.barrier(or_default(opts, c10d.BarrierOptions))
+        return self._host_group().barrier(or_default(opts, c10d.BarrierOptions))
+
+    def _host_group(self) -> Any:
+        if self._gloo is None:
+            raise RuntimeError("this coccl process group was destroyed (shutdown or abort)")
+        return self._gloo
 
 
 def or_default(opts: Any, default: Callable[[], Any]) -> Any:

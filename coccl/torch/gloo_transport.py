@@ -172,14 +172,19 @@ class GlooTransport:
         """After a failure: abort the Gloo group (Gloo cannot cancel one receive), which
         ends the waits of every unfinished message. The Communicator is unusable from then
         on anyway."""
-        if any(not h._waited.done() for h in handles):
+        if self.group is not None and any(not h._waited.done() for h in handles):
             self.group.abort()
 
     def pools(self) -> list[Any]:
         return []
 
     def close(self) -> None:
+        """Stop the waiters and let go of the Gloo group: it is destroyed now, its worker
+        threads joined while the interpreter is alive. (A Gloo worker that dropped the
+        last reference of a message's tensor, which wraps numpy memory, takes the GIL to
+        free it; at interpreter exit that aborts the process.)"""
         self._waiters.shutdown(wait=False, cancel_futures=True)
+        self.group = None
 
     # ------------------------------------------------------- native collectives
     def has_native(self, collective: str, dtype: Any, op: str) -> bool:
