@@ -1,6 +1,9 @@
 """Point-to-point agreement in one process (coccl/communicator/p2p_agreement.py): the
-tags of messages that may be in flight together never meet, a signature survives its
-byte encoding, and both ends name a difference alike."""
+tags of messages that may be in flight together never meet, a header carries its
+signature's digest (and the signature, when whole) through its bytes, and both ends name
+a difference alike."""
+
+import json
 
 import numpy as np
 import pytest
@@ -23,27 +26,38 @@ def test_messages_in_one_window_never_share_a_tag(tag_ub):
     assert agreement.MAX_DEPTH < agreement.CHUNK_SLOTS
 
 
-def test_a_signature_survives_its_bytes():
+def test_a_header_carries_the_digest_and_the_signature_when_whole():
     sig = agreement.signature(5, "bfloat16", {"id": "taco", "group_size": 128}, -3, 1024)
-    buf = agreement.encode_signature(sig)
-    assert buf.size == agreement.SIGNATURE_BYTES
-    assert agreement.decode_signature(buf, 1) == agreement.agreed(sig)
+    sealed = agreement.seal(sig)
+    whole = agreement.encode_header(sealed, whole=True)
+    short = agreement.encode_header(sealed, whole=False)
+    assert whole.size == short.size == agreement.HEADER_BYTES
+    assert agreement.decode_header(whole, 1) == (sealed.digest, sealed.fields())
+    assert agreement.decode_header(short, 1) == (sealed.digest, None)
+    assert sealed.fields() == json.loads(json.dumps(sig))
+    other = agreement.seal(agreement.signature(6, "bfloat16", {"id": "taco"}, -3, 1024))
+    assert other.digest != sealed.digest and len(sealed.digest) == agreement.DIGEST_BYTES
 
 
 def test_a_signature_too_long_is_refused():
     with pytest.raises(ValueError, match="too long"):
-        agreement.encode_signature(agreement.signature(1, "float32", {"x": "y" * 2000}, 0, 1))
+        agreement.seal(agreement.signature(1, "float32", {"x": "y" * 2000}, 0, 1))
 
 
-def test_garbage_is_not_a_signature():
-    buf = np.full(agreement.SIGNATURE_BYTES, 255, np.uint8)
+def test_garbage_is_not_a_header():
+    buf = np.full(agreement.HEADER_BYTES, 255, np.uint8)
     with pytest.raises(Exception, match="malformed"):
-        agreement.decode_signature(buf, 3)
+        agreement.decode_header(buf, 3)
+    # a signature whose digest is another's
+    buf = agreement.encode_header(agreement.seal({"count": 1}), whole=True)
+    buf[8] ^= 1
+    with pytest.raises(Exception, match="malformed"):
+        agreement.decode_header(buf, 3)
 
 
 def test_both_ends_name_the_difference_alike():
-    a = agreement.agreed(agreement.signature(10, "float32", {"id": "identity"}, 0, 256))
-    b = agreement.agreed(agreement.signature(11, "float32", {"id": "identity"}, 1, 256))
+    a = agreement.seal(agreement.signature(10, "float32", {"id": "identity"}, 0, 256)).fields()
+    b = agreement.seal(agreement.signature(11, "float32", {"id": "identity"}, 1, 256)).fields()
     text = agreement.mismatch(0, 1, a, b)
     assert "count: sender 10, receiver 11; tag: sender 0, receiver 1" in text
     assert "from rank 0 to rank 1" in text

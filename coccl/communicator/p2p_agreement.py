@@ -3,23 +3,30 @@ its messages travel under.
 
 Messages between two ranks pair in the order they are posted, one sequence per
 (peer, direction), on both sides (as NCCL pairs them; the user's tag is checked, not
-used for matching). Every message opens with a small exchange of the two ends'
-signatures (count, dtype, codec config, tag, chunking, wire): the sender's goes with its
-data, the receiver's back at once; the receiver posts its data receives only once the
-sender's signature matches its own, and each end raises ``CocclError`` naming what
-differs if it does not, so a mismatch is never a wrong decode, and never a hang.
+used for matching). Every message opens with a small header each way: the digest of
+its end's signature (count, dtype, codec config, tag, chunking, wire), and the signature
+itself the first time that end uses it with that peer in that direction. Each end keeps
+the signatures already agreed per (peer, direction), the same on both ends; one whole
+agreement per new (peer, signature), as the collectives' first-call check: a receive of
+a new signature posts its data receives only once the sender's header matches, a
+receive of an agreed one posts them at once and decodes only once the header matches.
+Digests that differ raise ``CocclError`` on both ends naming what differs (the header's
+signature, or the agreed one its digest names), so a mismatch is never a wrong decode,
+and never a hang.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from coccl.errors import CocclError
 
-# The tags of one message: its signature (sender -> receiver), the receiver's signature
+# The tags of one message: its header (sender -> receiver), the receiver's header
 # (receiver -> sender), then one per chunk, modulo the chunk slots.
 SLOTS_PER_MESSAGE = 64
 HEADER_SLOTS = 2
@@ -27,7 +34,9 @@ CHUNK_SLOTS = SLOTS_PER_MESSAGE - HEADER_SLOTS
 # The engine keeps fewer rounds of one message in flight than it has chunk slots, so the
 # chunks that share a tag are always posted in the same order on both ends.
 MAX_DEPTH = CHUNK_SLOTS - 1
-SIGNATURE_BYTES = 512  # the longest codec config's signature takes about half
+HEADER_BYTES = 512  # the longest codec config's signature takes about half
+DIGEST_BYTES = 20  # SHA-1 of the signature's canonical JSON
+_JSON_AT = 8 + DIGEST_BYTES  # a header: JSON length (0: digest only), digest, JSON
 GUARANTEED_TAG_UB = 32767  # MPI guarantees tags up to 32767
 
 
@@ -64,33 +73,57 @@ def signature(
     }
 
 
-def encode_signature(sig: dict) -> np.ndarray:
-    """``sig`` as a fixed-size byte buffer: its JSON length, then its JSON."""
+@dataclass(frozen=True)
+class Sealed:
+    """A signature as it travels: its canonical JSON and that JSON's digest."""
+
+    text: bytes
+    digest: bytes
+
+    def fields(self) -> dict:
+        """The signature as the peer decodes it (tuples become lists)."""
+        return json.loads(self.text)
+
+
+def seal(sig: dict) -> Sealed:
+    """``sig`` sealed for headers (ValueError if its JSON cannot fit one)."""
     text = json.dumps(sig, sort_keys=True).encode()
-    if len(text) > SIGNATURE_BYTES - 8:
+    if len(text) > HEADER_BYTES - _JSON_AT:
         raise ValueError(
             f"the compressor's configuration is too long for a point-to-point signature "
-            f"({len(text)} bytes of JSON, at most {SIGNATURE_BYTES - 8})"
+            f"({len(text)} bytes of JSON, at most {HEADER_BYTES - _JSON_AT})"
         )
-    buf = np.zeros(SIGNATURE_BYTES, dtype=np.uint8)
-    buf[:8].view(np.int64)[0] = len(text)
-    buf[8 : 8 + len(text)] = np.frombuffer(text, dtype=np.uint8)
+    return Sealed(text, hashlib.sha1(text).digest())
+
+
+def encode_header(sealed: Sealed, whole: bool) -> np.ndarray:
+    """A fixed-size header: the digest, and the signature's JSON if ``whole``."""
+    buf = np.zeros(HEADER_BYTES, dtype=np.uint8)
+    n = len(sealed.text) if whole else 0
+    buf[:8].view(np.int64)[0] = n
+    buf[8:_JSON_AT] = np.frombuffer(sealed.digest, dtype=np.uint8)
+    buf[_JSON_AT : _JSON_AT + n] = np.frombuffer(sealed.text[:n], dtype=np.uint8)
     return buf
 
 
-def decode_signature(buf: np.ndarray, peer: int) -> dict:
-    """The signature in a buffer that ``encode_signature`` filled (CocclError if not)."""
+def decode_header(buf: np.ndarray, peer: int) -> tuple[bytes, dict | None]:
+    """The digest in a header that ``encode_header`` filled, and its signature if it
+    carries one (CocclError if the bytes are no header)."""
     n = int(buf[:8].copy().view(np.int64)[0])
+    digest = buf[8:_JSON_AT].tobytes()
     try:
-        if not 0 <= n <= SIGNATURE_BYTES - 8:
+        if not 0 <= n <= HEADER_BYTES - _JSON_AT:
             raise ValueError(f"length {n}")
-        sig = json.loads(buf[8 : 8 + n].tobytes())
+        text = buf[_JSON_AT : _JSON_AT + n].tobytes()
+        if n and hashlib.sha1(text).digest() != digest:
+            raise ValueError("its digest is not its signature's")
+        sig = json.loads(text) if n else None
     except ValueError as exc:
         raise CocclError(
-            f"rank {peer} sent a malformed point-to-point signature ({exc}); do both ends "
+            f"rank {peer} sent a malformed point-to-point header ({exc}); do both ends "
             "run the same coccl?"
         ) from None
-    return sig
+    return digest, sig
 
 
 def mismatch(sender: int, receiver: int, sent: dict, expected: dict) -> str | None:
@@ -111,8 +144,3 @@ def check_tag(tag: Any) -> int:
     if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
         raise ValueError(f"tag must be an integer, got {tag!r}")
     return int(tag)
-
-
-def agreed(sig: Any) -> Any:
-    """``sig`` after a JSON roundtrip: what the peer decodes of it (tuples become lists)."""
-    return json.loads(json.dumps(sig, sort_keys=True))

@@ -2,7 +2,7 @@
 finished, polled together, so nonblocking sends and receives progress concurrently
 (two ranks that both isend and then irecv never wait on each other).
 
-A message (``Message``) is one end of one point-to-point message: its signature
+A message (``Message``) is one end of one point-to-point message: its header
 exchange (``coccl.communicator.p2p_agreement``), then the rounds of its schedule
 (``coccl.algorithms.p2p``), at most ``depth`` in flight, advanced by the polling
 engine's ``advance``. The engine polls every message each time a handle is waited for
@@ -10,7 +10,7 @@ or tested, and when a new message is posted. A wait that makes no progress for
 COCCL_TIMEOUT_S raises ``CocclError`` naming the peer; any failure gives up every
 message in flight (their receives are cancelled) and breaks the communicator.
 
-Device data over NCCL (a *streamed* message) exchanges its signature the same way, over
+Device data over NCCL (a *streamed* message) exchanges its header the same way, over
 the engine's polling transport, but its chunks travel over NCCL, stream-ordered: the
 engine does not poll them. NCCL pairs sends and receives in posting order and a send
 waits on the device until its receive is posted, so two ranks whose NCCL operations are
@@ -19,7 +19,7 @@ engine therefore launches streamed messages in *groups*: the ones posted since t
 launch form one group, launched (``launch``: every chunk round of the group's messages
 as one NCCL group) at the next ``wait``/``test`` of any handle, or at once for a
 ``batch_p2p``. A streamed message is finished once its group is launched and both ends'
-signatures matched; its data is then ordered on the caller's stream.
+headers matched; its data is then ordered on the caller's stream.
 """
 
 from __future__ import annotations
@@ -67,7 +67,12 @@ class Message:
     seq: int
     slots: int
     depth: int
+    sealed: agreement.Sealed
+    # the signatures agreed on this message's (peer, direction), by digest: the same on
+    # both ends, shared by the engine's messages of that channel
+    agreed: dict[bytes, dict]
     started: bool = False
+    early: bool = False  # a receive of an agreed signature: its data receives go at once
     verified: bool = False
     finished: bool = False
     result: Any = None
@@ -88,16 +93,20 @@ class Message:
         return agreement.tag_of(self.seq, slot, self.slots)
 
     def start(self, transport: PollingTransport) -> None:
-        """Post the signature exchange; a send's data goes at once, a receive's once the
-        sender's signature matches."""
+        """Post the header exchange (the whole signature only if it is new on this
+        channel); a send's data goes at once, a receive's once the sender's header
+        matches, or at once if its signature was agreed before (it then decodes only once
+        the header matches)."""
         p = self.posting
         mine, theirs = (0, 1) if p.kind == "send" else (1, 0)
-        self.peer_buf = np.empty(agreement.SIGNATURE_BYTES, dtype=np.uint8)
+        self.peer_buf = np.empty(agreement.HEADER_BYTES, dtype=np.uint8)
         self.peer_sig = transport.irecv(self.peer_buf, p.peer, self._tag(theirs))
-        sig = agreement.encode_signature(p.sig)
-        self.sig_send = transport.isend(sig, p.peer, self._tag(mine))
-        transport.bytes_sent -= sig.size  # statistics count payloads, not signatures
-        if p.kind == "send" and not p.streamed:
+        known = self.sealed.digest in self.agreed
+        header = agreement.encode_header(self.sealed, whole=not known)
+        self.sig_send = transport.isend(header, p.peer, self._tag(mine))
+        transport.bytes_sent -= header.size  # statistics count payloads, not headers
+        self.early = p.kind == "recv" and known
+        if not p.streamed and (p.kind == "send" or self.early):
             self.source = p.rounds()
         self.started = True
 
@@ -115,9 +124,10 @@ class Message:
             self._verify(rank)
             progressed = True
         progressed |= self._admit(transport)
-        for rnd in self.active:
-            if not rnd.finished:
-                progressed |= advance(rnd, transport, self.posting.executor)
+        if self.verified or self.posting.kind == "send":  # a receive decodes once agreed
+            for rnd in self.active:
+                if not rnd.finished:
+                    progressed |= advance(rnd, transport, self.posting.executor)
         while self.active and self.active[0].finished:
             self.active.pop(0).release()
         data_done = self.launched if self.posting.streamed else not self.active
@@ -128,17 +138,31 @@ class Message:
 
     def _verify(self, rank: int) -> None:
         p = self.posting
-        theirs = agreement.decode_signature(self.peer_buf, p.peer)
-        mine = agreement.agreed(p.sig)
-        if p.kind == "send":
-            problem = agreement.mismatch(rank, p.peer, mine, theirs)
-        else:
-            problem = agreement.mismatch(p.peer, rank, theirs, mine)
-        if problem is not None:
-            raise CocclError(problem)
-        self.verified = True
-        if p.kind == "recv" and not p.streamed:
+        digest, theirs = agreement.decode_header(self.peer_buf, p.peer)
+        if digest != self.sealed.digest:
+            raise CocclError(self._difference(rank, theirs or self.agreed.get(digest)))
+        if digest not in self.agreed:
+            self.agreed[digest] = self.sealed.fields()
+        if p.kind == "recv" and not p.streamed and not self.early:
             self.source = p.rounds()
+        self.verified = True
+
+    def _difference(self, rank: int, theirs: dict | None) -> str:
+        """What the two ends' signatures differ in (``theirs`` None: the peer's is one
+        it agreed on an earlier message whose header this end has not read yet)."""
+        p = self.posting
+        mine = self.sealed.fields()
+        sender, receiver = (rank, p.peer) if p.kind == "send" else (p.peer, rank)
+        if theirs is not None:
+            sent, expected = (mine, theirs) if p.kind == "send" else (theirs, mine)
+            problem = agreement.mismatch(sender, receiver, sent, expected)
+            if problem is not None:
+                return problem
+        return (
+            f"point-to-point message from rank {sender} to rank {receiver}: the two ends "
+            f"do not agree (rank {p.peer}'s signature, agreed on an earlier message, is "
+            f"not this rank's {mine}); both ends must post the same messages in the same order"
+        )
 
     def _admit(self, transport: PollingTransport) -> bool:
         """Admit rounds up to the depth, posting their receives under the message's tags."""
@@ -209,6 +233,7 @@ class P2PEngine:
         self.on_failure = on_failure
         self.launch = launch
         self._seqs: dict[tuple[int, str], int] = {}
+        self._agreed: dict[tuple[int, str], dict[bytes, dict]] = {}
         self._messages: list[Message] = []
         self._group: list[Message] = []  # streamed messages posted, not yet launched
 
@@ -217,12 +242,18 @@ class P2PEngine:
 
         ``group``: launch the streamed ones among them at once, as one group of their
         own (``batch_p2p``), after the group still open; otherwise they join the open
-        group, launched at the next ``wait`` or ``test``."""
+        group, launched at the next ``wait`` or ``test``.
+
+        Raises ValueError, before any message is numbered, if a signature cannot fit a
+        header."""
+        sealed = [agreement.seal(p.sig) for p in postings]
         messages = []
-        for p in postings:
-            seq = self._seqs.get((p.peer, p.kind), 0)
-            self._seqs[(p.peer, p.kind)] = seq + 1
-            messages.append(Message(p, seq, self.slots, self.depth))
+        for p, seal in zip(postings, sealed, strict=True):
+            channel = (p.peer, p.kind)
+            seq = self._seqs.get(channel, 0)
+            self._seqs[channel] = seq + 1
+            agreed = self._agreed.setdefault(channel, {})
+            messages.append(Message(p, seq, self.slots, self.depth, seal, agreed))
         self._messages.extend(messages)
         streamed = [m for m in messages if m.posting.streamed]
         if group:
@@ -232,6 +263,12 @@ class P2PEngine:
             self.flush()
         self.poll()
         return messages
+
+    @property
+    def agreements(self) -> int:
+        """How many (peer, direction, signature) this rank has agreed on: one whole
+        signature exchange each."""
+        return sum(len(agreed) for agreed in self._agreed.values())
 
     def flush(self) -> None:
         """Launch the open group of streamed messages (see the module docstring)."""

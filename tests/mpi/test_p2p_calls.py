@@ -2,7 +2,8 @@
 isend/irecv and batch_p2p over MPI. The identity codec delivers the message exactly;
 a lossy codec delivers decode(encode(chunk)) of every chunk, bitwise; nonblocking
 messages in both directions at once and rings of grouped exchanges complete; ends that
-disagree raise on both sides naming what differs; bad arguments are refused before any
+disagree raise on both sides naming what differs, also once their signatures were
+agreed on earlier messages; bad arguments are refused before any
 byte moves."""
 
 import numpy as np
@@ -130,6 +131,28 @@ def test_ends_that_disagree_raise_on_both(name, sending, receiving, text):
             assert text in str(err.value)
             with pytest.raises(coccl.CocclError, match="unusable"):
                 c.send(np.ones(1, np.float32), 1 - RANK)
+        MPI.COMM_WORLD.Barrier()
+
+
+@two_ranks
+@pytest.mark.parametrize("earlier", [(1000, 999), (1000,)], ids=["both", "the-sender's"])
+def test_signatures_agreed_before_that_differ_now_raise_on_both(earlier):
+    """After a signature is agreed, its messages carry its digest only: one that meets a
+    different signature still raises on both ends, naming the difference."""
+    with communicator() as c:
+        for n in earlier:  # agreed: one whole exchange each, none for the repeat
+            for _ in range(2):
+                if RANK == 0:
+                    c.send(np.ones(n, np.float32), 1)
+                elif RANK == 1:
+                    c.recv(src=0, count=n, dtype=np.float32)
+        if RANK < 2:
+            assert c.stats()["p2p_agreements"] == len(earlier)
+            with pytest.raises(coccl.CocclError, match="count: sender 1000, receiver 999"):
+                if RANK == 0:
+                    c.send(np.ones(1000, np.float32), 1)
+                else:
+                    c.recv(src=0, count=999, dtype=np.float32)
         MPI.COMM_WORLD.Barrier()
 
 
