@@ -5,7 +5,8 @@
 A small MLP, each linear and the root sharded, trained a few SGD steps on rank-seeded
 data: exact comms bitwise FSDP2's own; a delta gather whose replicas are bitwise equal
 on both ranks and far closer to the master weights than a plain 4-bit gather; a
-feedback reduce that carries a residual; a lossy traffic over a Gloo group refused.
+feedback reduce that carries a residual; a lossy traffic over a Gloo group refused;
+ranks that chose different traffics raising on both.
 """
 
 from __future__ import annotations
@@ -147,3 +148,17 @@ def test_lossy_traffic_over_gloo_is_refused():
     net, _ = model(gloo, gather=Traffic(INT4, "two_shot", 0))
     with pytest.raises(TypeError, match="needs a coccl group"):
         net(batch(0)[0])
+
+
+def test_ranks_with_different_traffics_raise_on_both():
+    """A comm object's codec is the rank's own choice: ranks that chose differently
+    raise CocclError on both, naming the difference, at the first call that differs
+    (over a group of their own: the error leaves a group unusable)."""
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
+
+    own = DeviceMesh.from_group(dist.new_group(backend="coccl"), "cpu")
+    mine = Traffic(INT4, "two_shot", 0) if dist.get_rank() == 0 else Traffic(INT8, "two_shot", 0)
+    net, _ = model(own, gather=mine)
+    with pytest.raises(coccl.CocclError, match="'bits': 4") as err:
+        net(batch(0)[0])
+    assert "'bits': 8" in str(err.value)
