@@ -385,3 +385,13 @@ def assert_within_bound(
             f"{msg}: {int(bad.sum())} groups beyond the bound, e.g. groups {k}: "
             f"err {err[k]}, norm {norm[k]}, limit {limit[k]}"
         )
+
+
+def chunked_roundtrip(codec, x, elems):
+    """What a pipelined message's receiver must hold: each chunk's decode(encode(chunk))
+    on the CPU, chunks of ``elems`` elements."""
+    out = np.empty_like(x)
+    for a in range(0, x.size, elems):
+        part = x[a : a + elems]
+        out[a : a + part.size] = codec.decode(codec.encode(part), count=part.size, dtype=x.dtype)
+    return out

@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from codec_reference import chunked_roundtrip
 from gpu import GPU
 
 pytestmark = pytest.mark.skipif(not GPU, reason="needs CuPy and a CUDA GPU")
@@ -32,15 +33,6 @@ def data(count, dtype, seed=0):
 def chunk_elems(codec, dtype, chunk_bytes):
     per = max(1, chunk_bytes // np.dtype(dtype).itemsize)
     return max(codec.alignment, per // codec.alignment * codec.alignment)
-
-
-def chunked_roundtrip(codec, x, elems):
-    """What the receiver must hold: each chunk's decode(encode(chunk)) on the CPU."""
-    out = np.empty_like(x)
-    for a in range(0, x.size, elems):
-        part = x[a : a + elems]
-        out[a : a + part.size] = codec.decode(codec.encode(part), count=part.size, dtype=x.dtype)
-    return out
 
 
 def payload_bytes(codec, count, dtype, elems):

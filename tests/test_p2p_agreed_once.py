@@ -10,6 +10,8 @@ from mpi4py import MPI
 
 import coccl
 
+from codec_reference import chunked_roundtrip
+
 
 @pytest.fixture
 def comm():
@@ -24,15 +26,6 @@ def exchange(comm, x, out, **kw):
     hr = comm.irecv(out, 0, **kw)
     hs.wait()
     return hr.wait()
-
-
-def chunked_roundtrip(codec, x, chunk_elems):
-    """What the receiver holds: each chunk's decode(encode(chunk))."""
-    out = np.empty_like(x)
-    for a in range(0, x.size, chunk_elems):
-        part = x[a : a + chunk_elems]
-        out[a : a + part.size] = codec.decode(codec.encode(part), count=part.size, dtype=x.dtype)
-    return out
 
 
 @pytest.mark.parametrize("codec", ["identity", "int8"])

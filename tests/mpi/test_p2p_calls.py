@@ -12,20 +12,12 @@ from mpi4py import MPI
 
 import coccl
 
+from codec_reference import chunked_roundtrip
 from conftest import case_seed, communicator, rank_data
 
 N = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 two_ranks = pytest.mark.skipif(N < 2, reason="needs two ranks")
-
-
-def chunked_roundtrip(codec, x, chunk_elems):
-    """What the receiver holds: each chunk's decode(encode(chunk))."""
-    out = np.empty_like(x)
-    for a in range(0, x.size, chunk_elems):
-        part = x[a : a + chunk_elems]
-        out[a : a + part.size] = codec.decode(codec.encode(part), count=part.size, dtype=x.dtype)
-    return out
 
 
 @pytest.mark.parametrize(
