@@ -137,7 +137,9 @@ class _StagedRecv(Handle):
         self._buf.set(self._block.data, stream=cp.cuda.get_current_stream())
         event = cp.cuda.Event(block=False, disable_timing=True)
         event.record()
-        # The pinned block must outlive the asynchronous copy: release it later.
+        # The pinned block must outlive the asynchronous copy: release it later (at the
+        # next post or completion of a message on this transport whose copy has ended).
+        self._transport._reap()
         self._transport._deferred.append((event, self._block))
         if self._keep:  # the forwarding send takes this reference
             self._transport._forwardable[id(self._buf)] = (self._buf, self._block.retain())
@@ -238,6 +240,7 @@ class MpiTransport:
     def irecv(self, buf: Any, peer: int, tag: int, forward: bool = False) -> Handle:
         """Start receiving into the uint8 array ``buf`` from ``peer``. ``forward``: a
         later send forwards these bytes unchanged (``isend(..., landed=True)``)."""
+        self._reap()  # a rank that only receives (point to point) sends nothing to reap at
         if self._staged(buf):
             return _StagedRecv(self, buf, peer, tag, forward and self.forward_from_host)
         return Handle(peer, "recv", int(buf.size), self.comm.Irecv([buf, MPI.BYTE], peer, tag))
