@@ -283,12 +283,9 @@ class Communicator(
         return pools
 
     def stats(self) -> dict[str, int]:
-        """Counters for benchmarks: payload bytes this rank sent point to point (native
-        collectives not counted), and the peak extra memory the pipeline's pools held in
-        use (host, pinned host, device), since the last ``reset_stats``; the plans kept,
-        and the point-to-point signatures agreed (one per new peer, direction and
-        signature)."""
-        peaks = {"host": 0, "pinned": 0, "device": 0}
+        """Counters: payload bytes sent point to point, pool peaks (host, pinned, device) since
+        ``reset_stats``; plans kept; p2p signatures agreed (one per new peer, signature)."""
+        peaks = dict.fromkeys(("host", "pinned", "device"), 0)
         for pool in self.pools():
             peaks[pool.kind] += pool.peak_in_use_bytes
         return {
@@ -297,7 +294,7 @@ class Communicator(
             "pool_allocated_bytes": sum(p.allocated_bytes for p in self.pools()),
             "plans": len(self._plans),
             "graph_bytes": self._plans.graph_bytes,
-            "p2p_agreements": 0 if self._p2p is None else self._p2p.agreements,
+            "p2p_agreements": self._p2p.agreements if self._p2p else 0,
         }
 
     def reset_stats(self) -> None:
