@@ -318,11 +318,12 @@ class Communicator(
                 "its peers' state is unknown: create a new one with coccl.init()"
             )
 
-    def _break(self, exc: BaseException) -> None:
+    def _break(self, exc: BaseException | str) -> None:
         """A failure after bytes moved: from now on every call raises (see the module
         docstring); NCCL is aborted so that no kernel keeps waiting for a peer."""
         if self._broken is None:
-            self._broken = f"{type(exc).__name__}: {exc}"
+            self._broken = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+            self._resources.broken = True
             if self._nccl is not None:
                 self._nccl.abort()
 
@@ -394,7 +395,5 @@ def _release_graph(plan: CallPlan) -> None:
 def _expired(me: weakref.ref, message: str) -> None:
     """The watchdog's verdict (from its thread): abort NCCL, refuse every later call."""
     comm = me()
-    if comm is not None and comm._broken is None:
-        comm._broken = message
-        if comm._nccl is not None:
-            comm._nccl.abort()
+    if comm is not None:
+        comm._break(message)

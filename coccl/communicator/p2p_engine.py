@@ -236,6 +236,7 @@ class P2PEngine:
         self._agreed: dict[tuple[int, str], dict[bytes, dict]] = {}
         self._messages: list[Message] = []
         self._group: list[Message] = []  # streamed messages posted, not yet launched
+        self._failed = False  # messages were given up after a failure
 
     def post(self, postings: list[Posting], group: bool = False) -> list[Message]:
         """Number and start the messages (in order), then poll them all once.
@@ -348,18 +349,22 @@ class P2PEngine:
             ) from message.error
         return message.finished
 
-    def close(self) -> None:
+    def close(self, abandoned: bool = False) -> None:
         """Give up the messages still in flight (their receives cancelled; their handles
-        then raise as the closed communicator's calls do) and close the transport."""
+        then raise as the closed communicator's calls do) and close the transport. It is
+        closed as abandoned (``PollingTransport.close``: what may stay unmatched is held) if
+        ``abandoned`` (the communicator failed), if a message failed here, or if messages
+        were given up now."""
         messages, self._messages = self._messages, []
         self._group = []
         self.transport.cancel([h for m in messages for h in m.handles()])
-        self.transport.close()
+        self.transport.close(abandoned=abandoned or self._failed or bool(messages))
 
     def fail(self, exc: BaseException) -> None:
         """Give up every message in flight (their receives cancelled) after ``exc``."""
         messages, self._messages = self._messages, []
         self._group = []
+        self._failed = True
         self.transport.cancel([h for m in messages for h in m.handles()])
         for m in messages:
             m.error = exc

@@ -19,8 +19,11 @@ class Resources:
         self.boot, self.host, self.nccl, self.watchdog = boot, host, nccl, watchdog
         self.cpu: CpuExecutor | None = None
         self.p2p: Any = None  # the point-to-point engine and its transport, if any
+        self.broken = False  # a failure after bytes moved (the communicator's _break)
 
     def release(self, abort: bool = False) -> None:
+        """Free everything; ``abort`` (after a failure): abort NCCL, and keep the MPI
+        duplicates, on which the failure may have left messages unmatched."""
         if self.cpu is not None:
             self.cpu.close()
         if self.watchdog is not None:
@@ -30,10 +33,10 @@ class Resources:
                 self.nccl.abort()
             else:
                 self.nccl.close()
-        self.host.close()
+        self.host.close(abandoned=abort)
         if self.p2p is not None:
-            self.p2p.close()
-        self.boot.close()
+            self.p2p.close(abandoned=abort)
+        self.boot.close(abandoned=abort)
 
 
 def release_unclosed(resources: Resources, name: str) -> None:
@@ -44,7 +47,7 @@ def release_unclosed(resources: Resources, name: str) -> None:
         ResourceWarning,
         stacklevel=2,
     )
-    resources.release()
+    resources.release(abort=resources.broken)
 
 
 def set_numba_threads(threads: int) -> None:

@@ -74,8 +74,9 @@ class PollingTransport(NativeCollectives, Protocol):
         """The buffer pools the transport allocates from (for statistics)."""
         ...
 
-    def close(self) -> None:
-        """Free the transport's resources."""
+    def close(self, abandoned: bool = False) -> None:
+        """Free the transport's resources. ``abandoned``: messages may be left unmatched
+        (after a failure, or messages given up): what they could reach later stays held."""
         ...
 
 

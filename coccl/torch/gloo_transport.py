@@ -89,7 +89,7 @@ class StoreBootstrap:
             self._store.delete_key(f"{n - 2}/{self.rank}")
         return values
 
-    def close(self) -> None:
+    def close(self, abandoned: bool = False) -> None:
         """Nothing to free: the store belongs to torch.distributed."""
 
 
@@ -178,11 +178,12 @@ class GlooTransport:
     def pools(self) -> list[Any]:
         return []
 
-    def close(self) -> None:
-        """Stop the waiters and let go of the Gloo group: it is destroyed now, its worker
-        threads joined while the interpreter is alive. (A Gloo worker that dropped the
-        last reference of a message's tensor, which wraps numpy memory, takes the GIL to
-        free it; at interpreter exit that aborts the process.)"""
+    def close(self, abandoned: bool = False) -> None:
+        """Stop the waiters and let go of the Gloo group (a group of its own: no later
+        group receives what it left unmatched, ``abandoned`` or not): it is destroyed now,
+        its worker threads joined while the interpreter is alive. (A Gloo worker that
+        dropped the last reference of a message's tensor, which wraps numpy memory, takes
+        the GIL to free it; at interpreter exit that aborts the process.)"""
         self._waiters.shutdown(wait=False, cancel_futures=True)
         self.group = None
 

@@ -29,8 +29,9 @@ class Bootstrap(Protocol):
         ``what`` if some rank does not join within ``timeout_s``."""
         ...
 
-    def close(self) -> None:
-        """Free what the bootstrap holds."""
+    def close(self, abandoned: bool = False) -> None:
+        """Free what the bootstrap holds (``abandoned``: after a failure, which may have
+        left a message unmatched)."""
         ...
 
 
@@ -41,6 +42,25 @@ def node_ranks(boot: Bootstrap, timeout_s: float) -> tuple[int, int]:
     mine = hosts[boot.rank]
     local = [r for r, h in enumerate(hosts) if h == mine]
     return local.index(boot.rank), len(local)
+
+
+# MPI duplicates closed with messages possibly unmatched, kept until MPI_Finalize.
+_KEPT: list[Any] = []
+
+
+def free_duplicate(comm: Any, abandoned: bool) -> None:
+    """Free a private MPI duplicate, unless ``abandoned``: a failure or a message given up
+    may have left messages on it unmatched, and MPI gives a freed communicator's context to
+    the next one it creates, whose receives under the same tags would take them. Such a
+    duplicate is kept (one of MPI's limited communicators) until MPI_Finalize."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    if comm == MPI.COMM_NULL or MPI.Is_finalized():
+        return
+    if abandoned:
+        _KEPT.append(comm)
+    else:
+        comm.Free()
 
 
 def wait_request(request: Any, deadline: float, describe: Any) -> None:
@@ -88,8 +108,16 @@ class MpiBootstrap:
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        self._timed_out = False  # an exchange left pending: its duplicate is kept
 
     def allgather(self, obj: Any, timeout_s: float, what: str) -> list[Any]:
+        try:
+            return self._allgather(obj, timeout_s, what)
+        except CocclError:
+            self._timed_out = True
+            raise
+
+    def _allgather(self, obj: Any, timeout_s: float, what: str) -> list[Any]:
         import numpy as np  # noqa: PLC0415
         from mpi4py import MPI  # noqa: PLC0415
 
@@ -118,8 +146,7 @@ class MpiBootstrap:
             for o, s in zip(offsets, sizes, strict=True)
         ]
 
-    def close(self) -> None:
-        from mpi4py import MPI  # noqa: PLC0415
-
-        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.comm.Free()
+    def close(self, abandoned: bool = False) -> None:
+        """Free the duplicate (kept if ``abandoned`` or after a timeout: see
+        ``free_duplicate``)."""
+        free_duplicate(self.comm, abandoned or self._timed_out)

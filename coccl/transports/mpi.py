@@ -24,7 +24,7 @@ from coccl.core.arrays import FLOAT_DTYPES, array_module, is_device_array
 from coccl.core.pool import Block, BufferPool, pinned_pool
 from coccl.core.reduction import finalize
 from coccl.errors import CocclError
-from coccl.transports.bootstrap import wait_request
+from coccl.transports.bootstrap import free_duplicate, wait_request
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 _MPI_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -174,7 +174,7 @@ class MpiTransport:
             raise CocclError(
                 f"MPI could not duplicate the communicator ({exc}); an MPI library holds a "
                 "limited number of communicators: close() the coccl communicators you no "
-                "longer use"
+                "longer use (one closed after a failure keeps its duplicates)"
             ) from exc
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -342,7 +342,10 @@ class MpiTransport:
     def barrier(self) -> None:
         self._complete(self.comm.Ibarrier(), "barrier")
 
-    def close(self) -> None:
+    def close(self, abandoned: bool = False) -> None:
+        """Free the duplicate, once the staged sends' copies ended; ``abandoned``: messages
+        may be left unmatched (after a failure, or messages given up), and the duplicate is
+        kept instead (see ``free_duplicate``)."""
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self._reap(wait=True)
-            self.comm.Free()
+            free_duplicate(self.comm, abandoned)

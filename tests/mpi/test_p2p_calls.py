@@ -3,8 +3,10 @@ isend/irecv and batch_p2p over MPI. The identity codec delivers the message exac
 a lossy codec delivers decode(encode(chunk)) of every chunk, bitwise; nonblocking
 messages in both directions at once and rings of grouped exchanges complete; ends that
 disagree raise on both sides naming what differs, also once their signatures were
-agreed on earlier messages; bad arguments are refused before any
-byte moves."""
+agreed on earlier messages, and what such a failure leaves unmatched never reaches a later
+communicator; bad arguments are refused before any byte moves."""
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -20,6 +22,16 @@ from conftest import case_seed, communicator, rank_data
 N = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 two_ranks = pytest.mark.skipif(N < 2, reason="needs two ranks")
+
+
+@contextlib.contextmanager
+def meeting_at_the_end():
+    """Every rank meets at the block's end, also one whose block raised (a rank that
+    skipped the meeting would leave the others waiting in it until the job's limit)."""
+    try:
+        yield
+    finally:
+        MPI.COMM_WORLD.Barrier()
 
 
 @pytest.mark.parametrize(
@@ -113,7 +125,7 @@ MISMATCHES = [
     "name, sending, receiving, text", MISMATCHES, ids=[m[0] for m in MISMATCHES]
 )
 def test_ends_that_disagree_raise_on_both(name, sending, receiving, text):
-    with communicator() as c:
+    with communicator() as c, meeting_at_the_end():
         if RANK == 0:
             with pytest.raises(coccl.CocclError, match="do not agree") as err:
                 c.send(np.ones(1000, np.float32), 1, **sending)
@@ -125,7 +137,6 @@ def test_ends_that_disagree_raise_on_both(name, sending, receiving, text):
             assert text in str(err.value)
             with pytest.raises(coccl.CocclError, match="unusable"):
                 c.send(np.ones(1, np.float32), 1 - RANK)
-        MPI.COMM_WORLD.Barrier()
 
 
 @two_ranks
@@ -133,7 +144,7 @@ def test_ends_that_disagree_raise_on_both(name, sending, receiving, text):
 def test_signatures_agreed_before_that_differ_now_raise_on_both(earlier):
     """After a signature is agreed, its messages carry its digest only: one that meets a
     different signature still raises on both ends, naming the difference."""
-    with communicator() as c:
+    with communicator() as c, meeting_at_the_end():
         for n in earlier:  # agreed: one whole exchange each, none for the repeat
             for _ in range(2):
                 if RANK == 0:
@@ -147,16 +158,14 @@ def test_signatures_agreed_before_that_differ_now_raise_on_both(earlier):
                     c.send(np.ones(1000, np.float32), 1)
                 else:
                     c.recv(src=0, count=999, dtype=np.float32)
-        MPI.COMM_WORLD.Barrier()
 
 
 @two_ranks
 def test_a_peer_that_never_posts_is_a_timeout_naming_it():
-    with communicator(COCCL_TIMEOUT_S=0.5) as c:
+    with communicator(COCCL_TIMEOUT_S=0.5) as c, meeting_at_the_end():
         if RANK == 0:
             with pytest.raises(coccl.CocclError, match="rank 1 has not posted the matching recv"):
                 c.send(np.ones(10, np.float32), 1)
-        MPI.COMM_WORLD.Barrier()
 
 
 BAD = [
@@ -252,3 +261,23 @@ def test_a_handle_of_a_closed_communicator_raises():
         h.wait()
     with pytest.raises(coccl.CocclError, match="closed"):
         h.test()
+
+
+@two_ranks
+def test_messages_a_failure_left_unmatched_never_reach_a_later_communicator():
+    """A send whose receiver raised leaves its chunk unreceived at the receiver; freeing
+    the broken communicator's MPI duplicate would let MPI give its context to the next
+    communicator, whose receive under the same tag would take the stale chunk."""
+    with communicator() as c, meeting_at_the_end():
+        if RANK == 0:
+            h = c.isend(np.ones(1000, np.float32), 1, compressor="int8")  # data goes now
+        MPI.COMM_WORLD.Barrier()  # ... before rank 1's header can reach rank 0
+        if RANK < 2:
+            with pytest.raises(coccl.CocclError, match="do not agree"):
+                h.wait() if RANK == 0 else c.recv(src=0, count=1000, dtype=np.float32)
+    with communicator() as c:
+        x = np.arange(1000, dtype=np.float32)
+        if RANK == 0:
+            c.send(x, 1)
+        elif RANK == 1:
+            np.testing.assert_array_equal(c.recv(src=0, count=1000, dtype=np.float32), x)
