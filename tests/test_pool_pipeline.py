@@ -7,6 +7,7 @@ import itertools
 import random
 import re
 import weakref
+from functools import partial
 
 import ml_dtypes
 import numpy as np
@@ -18,6 +19,7 @@ from coccl.communicator.overlap import WireOnlyCodec
 from coccl.communicator.sizing import (
     nccl_chunk_bytes,
     needs_accumulator,
+    p2p_chunk_bytes,
     replays,
     staged_chunk_bytes,
     staging_limit,
@@ -93,6 +95,35 @@ def test_staged_chunk_grows_only_with_four_chunks_per_shard():
     assert staged_chunk_bytes(1 << 30, 2, True) == 8 * mib
     # uncompressed data has no codec cost per chunk to save: 8 MiB at every size
     assert staged_chunk_bytes(1 << 30, 4, False) == 8 * mib
+
+
+def test_p2p_chunk_follows_the_staged_rule_over_mpi_on_every_end():
+    """A point-to-point message over MPI is cut as a staged shard, whatever its data (both
+    ends must cut alike, and one may be host data); over NCCL an uncompressed message is
+    one chunk and a compressed one COCCL_CHUNK_BYTES; a chunk set in the environment wins."""
+    mib, setting = 1 << 20, 4 << 20
+    for compressed in (False, True):
+        for itemsize, count in ((4, 0), (4, 1), (2, 5 * mib + 1), (4, 16 * mib), (4, 1 << 28)):
+            rule = partial(
+                p2p_chunk_bytes, settings_chunk=setting, compressed=compressed,
+                itemsize=itemsize, count=count,
+            )  # fmt: skip
+            assert rule("mpi", chunk_set=False) == staged_chunk_bytes(count, itemsize, compressed)
+            assert rule("mpi", chunk_set=True) == rule("nccl", chunk_set=True) == setting
+            whole = setting if compressed else max(setting, count * itemsize)
+            assert rule("nccl", chunk_set=False) == whole
+    # float32: a compressed message of 16M elements takes chunks of 4M elements
+    assert (
+        p2p_chunk_bytes(
+            "mpi",
+            settings_chunk=setting,
+            chunk_set=False,
+            compressed=True,
+            itemsize=4,
+            count=16 * mib,
+        )
+        == 16 * mib
+    )
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8, 16])

@@ -209,6 +209,31 @@ p2psweep)
   timeout ${P2P_SWEEP_TIMEOUT:-140} python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 1M -e 1G -f 4 \
     -n 2 -w 1 --iters-bytes 256M --no-progress --compressor identity,tah:row=4096,taco --overlap-min 64M \
     --overlap-iters 3 --json "$JSONDIR/h200-mpi-2ranks-sendrecv.json" 2>&1 | tee "$OUT/p2psweep.txt" | tail -30 ;;
+p2poverlap)
+  # Why the staged send/recv's pipelined time exceeds the sum of its halves (codec-only +
+  # transport-only): 2 ranks sharing the GPU, tah and taco at 64 and 256 MiB, as the sweep
+  # runs them (4 MiB chunks, depth 4), then with chunks of 16 MiB, with depth 8, and
+  # under an MPS daemon (the two ranks' kernels side by side instead of time-sliced
+  # between their contexts). Budget: about 3 minutes; JSON in $JSONDIR.
+  run_p2p() {  # name, then environment assignments
+    local name=$1; shift
+    step "2-rank staged send/recv, $name"
+    env "$@" timeout 90 python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 64M -e 256M -f 4 \
+      -n 3 -w 1 --no-progress --compressor identity,tah:row=4096,taco --overlap-min 64M --overlap-iters 5 \
+      --json "$JSONDIR/h200-p2poverlap-$name.json" 2>&1 | grep -v "^#  Rank" | tail -11
+  }
+  run_p2p base
+  run_p2p chunk16M COCCL_CHUNK_BYTES=16M
+  run_p2p depth8 COCCL_PIPELINE_DEPTH=8
+  mps=/tmp/coccl-mps; mkdir -p $mps/pipe $mps/log
+  export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
+  if nvidia-cuda-mps-control -d; then
+    run_p2p mps
+    echo quit | nvidia-cuda-mps-control
+  else
+    echo "MPS did not start"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
 state)
   # Caller-kept states (#31) on device data: the delta AllGather and error feedback give
   # bitwise the host's results, call after call: 1, 2 and 4 ranks sharing the GPU over

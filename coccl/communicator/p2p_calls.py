@@ -30,7 +30,7 @@ from coccl.algorithms import p2p
 from coccl.communicator import p2p_agreement as agreement
 from coccl.communicator.p2p_engine import Message, P2PEngine, Posting
 from coccl.communicator.p2p_nccl import DeviceMessage, launch_group
-from coccl.communicator.sizing import chunk_elems
+from coccl.communicator.sizing import chunk_elems, p2p_chunk_bytes
 from coccl.compressors import Compressor
 from coccl.core.arrays import (
     Flat,
@@ -129,7 +129,7 @@ class PointToPointCalls:
             compressor: a codec name, config dict or Compressor; lossy codecs decode
                 within their bound, chunk by chunk, pipelined.
             tag: an integer both ends must give alike (checked, not matched on).
-            chunk_bytes: pipeline chunk size (default COCCL_CHUNK_BYTES); both ends alike.
+            chunk_bytes: pipeline chunk size (default: ``sizing.p2p_chunk_bytes``); both ends alike.
 
         Raises:
             TypeError, ValueError: bad arguments, before any byte moves.
@@ -312,14 +312,19 @@ class PointToPointCalls:
         codec = self._planner.codec(compressor)  # type: ignore[attr-defined]
         codec.check_dtype(flat.dtype)
         settings = self._settings  # type: ignore[attr-defined]
-        chunk = settings.chunk_bytes if chunk_bytes is None else int(chunk_bytes)
-        if streamed and codec.lossless and chunk_bytes is None and not settings.chunk_bytes_set:
-            # an uncompressed message over NCCL has no codec work to overlap, and NCCL's
-            # point-to-point is fastest on large messages: one chunk, the whole message
-            chunk = max(chunk, flat.size * flat.dtype.itemsize)
-        elems = chunk_elems(chunk, flat.dtype.itemsize, codec.alignment)
-        name = dtype_name(flat.dtype)
         wire = "nccl" if streamed else "mpi"
+        chunk = chunk_bytes
+        if chunk is None:
+            chunk = p2p_chunk_bytes(
+                wire,
+                settings_chunk=settings.chunk_bytes,
+                chunk_set=settings.chunk_bytes_set,
+                compressed=not codec.lossless,
+                itemsize=flat.dtype.itemsize,
+                count=flat.size,
+            )
+        elems = chunk_elems(int(chunk), flat.dtype.itemsize, codec.alignment)
+        name = dtype_name(flat.dtype)
         return codec, agreement.signature(flat.size, name, codec.get_config(), tag, elems, wire)
 
     def _p2p_args(

@@ -60,6 +60,32 @@ def staged_chunk_bytes(shard: int, itemsize: int, compressed: bool) -> int:
     return STAGED_CHUNK_BYTES
 
 
+def p2p_chunk_bytes(
+    wire: str, *, settings_chunk: int, chunk_set: bool, compressed: bool, itemsize: int, count: int
+) -> int:
+    """The chunk of a point-to-point message that gives none, over ``wire`` ("mpi" or
+    "nccl"), for a message of ``count`` elements. Both ends cut alike from the fields of
+    the signature they agree on, so the rule never depends on what one end alone knows
+    (whether its data is on the host or the device):
+
+    * COCCL_CHUNK_BYTES set (``chunk_set``): it;
+    * over MPI: ``staged_chunk_bytes`` with the message as the shard. Each chunk costs the
+      progress engine host work and a staging round trip that do not overlap the wire, and
+      a compressed chunk's payload is a fraction of its input: with chunks of
+      COCCL_CHUNK_BYTES the staged pipeline's time exceeded the sum of its codec-only and
+      transport-only halves (bench/NOTES.md);
+    * over NCCL: the whole message if uncompressed (no codec work to overlap, and NCCL's
+      point-to-point is fastest on large messages), else COCCL_CHUNK_BYTES.
+    """
+    if chunk_set:
+        return settings_chunk
+    if wire == "mpi":
+        return staged_chunk_bytes(count, itemsize, compressed)
+    if not compressed:
+        return max(settings_chunk, count * itemsize)
+    return settings_chunk
+
+
 def window_bytes(
     n: int,
     codec: Compressor,
