@@ -16,11 +16,11 @@ Overlap efficiency (``--overlap-min``, sendrecv's compressed rows): the definiti
 collective sweeps (``Communicator.overlap_profile``), ``max(codec-only, transport-only) /
 pipelined``, medians of interleaved runs, the slowest rank's. The profiler of the
 collectives runs a collective's plan and cannot take a point-to-point message, so the two
-halves are built here from public calls: codec-only encodes every chunk of the message
-into its payload and decodes every payload into the output (the compute of both ends of
-the rank's two messages, chunked as the pipeline chunks, no transfer); transport-only
-sends and receives buffers of the payloads' size with the identity codec, one chunk per
-payload (the transfers, and their staging copies, without the codec's work).
+halves are built here: codec-only encodes every chunk of the message into its payload and
+decodes every payload into the output (the compute of both ends of the rank's two
+messages, chunked as the message is, no transfer); transport-only is the same exchange
+with ``WireOnlyCodec`` (the codec's payload sizes and chunks, its staging copies, no
+encoding or decoding), as the collectives' transport-only run.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 import coccl
-from coccl.communicator.sizing import chunk_elems
+from coccl.communicator.overlap import WireOnlyCodec
+from coccl.communicator.sizing import chunk_elems, p2p_chunk_bytes
 
 from . import bounds, launch, timing
 from .cli import command, datatype, parse_size
@@ -340,11 +341,21 @@ def _check(
 
 def _overlap(job: Job, row: ExchangeRow, x: Any, out: Any, codec: Any, pipelined: Callable) -> None:
     """``row``'s overlap efficiency (the module docstring says how the halves run)."""
-    dtype, xp, n, r = job.args.datatype, job.xp, job.nranks, job.rank
-    chunk = job.args.chunk_bytes or coccl.config.settings().chunk_bytes
+    dtype = job.args.datatype
+    chunk = job.args.chunk_bytes
+    if chunk is None:  # the message's own default chunk (both ends cut it alike)
+        settings = coccl.config.settings()
+        chunk = p2p_chunk_bytes(
+            "nccl" if isinstance(job.native, _NcclNative) else "mpi",
+            settings_chunk=settings.chunk_bytes,
+            chunk_set=settings.chunk_bytes_set,
+            compressed=not codec.lossless,
+            itemsize=dtype.itemsize,
+            count=x.size,
+        )
     elems = chunk_elems(chunk, dtype.itemsize, codec.alignment)
     spans = [(a, min(a + elems, x.size)) for a in range(0, x.size, elems)]
-    payloads = [xp.empty(codec.encoded_nbytes(b - a, dtype), dtype=np.uint8) for a, b in spans]
+    payloads = [job.xp.empty(codec.encoded_nbytes(b - a, dtype), dtype=np.uint8) for a, b in spans]
 
     def codec_only() -> None:
         for (a, b), payload in zip(spans, payloads, strict=True):
@@ -352,14 +363,7 @@ def _overlap(job: Job, row: ExchangeRow, x: Any, out: Any, codec: Any, pipelined
         for (a, b), payload in zip(spans, payloads, strict=True):
             codec.decode_into(payload, out[a:b], dtype, False)
 
-    wire = sum(int(p.size) for p in payloads)
-    px, po = xp.zeros(wire, dtype=np.uint8), xp.empty(wire, dtype=np.uint8)
-    per_chunk = codec.encoded_nbytes(elems, dtype)
-    ops = [("send", px, (r + 1) % n), ("recv", po, (r - 1) % n)]
-
-    def transport_only() -> None:
-        for handle in job.comm.batch_p2p(ops, chunk_bytes=per_chunk):
-            handle.wait()
+    transport_only = job.coccl_call(x, out, WireOnlyCodec(codec), job.args.chunk_bytes)
 
     runs = {"pipelined": pipelined, "codec_only": codec_only, "transport_only": transport_only}
     samples: dict[str, list[float]] = {k: [] for k in runs}

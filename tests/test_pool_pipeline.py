@@ -97,10 +97,11 @@ def test_staged_chunk_grows_only_with_four_chunks_per_shard():
     assert staged_chunk_bytes(1 << 30, 4, False) == 8 * mib
 
 
-def test_p2p_chunk_follows_the_staged_rule_over_mpi_on_every_end():
-    """A point-to-point message over MPI is cut as a staged shard, whatever its data (both
-    ends must cut alike, and one may be host data); over NCCL an uncompressed message is
-    one chunk and a compressed one COCCL_CHUNK_BYTES; a chunk set in the environment wins."""
+def test_p2p_chunk_of_a_compressed_message_over_mpi_follows_the_staged_rule():
+    """A compressed point-to-point message over MPI is cut as a staged shard, whatever its
+    data (both ends must cut alike, and one may be host data), an uncompressed one at
+    COCCL_CHUNK_BYTES; over NCCL an uncompressed message is one chunk and a compressed one
+    COCCL_CHUNK_BYTES; a chunk set in the environment wins."""
     mib, setting = 1 << 20, 4 << 20
     for compressed in (False, True):
         for itemsize, count in ((4, 0), (4, 1), (2, 5 * mib + 1), (4, 16 * mib), (4, 1 << 28)):
@@ -108,7 +109,8 @@ def test_p2p_chunk_follows_the_staged_rule_over_mpi_on_every_end():
                 p2p_chunk_bytes, settings_chunk=setting, compressed=compressed,
                 itemsize=itemsize, count=count,
             )  # fmt: skip
-            assert rule("mpi", chunk_set=False) == staged_chunk_bytes(count, itemsize, compressed)
+            staged = staged_chunk_bytes(count, itemsize, True) if compressed else setting
+            assert rule("mpi", chunk_set=False) == staged
             assert rule("mpi", chunk_set=True) == rule("nccl", chunk_set=True) == setting
             whole = setting if compressed else max(setting, count * itemsize)
             assert rule("nccl", chunk_set=False) == whole

@@ -14,6 +14,14 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 parts=${1:-"info codec tests mpitests sweep"}
 JSONDIR=${JSONDIR:-$OUT}
 step() { echo; echo "=== $* ($(date +%T))"; }
+# An MPS control daemon, so that ranks sharing the GPU run their kernels side by side
+# instead of time-sliced between their contexts (as ranks on GPUs of their own would).
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/coccl-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/coccl-mps/log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d || { echo "MPS did not start"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; return 1; }
+}
+mps_stop() { echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
 for part in $parts; do case $part in
 info)
   # The machine: GPU, driver, clocks, library versions; installs coccl from this checkout.
@@ -209,6 +217,18 @@ p2psweep)
   timeout ${P2P_SWEEP_TIMEOUT:-140} python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 1M -e 1G -f 4 \
     -n 2 -w 1 --iters-bytes 256M --no-progress --compressor identity,tah:row=4096,taco --overlap-min 64M \
     --overlap-iters 3 --json "$JSONDIR/h200-mpi-2ranks-sendrecv.json" 2>&1 | tee "$OUT/p2psweep.txt" | tail -30 ;;
+p2psweeps)
+  # The 2-rank staged send/recv sweeps of record: float32 and bfloat16 as the ranks share the
+  # GPU by default (time-sliced), then float32 under MPS. Budget: about 4 minutes.
+  for dt in float32 bfloat16 mps; do
+    step "2-rank staged send/recv sweep on the GPU, $dt, 1 MiB to 1 GiB, overlap from 64 MiB"
+    if [ $dt = mps ]; then mps_start || continue; fi
+    timeout 120 python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 1M -e 1G -f 4 \
+      -n 2 -w 1 --iters-bytes 256M --no-progress -d ${dt/mps/float32} --compressor identity,tah:row=4096,taco \
+      --overlap-min 64M --overlap-iters 3 --json "$JSONDIR/h200-mpi-2ranks-sendrecv-$dt.json" 2>&1 \
+      | tee "$OUT/p2psweep-$dt.txt" | grep -v "^#  Rank" | tail -26
+    if [ $dt = mps ]; then mps_stop; fi
+  done ;;
 p2poverlap)
   # Why the staged send/recv's pipelined time exceeds the sum of its halves (codec-only +
   # transport-only): 2 ranks sharing the GPU, tah and taco at 64 and 256 MiB, as the sweep
@@ -225,15 +245,25 @@ p2poverlap)
   run_p2p base
   run_p2p chunk16M COCCL_CHUNK_BYTES=16M
   run_p2p depth8 COCCL_PIPELINE_DEPTH=8
-  mps=/tmp/coccl-mps; mkdir -p $mps/pipe $mps/log
-  export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
-  if nvidia-cuda-mps-control -d; then
-    run_p2p mps
-    echo quit | nvidia-cuda-mps-control
-  else
-    echo "MPS did not start"
-  fi
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+  if mps_start; then run_p2p mps; mps_stop; fi ;;
+p2pchunks)
+  # The staged send/recv's chunk, A/B twice over: compressed float32 messages of 64 and 128
+  # MiB in chunks of 8 and 16 MiB (overlap efficiency), identity at 64 and 256 MiB in chunks
+  # of 4 and 8 MiB. Budget: about 3 minutes; JSON in $JSONDIR.
+  for round in 1 2; do
+    for cb in 8M 16M; do
+      step "2-rank staged send/recv, tah and taco in chunks of $cb (round $round)"
+      COCCL_CHUNK_BYTES=$cb timeout 60 python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 64M -e 128M -f 2 \
+        -n 3 -w 1 --no-progress --compressor tah:row=4096,taco --overlap-min 64M --overlap-iters 5 \
+        --json "$JSONDIR/h200-p2pchunks-lossy-$cb-$round.json" 2>&1 | grep -v "^#" | tail -6
+    done
+    for cb in 4M 8M; do
+      step "2-rank staged send/recv, identity in chunks of $cb (round $round)"
+      COCCL_CHUNK_BYTES=$cb timeout 60 python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 64M -e 256M -f 4 \
+        -n 3 -w 1 --no-progress --compressor identity \
+        --json "$JSONDIR/h200-p2pchunks-identity-$cb-$round.json" 2>&1 | grep -v "^#" | tail -4
+    done
+  done ;;
 state)
   # Caller-kept states (#31) on device data: the delta AllGather and error feedback give
   # bitwise the host's results, call after call: 1, 2 and 4 ranks sharing the GPU over

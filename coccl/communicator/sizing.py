@@ -69,18 +69,20 @@ def p2p_chunk_bytes(
     (whether its data is on the host or the device):
 
     * COCCL_CHUNK_BYTES set (``chunk_set``): it;
-    * over MPI: ``staged_chunk_bytes`` with the message as the shard. Each chunk costs the
-      progress engine host work and a staging round trip that do not overlap the wire, and
-      a compressed chunk's payload is a fraction of its input: with chunks of
-      COCCL_CHUNK_BYTES the staged pipeline's time exceeded the sum of its codec-only and
-      transport-only halves (bench/NOTES.md);
+    * over MPI, compressed: ``staged_chunk_bytes`` with the message as the shard. Each
+      chunk costs the progress engine host work and a staging round trip that do not
+      overlap the wire, and a compressed chunk's payload is a fraction of its input: with
+      chunks of COCCL_CHUNK_BYTES the staged pipeline's time exceeded the sum of its
+      codec-only and transport-only halves (bench/NOTES.md);
+    * over MPI, uncompressed: COCCL_CHUNK_BYTES (staged device data moved slower in
+      chunks of the staged rule's 8 MiB, bench/NOTES.md);
     * over NCCL: the whole message if uncompressed (no codec work to overlap, and NCCL's
       point-to-point is fastest on large messages), else COCCL_CHUNK_BYTES.
     """
     if chunk_set:
         return settings_chunk
     if wire == "mpi":
-        return staged_chunk_bytes(count, itemsize, compressed)
+        return staged_chunk_bytes(count, itemsize, True) if compressed else settings_chunk
     if not compressed:
         return max(settings_chunk, count * itemsize)
     return settings_chunk
