@@ -491,14 +491,18 @@ def int8_decode(payload: np.ndarray, out: np.ndarray, *, group_size: int, accumu
 
 # ------------------------------------------------------------------ array plumbing
 def _input_f32(x: np.ndarray) -> np.ndarray:
-    """``x`` as a flat contiguous float32 array (converted once, per FORMAT.md)."""
+    """``x`` as a flat contiguous float32 array (converted once, per FORMAT.md), read-only
+    whatever the caller's flags: numba compiles a kernel once for a writable and again for
+    a read-only input, and the kernels only read it, so every input is passed read-only."""
     _check_flat(x, "x")
-    if x.dtype == np.float32:
-        return x
-    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
-        raise TypeError(f"x must be float32, float16, bfloat16 or float64, got {x.dtype}")
-    with np.errstate(over="ignore"):  # float64 beyond float32 becomes ±Inf, on purpose
-        return x.astype(np.float32)
+    if x.dtype != np.float32:
+        if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+            raise TypeError(f"x must be float32, float16, bfloat16 or float64, got {x.dtype}")
+        with np.errstate(over="ignore"):  # float64 beyond float32 becomes ±Inf, on purpose
+            x = x.astype(np.float32)
+    view = x.view()
+    view.flags.writeable = False
+    return view
 
 
 def _decode_into(

@@ -250,7 +250,7 @@ def token_keys(x32: np.ndarray, row: int) -> np.ndarray:
     keys = np.empty(-(-x32.size // row), dtype=np.int64)
     if keys.size:
         with _LAUNCH_LOCK:
-            _score_kernel(x32.view(np.uint32), row, keys, SCORE_W, SCORE_WL)
+            _score_kernel(_input_f32(x32).view(np.uint32), row, keys, SCORE_W, SCORE_WL)
     return keys
 
 
