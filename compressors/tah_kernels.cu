@@ -473,6 +473,45 @@ DEV void store8(char* ob, i64 e0, int ml, bool vout, const float* v) {
 #endif
 }
 
+// A warp's whole tile group (32 EPL consecutive elements from w0, lane l's EPL at
+// w0 + EPL l) written, or added to a float32 out (ACC), through the warp's shared-memory
+// buffer sb: coalesced 16-byte accesses, where each lane's own 16-byte accesses would
+// stride by EPL elements (for float32 half a sector apart, and four of them a lane).
+#if ACC
+#define SCH (EPL / 4)  // 16-byte chunks of a lane's float32 out
+#else
+#define SCH (EPL * EB / 16)  // 16-byte chunks of a lane's out elements
+#endif
+DEV void store_group(char* ob, i64 w0, uint4* sb, int lane, const float* v) {
+#if ACC || XT == 0
+  uint4* o = (uint4*)((float*)ob + w0);
+#pragma unroll
+  for (int j = 0; j < SCH; ++j)
+    sb[swz(lane * SCH + j)] =
+        make_uint4(as_u(v[4 * j]), as_u(v[4 * j + 1]), as_u(v[4 * j + 2]), as_u(v[4 * j + 3]));
+#else
+  uint4* o = (uint4*)(ob + w0 * 2);
+#pragma unroll
+  for (int j = 0; j < SCH; ++j)
+    sb[swz(lane * SCH + j)] = make_uint4(pack_out2(v[8 * j], v[8 * j + 1]),
+                                         pack_out2(v[8 * j + 2], v[8 * j + 3]),
+                                         pack_out2(v[8 * j + 4], v[8 * j + 5]),
+                                         pack_out2(v[8 * j + 6], v[8 * j + 7]));
+#endif
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < SCH; ++j) {
+    uint4 q = sb[swz(j * 32 + lane)];
+#if ACC
+    const uint4 a = o[j * 32 + lane];
+    q = make_uint4(as_u(f_add(as_f(a.x), as_f(q.x))), as_u(f_add(as_f(a.y), as_f(q.y))),
+                   as_u(f_add(as_f(a.z), as_f(q.z))), as_u(f_add(as_f(a.w), as_f(q.w))));
+#endif
+    o[j * 32 + lane] = q;
+  }
+  __syncwarp();
+}
+
 // A lane's EPL values from its codes (chunk j's in codes[j]):
 // sat(c + ((float) q_r - qh) * step), B bits a code.
 template <int B>
@@ -492,6 +531,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 count, i64 row,
            i64 K, i64 piv0, i64 bm0) {
   __shared__ long long red[WARPS];
+  __shared__ uint4 smem[WARPS * 32 * SCH];
   char* ob = (char*)dst;
   const unsigned char* bm = pay + bm0;
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
@@ -550,7 +590,10 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
 #pragma unroll
       for (int r = 0; r < EPL; ++r) v[r] = piv ? w[r] : v[r];
     }
-    if (tl.active) {
+    const i64 w0 = g * TPW * TILE;  // the warp's first element
+    if (vout && w0 + 32 * EPL <= count) {  // warp-uniform: every tile of the group whole
+      store_group(ob, w0, smem + (threadIdx.x >> 5) * 32 * SCH, lane, v);
+    } else if (tl.active) {
 #pragma unroll
       for (int j = 0; j < CH; ++j) {
         const int mj = min(max(ml - 8 * j, 0), 8);
