@@ -1,4 +1,4 @@
-"""Fixtures for multi-rank tests: one coccl communicator per run, rank-seeded data."""
+"""Fixtures for multi-rank tests: one coccl communicator per test file, rank-seeded data."""
 
 import contextlib
 import os
@@ -11,7 +11,7 @@ from mpi4py import MPI
 import coccl
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # a launch may run several files (tests/test_mpi.py)
 def comm():
     c = coccl.init(MPI.COMM_WORLD, backend="mpi")
     yield c

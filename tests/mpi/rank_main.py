@@ -3,9 +3,10 @@
 Usage: mpiexec -n N python -m mpi4py tests/mpi/rank_main.py LOGDIR [pytest args...]
 
 Every rank runs the same tests in the same order; each writes its report to
-LOGDIR/rank-R.log. At the end the ranks agree on one exit status (the worst), so the job
-succeeds only if every rank passed. A file with nothing to run here (pytest's status 5,
-e.g. torch absent and the module skipped) counts as passed, as in a plain pytest run.
+LOGDIR/rank-R.log and its JUnit report to LOGDIR/rank-R.xml. At the end the ranks agree on
+one exit status (the worst), so the job succeeds only if every rank passed. A file with
+nothing to run here (pytest's status 5, e.g. torch absent and the module skipped) counts
+as passed, as in a plain pytest run.
 """
 
 import sys
@@ -20,7 +21,8 @@ def main() -> int:
     rank = MPI.COMM_WORLD.Get_rank()
     log = open(logdir / f"rank-{rank}.log", "w")  # noqa: SIM115
     sys.stdout = sys.stderr = log
-    code = int(pytest.main(["-p", "no:cacheprovider", "-q", "-rf", *args]))
+    report = f"--junitxml={logdir / f'rank-{rank}.xml'}"  # each file's cases (test_mpi.py)
+    code = int(pytest.main(["-p", "no:cacheprovider", "-q", "-rf", report, *args]))
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
         code = 0
     log.flush()
