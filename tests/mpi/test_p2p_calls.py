@@ -254,9 +254,10 @@ def test_a_handle_of_a_closed_communicator_raises():
     with communicator() as c:
         x, y = np.ones(4, np.float32), np.empty(4, np.float32)
         hs = c.batch_p2p([("send", x, RANK), ("recv", y, RANK)])
-        assert hs[1].wait() is y and hs[0].test()
+        # A send's completion may need more polls than the receive that matched it.
+        assert hs[1].wait() is y and hs[0].wait() is None
         h = c.isend(x, RANK)  # never matched
-    assert hs[0].wait() is None  # a finished handle stays finished
+    assert hs[0].wait() is None and hs[0].test()  # a finished handle stays finished
     with pytest.raises(coccl.CocclError, match="closed"):
         h.wait()
     with pytest.raises(coccl.CocclError, match="closed"):
