@@ -5,21 +5,28 @@ against the device's measured copy bandwidth.
     coccl-bench codec --device gpu --counts 64M,256M --compressor taco,taco:group_size=32
     coccl-bench codec --device gpu --tuning --launch-cost --fp8-check
 
-Each (codec, dtype, count) times three operations on fresh random data (normal, never
-zeros): ``encode`` (input -> payload), ``decode`` (payload -> output of the dtype) and
+Each (codec, dtype, count) times up to four operations on fresh random data (normal, never
+zeros): ``encode`` (input -> payload), ``decode`` (payload -> output of the dtype),
 ``decode_accumulate`` (payload added into a float32 accumulator: the fused decode-reduce
-of a ReduceScatter). A time is the median of ``-n`` single calls after ``-w`` warm-up
-calls (at least one per buffer set, which also absorbs numba's compilation); the calls
-rotate over buffer sets that together exceed ``ROTATE_BYTES``, more than a last-level
-cache or a GPU's L2, so that each call streams from memory. On the CPU a call is timed
-with ``time.perf_counter``; on the GPU with CUDA events around the kernel launches.
+of a ReduceScatter) and ``hop`` (a ring ReduceScatter's fused hop, payload = encode(own +
+decode(payload)), for the codecs that have one on the device: taco and int8 on the GPU). A
+time is the median of ``-n`` single calls after ``-w`` warm-up calls (at least one per
+buffer set, which also absorbs numba's compilation); the calls rotate over buffer sets
+that together exceed ``ROTATE_BYTES``, more than a last-level cache or a GPU's L2, so that
+each call streams from memory. On the CPU a call is timed with ``time.perf_counter``; on
+the GPU with CUDA events around the kernel launches.
 
 Bandwidth counts bytes read + written: encode = input + payload, decode = payload +
-output, decode_accumulate = payload + the float32 accumulator read and written. The
+output, decode_accumulate = payload + the float32 accumulator read and written, hop = own
++ the payload read + the payload written. The
 reference is a plain copy of a large buffer (bytes read + written as well): numpy's
 ``copyto`` on the CPU (one thread, while numba's kernels use all of them, so a fraction
 above 1 is possible there), a device-to-device memcpy on the GPU; ``fraction`` is the
-codec's GB/s over the copy's.
+codec's GB/s over the copy's. Beside each row, ``copy_ms`` times a copy of the same bytes
+(half of ``nbytes`` read, half written) at the same size, the same way and in the same
+run, and ``size_fraction`` is ``copy_ms / time_ms``: what a small call is worth against
+what the device can move at that size (its launch and tail included), where ``fraction``
+compares it with the large copy's bandwidth.
 
 With ``-c 1`` (the default) each (codec, dtype, count) is also checked, after its
 timings, on its first ``CHECK_COUNT`` elements (fresh data): the roundtrip's relative L2
@@ -62,14 +69,16 @@ ROTATE_BYTES = 256 << 20  # each op's buffer sets together hold at least this mu
 MAX_SETS = 8
 HOST_COPY_BYTES = 256 << 20
 DEFAULT_COUNTS = {"cpu": "16M", "gpu": "64M,256M"}
-OPS = ("encode", "decode", "decode_accumulate")
+OPS = ("encode", "decode", "decode_accumulate", "hop")
 CHECK_COUNT = (1 << 22) + 5  # elements a check encodes: many kernel blocks, a partial group
 CHECK_SEED = 7
 EXIT_FAILED = 1  # a check failed, or a measurement raised
 NOTE = (
     "GBps = nbytes / time: bytes read + written (encode: input + payload; decode: payload + "
     "output; decode_accumulate: payload + float32 accumulator read and written). fraction = "
-    "GBps / copy_GBps. dtype is the data type the payload stands for; decode_accumulate "
+    "GBps / copy_GBps; size_fraction = copy_ms / time_ms, copy_ms a copy of nbytes / 2 bytes "
+    "timed the same way in the same run. hop: own + payload in, payload out. dtype is the "
+    "data type the payload stands for; decode_accumulate "
     "always adds into float32. time_ms: median of one call. bench/SCHEMA.md has every field."
 )
 
@@ -246,6 +255,7 @@ class Device(Protocol):
     def to_host(self, a: Any) -> np.ndarray: ...
     def median_seconds(self, calls: list[Call], iters: int, warmup: int) -> float: ...
     def copy_gbps(self, iters: int) -> dict[str, float]: ...
+    def copy_calls(self, nbytes: int, sets: int) -> list[Call]: ...
     def kernel_attributes(self, codec: Compressor) -> dict[str, Any] | None: ...
     def release(self) -> None: ...
 
@@ -292,6 +302,11 @@ class HostDevice:
         seconds = self.median_seconds([partial(np.copyto, dst, src)], iters, 1)
         return {"copy_GBps": 2 * src.nbytes / seconds / 1e9}
 
+    def copy_calls(self, nbytes: int, sets: int) -> list[Call]:
+        """``sets`` copies of ``nbytes`` bytes, each between buffers of its own."""
+        pairs = [(np.empty(nbytes, np.uint8), np.ones(nbytes, np.uint8)) for _ in range(sets)]
+        return [partial(np.copyto, dst, src) for dst, src in pairs]
+
     def kernel_attributes(self, codec: Compressor) -> dict[str, Any] | None:
         return None  # numba's kernels have no such figures
 
@@ -330,6 +345,8 @@ class CodecRow:
         dtype: the data type the payload stands for. count: elements.
         nbytes: bytes one call reads and writes. time_ms: the median call.
         GBps: ``nbytes / time / 1e9``. fraction: GBps / copy_GBps.
+        copy_ms: a copy of ``nbytes / 2`` bytes timed the same way in the same run (None
+            when not measured). size_fraction: ``copy_ms / time_ms``.
         group_size: the codec's group size (None for identity).
         kernel: registers, local and shared memory of the GPU kernel (None on the CPU
             and for lossless codecs).
@@ -348,6 +365,8 @@ class CodecRow:
     group_size: int | None
     kernel: dict[str, Any] | None = None
     config: str | None = None
+    copy_ms: float | None = None
+    size_fraction: float | None = None
 
 
 @dataclass
@@ -391,19 +410,30 @@ def measure(
     copy_gbps: float,
     ops: Sequence[str] = OPS,
     config: str | None = None,
+    copy_at_size: bool = True,
 ) -> list[CodecRow]:
-    """Time ``ops`` (encode, decode, decode_accumulate) of ``count`` elements of ``dtype``.
-    The decodes need payloads, so encode is always run, untimed if not asked for."""
+    """Time ``ops`` (encode, decode, decode_accumulate, hop) of ``count`` elements of
+    ``dtype``, each beside a copy of the same bytes when ``copy_at_size``. The decodes and
+    the hop need payloads, so encode is always run, untimed if not asked for; ``hop`` is
+    left out where the codec has no fused hop for the device's arrays."""
     codec = spec.codec
     payload_bytes = codec.encoded_nbytes(count, dtype)
     data_bytes = count * dtype.itemsize
     sets = rotation_sets(data_bytes + payload_bytes)
     group_size = codec.get_config().get("group_size")
+    copies: dict[int, float] = {}  # bytes copied -> seconds
+
+    def copy_seconds(nbytes: int) -> float:
+        if nbytes not in copies:
+            copies[nbytes] = device.median_seconds(device.copy_calls(nbytes, sets), iters, warmup)
+            device.release()
+        return copies[nbytes]
 
     def timed(op: str, calls: list[Call], moved: int) -> CodecRow:
         seconds = device.median_seconds(calls, iters, warmup)
         gbps = moved / seconds / 1e9
         kernel = device.kernel_attributes(codec)
+        copy = copy_seconds(-(-moved // 2)) if copy_at_size else None
         return CodecRow(
             spec.label,
             op,
@@ -416,6 +446,8 @@ def measure(
             group_size,
             kernel,
             config,
+            None if copy is None else copy * 1e3,
+            None if copy is None else copy / seconds,
         )
 
     rows = []
@@ -444,7 +476,14 @@ def measure(
         ]
         rows.append(timed("decode_accumulate", calls, payload_bytes + 8 * count))
         del accs, calls
-    del payloads
+    owns = [device.random(count, dtype, 200 + i) for i in range(sets)] if "hop" in ops else []
+    hop = codec.reduce_encode_kernel(owns[0], dtype) if owns else None
+    if hop is not None:
+        outs = [device.empty(payload_bytes, np.dtype(np.uint8)) for _ in range(sets)]
+        calls = [partial(hop, *args) for args in zip(owns, payloads, outs, strict=True)]
+        rows.append(timed("hop", calls, data_bytes + 2 * payload_bytes))
+        del outs, calls
+    del payloads, owns
     device.release()
     return rows
 
@@ -788,7 +827,7 @@ def _print_checks(results: Results, checked: bool) -> None:
     sys.stdout.flush()
 
 
-_TITLES = ("codec", "op", "dtype", "count", "time(ms)", "GB/s", "fraction")
+_TITLES = ("codec", "op", "dtype", "count", "time(ms)", "GB/s", "fraction", "copy(ms)", "of copy")
 
 
 def _figure(value: float, decimals: int) -> str:
@@ -805,11 +844,14 @@ def _cells(row: CodecRow) -> list[str]:
         _figure(row.time_ms, 3),
         _figure(row.GBps, 2),
         _figure(row.fraction, 3),
+        "-" if row.copy_ms is None else _figure(row.copy_ms, 3),
+        "-" if row.size_fraction is None else _figure(row.size_fraction, 3),
     ]
 
 
 def _columns(specs: list[CodecSpec], counts: list[int]) -> Columns:
     widest = ["decode_accumulate", "bfloat16", str(max(counts)), "99999.999", "9999.99", "0.000"]
+    widest += ["99999.999", "0.000"]
     return Columns.fit(_TITLES, [[spec.label, *widest] for spec in specs], left=3)
 
 
@@ -828,7 +870,9 @@ def _print_preamble(meta: dict[str, Any]) -> None:
     print(f"# copy bandwidth {meta['copy_GBps']:.2f} GB/s ({copy}, bytes read + written){kernel}")
     print(
         "# GB/s = bytes read + written / time: encode input + payload, decode payload + "
-        "output, decode_accumulate payload + float32 accumulator x 2; fraction = GB/s / copy"
+        "output, decode_accumulate payload + float32 accumulator x 2, hop own + payload x 2; "
+        "fraction = GB/s / copy; of copy = a copy of the same bytes at the same size "
+        "(copy(ms)) / time"
     )
     print(f"# command: {meta['command']}")
     print(provenance_line(meta), flush=True)

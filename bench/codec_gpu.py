@@ -17,6 +17,7 @@ manager that changes the kernels' launch tuning and restores it) and
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ ENCODE_CONFIGS: tuple[dict[str, int], ...] = (
     {"encode_epl": 64, "epl_threads": 128, "epl_resident": 640, "blocks_per_sm": 16},
     {"encode_epl": 64, "epl_threads": 64, "epl_resident": 512, "blocks_per_sm": 16},
     {"encode_epl": 64, "epl_threads": 128, "epl_resident": 512, "blocks_per_sm": 4},
+    {"encode_epl": 32, "epl_threads": 128, "epl_resident": 1024, "blocks_per_sm": 16},
+    {"encode_epl": 32, "epl_threads": 128, "epl_resident": 768, "blocks_per_sm": 16},
+    {"encode_epl": 32, "epl_threads": 256, "epl_resident": 1024, "blocks_per_sm": 16},
 )
 
 _SPIN_SOURCE = r"""
@@ -162,6 +166,18 @@ class CudaDevice:
             "copy_GBps": 2 * GPU_COPY_BYTES / self.median_seconds([memcpy], iters, 1) / 1e9,
             "copy_kernel_GBps": 2 * GPU_COPY_BYTES / self.median_seconds([kernel], iters, 1) / 1e9,
         }
+
+    def copy_calls(self, nbytes: int, sets: int) -> list[Call]:
+        """``sets`` device-to-device memcpys of ``nbytes`` bytes (as ``copy_GBps``'s),
+        each between buffers of its own, on the current stream."""
+        cp = self.xp
+        stream = cp.cuda.get_current_stream()
+        calls = []
+        for _ in range(sets):
+            src, dst = cp.ones(nbytes, cp.uint8), cp.empty(nbytes, cp.uint8)
+            copy = dst.data.copy_from_device_async
+            calls.append(functools.partial(copy, src.data, nbytes, stream))
+        return calls
 
     def kernel_attributes(self, codec: Compressor) -> dict[str, Any] | None:
         """Registers, local (spill) and shared memory of the kernel the last call ran.

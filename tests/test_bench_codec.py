@@ -155,7 +155,7 @@ def moved_bytes(codec: Compressor, op: str, dtype: np.dtype, count: int) -> int:
     """What one call reads and writes, by the module docstring of ``bench/codec.py``."""
     payload = codec.encoded_nbytes(count, dtype)
     data = 8 * count if op == "decode_accumulate" else dtype.itemsize * count
-    return payload + data
+    return payload * (2 if op == "hop" else 1) + data
 
 
 def test_codec_cpu_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -188,6 +188,8 @@ def test_codec_cpu_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         assert r["GBps"] == pytest.approx(r["nbytes"] / (r["time_ms"] * 1e-3) / 1e9, rel=1e-12)
         assert r["fraction"] == pytest.approx(r["GBps"] / record["copy_GBps"], rel=1e-12)
         assert r["kernel"] is None and r["config"] is None  # CPU, default timings
+        assert r["copy_ms"] > 0  # a copy of the same bytes, in the same run
+        assert r["size_fraction"] == pytest.approx(r["copy_ms"] / r["time_ms"], rel=1e-12)
     assert {r["group_size"] for r in rows if r["codec"] == "taco:group_size=32"} == {32}
     checks = {(c["codec"], c["dtype"], c["count"]): c for c in record["checks"]}
     assert set(checks) == {(k[0], k[2], k[3]) for k in keys}
@@ -272,8 +274,19 @@ def test_codec_gpu_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert cli.main(argv) == 0, capsys.readouterr().out
     record = read(path)
     assert record["errors"] == [] and record["copy_kernel_GBps"] > 0
-    assert len(record["rows"]) == 2 * 3 * 2 * 3
+    hops = [r for r in record["rows"] if r["op"] == "hop"]  # taco's and int8's fused hop
+    assert {(r["codec"], r["dtype"], r["count"]) for r in hops} == {
+        (codec, dtype, count)
+        for codec in ("int8", "taco")
+        for dtype in ("float32", "bfloat16")
+        for count in (1 << 20, 1 << 22)
+    }
+    assert len(record["rows"]) == 2 * 3 * 2 * 3 + len(hops)
+    specs = {s.label: s.codec for s in codec_specs("identity,int8,taco")}
     for r in record["rows"]:
+        dtype = cli.datatype(r["dtype"])
+        assert r["nbytes"] == moved_bytes(specs[r["codec"]], r["op"], dtype, r["count"])
+        assert r["copy_ms"] > 0 and r["size_fraction"] > 0
         lossy = r["codec"] != "identity"
         assert (r["kernel"] is not None) == lossy
         if lossy:

@@ -3,10 +3,11 @@
     ncu -k regex:coccl_codec --launch-skip 3 --launch-count 1 \\
         python3 bench/scripts/codec_kernel_probe.py encode --count 64M
 
-Encodes (``encode``) or decodes into a float32 accumulator (``decode_accumulate``)
-``--count`` random ``--dtype`` elements with ``--compressor``, ``--launches`` times,
-after one encode that makes the payload. A script beside coccl-bench, not part of it:
-it uses coccl's public API only.
+Encodes (``encode``), decodes (``decode``), decodes into a float32 accumulator
+(``decode_accumulate``) or runs the fused ring hop (``hop``: payload = encode(x +
+decode(payload)), codecs that have one) on ``--count`` random ``--dtype`` elements with
+``--compressor``, ``--launches`` times, after one encode that makes the payload. A
+script beside coccl-bench, not part of it: it uses coccl's public API only.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from coccl.bench.cli import datatype, parse_size
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("op", choices=("encode", "decode_accumulate"))
+    ap.add_argument("op", choices=("encode", "decode", "decode_accumulate", "hop"))
     ap.add_argument("--count", default="64M", help="elements (K/M/G binary)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--compressor", default="taco")
@@ -36,9 +37,17 @@ def main() -> None:
     x = cp.asarray(host.view(np.uint8)).view(dtype)
     payload = codec.encode(x)
     acc = cp.zeros(count, dtype=cp.float32)
+    out, sent = cp.empty_like(x), cp.empty_like(payload)
+    hop = codec.reduce_encode_kernel(x, dtype)
+    if args.op == "hop" and hop is None:
+        raise SystemExit(f"{args.compressor} has no fused hop for {dtype.name} on the GPU")
     for _ in range(args.launches):
         if args.op == "encode":
             codec.encode(x, out=payload)
+        elif args.op == "decode":
+            codec.decode(payload, out=out, count=count, dtype=dtype)
+        elif args.op == "hop":
+            hop(x, payload, sent)
         else:
             codec.decode(payload, out=acc, count=count, dtype=dtype, accumulate=True)
     cp.cuda.runtime.deviceSynchronize()

@@ -53,6 +53,28 @@ sweep)
   timeout 300 python3 -m coccl.bench.cli allreduce --np 4 --device gpu -b 1M -e 256M -f 4 -n 5 -w 2 --no-progress \
     --algorithm ring,two_shot --compressor identity,taco,int8 -d float32 \
     --json "$OUT/mpi4.json" 2>&1 | tee "$OUT/sweep.txt" | tail -40 ;;
+tpkernels)
+  # Issue #33: the TP codecs' kernels at TP sizes beside a copy of the same bytes at the
+  # same size (size_fraction), the encode's launch configurations at 16M and 4M, and
+  # ncu's view of each taco kernel at 4M bfloat16 elements (NCU_COUNT).
+  step TP-size codec kernels
+  timeout 240 python3 -m coccl.bench.cli codec --device gpu --counts 1M,4M,16M,64M,256M \
+    --compressor taco,int8 -d bfloat16,float32 -n 25 -c 0 \
+    --json "$JSONDIR/tp-kernels.json" 2>&1 | tee "$OUT/tpkernels_log.txt" | tail -90
+  timeout 150 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M \
+    --compressor int,int:bits=4,hadamard=32,mx,tah:row=4096 -d bfloat16,float32 -n 15 -c 0 \
+    --json "$JSONDIR/tp-kernels-others.json" 2>&1 | tee "$OUT/tpkernels_others_log.txt" | tail -60
+  timeout 150 python3 -m coccl.bench.cli codec --device gpu --counts 16M --compressor taco \
+    -d bfloat16,float32 -n 25 -c 0 --tuning --json "$JSONDIR/tp-kernels-tuning.json" 2>&1 \
+    | tee "$OUT/tpkernels_tuning_log.txt" | grep -v "^ taco  *decode" | tail -60
+  for op in encode decode decode_accumulate hop; do
+    echo "--- ncu taco $op ${NCU_COUNT:-4M} bfloat16"
+    timeout 90 ncu --clock-control none -k regex:coccl_codec --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section SchedulerStats python3 bench/scripts/codec_kernel_probe.py $op --count ${NCU_COUNT:-4M} \
+      > "$OUT/ncu-taco-$op.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|Achieved Occupancy|Registers Per|Executed Instructions  |No Eligible|Warp Cycles Per Issued|Theoretical Occ|Grid Size|Block Size|Waves Per SM" "$OUT/ncu-taco-$op.txt" | head -20
+  done ;;
 tune)
   # The codec kernels' throughput and launch configurations only (no checks).
   step codec tuning and throughput
