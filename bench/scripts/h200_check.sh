@@ -75,6 +75,26 @@ tpkernels)
       > "$OUT/ncu-taco-$op.txt" 2>&1
     grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|Achieved Occupancy|Registers Per|Executed Instructions  |No Eligible|Warp Cycles Per Issued|Theoretical Occ|Grid Size|Block Size|Waves Per SM" "$OUT/ncu-taco-$op.txt" | head -20
   done ;;
+tpprofile)
+  # Issue #33: where the taco kernels' time goes at TP sizes: ncu's executed instructions
+  # by opcode and stall reasons, the SASS of each variant, the hop kernels side by side.
+  step TP-size kernel profile
+  M="gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active"
+  M="$M,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+  M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sass__inst_executed_per_opcode"
+  for spec in "hop 16M" "hop 64M" "encode 16M" "decode 16M" "encode 64M"; do
+    set -- $spec
+    timeout 90 ncu --clock-control none -k regex:coccl_codec --launch-skip 3 --launch-count 1 \
+      --metrics "$M" --print-metric-instances values \
+      python3 bench/scripts/codec_kernel_probe.py $1 --count $2 > "$OUT/ncu-m-$1-$2.txt" 2>&1
+    echo "--- $spec"; grep -E "duration|inst_executed.sum|issue_active|warps_active|dram__|stalled_(long|short|wait|math|mio|lg|barrier|not_sel|selected|no_inst|branch|dispatch|drain|imc|membar|sleep|tex)" "$OUT/ncu-m-$1-$2.txt" | head -30
+  done
+  for spec in "hop 64M" "hop 16M" "encode 16M" "decode 16M"; do
+    set -- $spec
+    timeout 120 python3 bench/scripts/sass_dump.py $1 --count $2 --out "$OUT/sass" 2>&1 | tail -4
+  done
+  timeout 120 python3 bench/scripts/hop_probe.py --out "$OUT/hop-probe.json" --sizes 4M,16M,64M \
+    --dtype bfloat16 --grids 16,4 2>&1 | tail -30 ;;
 tune)
   # The codec kernels' throughput and launch configurations only (no checks).
   step codec tuning and throughput
