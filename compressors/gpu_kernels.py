@@ -87,7 +87,7 @@ _TUNING: dict[str, Any] = {
     "encode_epl": 64,
     "decode_epl": 64,
     "hop_epl": 64,
-    "hop_epl_from": 1 << 26,
+    "hop_epl_from": 0,
     "epl_threads": 128,
     "epl_resident": 512,
 }
@@ -467,8 +467,9 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             G); 0 selects the 32-elements-per-lane kernel.
         decode_epl: the same for the taco decode kernel (decode-accumulate always runs
             the 32-elements-per-lane kernel).
-        hop_epl: the same for the taco ring hop, from ``hop_epl_from`` elements on (the
-            EPL hop measured faster on 64M-element shards, slower on 16M: bench/NOTES.md).
+        hop_epl: the same for the taco ring hop, from ``hop_epl_from`` elements on (0:
+            every size; the EPL hop is no slower than the 32-per-lane one at 4M-64M
+            elements in bench/NOTES.md's session 18 probe).
         epl_threads, epl_resident: threads per block and resident threads per SM of
             those kernels.
 
