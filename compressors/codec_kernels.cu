@@ -1027,12 +1027,10 @@ DEV void tile_store7(char* tile_bytes, uint4* sb, int lane, const u32* w) {
   for (int c = 0; c < CH; ++c)
     sb[slot7<CH>(lane, c)] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
   __syncwarp();
-  uint4* g = (uint4*)tile_bytes;
+  uint4* g = (uint4*)tile_bytes + lane;
 #pragma unroll
-  for (int j = 0; j < CH; ++j) {
-    const int u = j * 32 + lane;
-    g[u] = sb[slot7<CH>(u / CH, u % CH)];
-  }
+  for (int j = 0; j < CH; ++j)
+    g[j * 32] = sb[slot7<CH>(j * (32 / CH) + lane / CH, lane & (CH - 1))];
   __syncwarp();
 }
 

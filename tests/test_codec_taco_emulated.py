@@ -1,0 +1,144 @@
+"""The taco EPL kernels of compressors/codec_kernels.cu (encode 7, ring hop 10, decode 11)
+run on the CPU through a host emulation of the CUDA built-ins (tests/cuda_emulation/),
+against the numba kernels, bit for bit.
+
+This checks the kernels' logic where there is no GPU: the lanes' split of a group and
+their shuffles, the tiles copied a tile ahead through the warps' shared buffers and
+written back through them (the swizzled slots), the partial last tile, unaligned buffers,
+and warps that loop over several tiles (grids smaller than the tiles). The arithmetic is
+the host branch of the kernels (software FP8 and bfloat16 conversions); the GPU's
+hardware conversions are checked against it in tests/test_codec_gpu.py. Skips without
+a C++20 compiler.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from coccl.compressors import TacoCompressor
+from coccl.compressors.gpu_kernels import _inv_sqrt_bits
+
+CXX = shutil.which("g++")
+if CXX is None:
+    pytest.skip("needs g++ for the CUDA host emulation", allow_module_level=True)
+
+HERE = Path(__file__).parent
+SOURCES = [
+    HERE / "cuda_emulation" / "emu.h",
+    HERE.parent / "compressors" / "codec_kernels.cu",
+    HERE / "cuda_emulation" / "codec_launch.cpp",
+]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.dtype(np.float32)
+XT = {F32: 0, BF16: 2}
+OPS = {"encode": 7, "hop": 10, "decode": 11}
+THREADS = 64  # two warps a block
+# (group size, elements a lane): two lanes a group, and a whole group a lane
+SPLITS = [(128, 64), (32, 32)]
+# (count, blocks): one element, a partial group, whole tiles, several tiles a warp with a
+# partial last one
+COUNTS = [(1, 1), (129, 1), (4 * 32 * 64, 1), (9 * 32 * 64 + 77, 2)]
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """A function from a variant's defines to its compiled emulation (cached)."""
+    workdir = tmp_path_factory.mktemp("taco_emulation")
+    source = workdir / "all.cpp"
+    source.write_text("\n".join(p.read_text() for p in SOURCES))
+    libs: dict[tuple, ctypes.CDLL] = {}
+
+    def get(defines: dict) -> ctypes.CDLL:
+        key = tuple(sorted(defines.items()))
+        if key not in libs:
+            so = workdir / ("v" + "".join(f"_{k}{v}" for k, v in key) + ".so")
+            flags = [f"-D{k}={v}" for k, v in key]
+            cmd = [CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared"]
+            done = subprocess.run([*cmd, *flags, "-o", str(so), str(source)], capture_output=True)
+            if done.returncode != 0:
+                pytest.skip(f"the emulation does not build here: {done.stderr[-500:]!r}")
+            lib = ctypes.CDLL(str(so))
+            lib.emu_launch.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 2
+            lib.emu_set_grid.argtypes = [ctypes.c_int]
+            libs[key] = lib
+        return libs[key]
+
+    return get
+
+
+def variant(op: str, G: int, epl: int, dtype: np.dtype) -> dict:
+    """The defines gpu_kernels gives the kernel (taco's defaults: e4m3, ash, dual scale)."""
+    return {
+        "OP": OPS[op], "GS": G, "XT": XT[dtype], "FMT": 0, "ASH": 1, "DUAL": 1, "EXT": 1,
+        "CINV_BITS": _inv_sqrt_bits(G), "EPL": epl, "THREADS": THREADS, "MIN_BLOCKS": 1,
+    }  # fmt: skip
+
+
+def placed(a: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """A copy of ``a`` at ``offset`` bytes past a 16-byte boundary, and its poisoned frame
+    (bytes around it that a kernel must not touch)."""
+    frame = np.full(a.nbytes + offset + 32, 0xA5, np.uint8)
+    start = (-frame.ctypes.data) % 16 + offset
+    view = frame[start : start + a.nbytes]
+    view[:] = a.view(np.uint8).reshape(-1)
+    return view, frame
+
+
+def run(build, op, G, epl, dtype, grid, *arrays, count):
+    lib = build(variant(op, G, epl, dtype))
+    lib.emu_set_grid(grid)
+    ptrs = [a.ctypes.data for a in arrays] + [None] * (3 - len(arrays))
+    lib.emu_launch(*ptrs, count, -(-count // G))
+
+
+def data(n: int, dtype: np.dtype, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32) * 3
+    x[::97] *= 1e4  # some groups with an outlier
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize(("G", "epl"), SPLITS)
+@pytest.mark.parametrize("op", list(OPS))
+def test_taco_epl_kernel_emulated(build, op, G, epl, dtype):
+    codec = TacoCompressor(group_size=G)
+    item = dtype.itemsize
+    for n, grid in COUNTS:
+        x = data(n, dtype, n + G)
+        payload = codec.encode(x)
+        for x_off, p_off in ((0, 0), (item, 1)):
+            where = f"{op} n={n} offsets {x_off},{p_off}"
+            if op == "encode":
+                xs, _ = placed(x, x_off)
+                out, frame = placed(np.zeros(payload.size, np.uint8), p_off)
+                run(build, op, G, epl, dtype, grid, xs, out, count=n)
+                np.testing.assert_array_equal(out, payload, err_msg=where)
+            elif op == "decode":
+                pin, _ = placed(payload, p_off)
+                out, frame = placed(np.zeros(n, dtype), x_off)
+                run(build, op, G, epl, dtype, grid, pin, out, count=n)
+                want = codec.decode(payload, count=n, dtype=dtype)
+                np.testing.assert_array_equal(out, want.view(np.uint8), err_msg=where)
+            else:  # hop: encode(own + decode(payload)), through a float32 accumulator
+                own = data(n, dtype, n + G + 1)
+                acc = own.astype(np.float32)
+                codec.decode_into(payload, acc, dtype, True)
+                want = np.empty_like(payload)
+                codec.encode_into(acc, want, dtype)
+                owns, _ = placed(own, x_off)
+                pin, _ = placed(payload, p_off)
+                out, frame = placed(np.zeros(payload.size, np.uint8), p_off)
+                run(build, op, G, epl, dtype, grid, owns, pin, out, count=n)
+                np.testing.assert_array_equal(out, want, err_msg=where)
+            outside = np.ones(frame.size, bool)
+            start = out.ctypes.data - frame.ctypes.data
+            outside[start : start + out.size] = False
+            assert (frame[outside] == 0xA5).all(), f"{where}: wrote outside its output"
