@@ -105,6 +105,10 @@ decodeepl)
   timeout 200 python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M,256M \
     --ops decode,hop --tuning '{"decode_epl": 0, "hop_epl_from": 67108864}' \
     --json "$JSONDIR/decode-ab.json" 2>&1 | tail -40
+  step "EPL kernels in blocks of 2 warps (A/B)"
+  timeout 200 python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M \
+    --ops encode,decode,hop --tuning '{"epl_threads": 64}' \
+    --json "$JSONDIR/threads-ab.json" 2>&1 | tail -40
   step TP-size sweep
   timeout 200 python3 -m coccl.bench.cli codec --device gpu --counts 1M,4M,16M,64M,256M \
     --compressor taco,int8 -d bfloat16,float32 -n 25 -c 1 \
