@@ -270,13 +270,15 @@ def test_package_ships_py_typed() -> None:
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "bench" / "scripts"
 # What the probe scripts may import of coccl: its public face, the bench's parsers and the
-# provenance its JSON records carry (coccl.bench.table), and the sizing rules the README
-# points to (pure functions of a call's arguments and settings).
+# provenance its JSON records carry (coccl.bench.table), the codec bench's timing of one
+# (codec, dtype, count) (coccl.bench.codec), and the sizing rules the README points to
+# (pure functions of a call's arguments and settings).
 PUBLIC_MODULES = {
     "coccl",
     "coccl.algorithms",
     "coccl.compressors",
     "coccl.bench.cli",
+    "coccl.bench.codec",
     "coccl.bench.table",
     "coccl.communicator.sizing",
 }
