@@ -85,9 +85,9 @@ _TUNING: dict[str, Any] = {
     "sw_cvt": 0,
     "raw_check": 0,
     "encode_epl": 64,
-    "decode_epl": 64,
+    "decode_epl": 0,
     "hop_epl": 64,
-    "hop_epl_from": 0,
+    "hop_epl_from": 1 << 22,
     "epl_threads": 128,
     "epl_resident": 512,
 }
@@ -466,10 +466,11 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
         encode_epl: elements per lane of the taco encode kernel (32, 64 or 128, at most
             G); 0 selects the 32-elements-per-lane kernel.
         decode_epl: the same for the taco decode kernel (decode-accumulate always runs
-            the 32-elements-per-lane kernel).
-        hop_epl: the same for the taco ring hop, from ``hop_epl_from`` elements on (0:
-            every size; the EPL hop is no slower than the 32-per-lane one at 4M-64M
-            elements in bench/NOTES.md's session 18 probe).
+            the 32-elements-per-lane kernel; the EPL decode measured slower than it at
+            4M-256M elements: bench/NOTES.md, session 18).
+        hop_epl: the same for the taco ring hop, from ``hop_epl_from`` elements on (the
+            EPL hop measured faster from 4M bfloat16 elements, slower at 1M:
+            bench/NOTES.md, session 18).
         epl_threads, epl_resident: threads per block and resident threads per SM of
             those kernels.
 

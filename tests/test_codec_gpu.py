@@ -298,12 +298,12 @@ def test_taco_decode_kernels_agree(epl, G, dtype):
     tiles a warp or a partial last one, with or without ash."""
     rng = np.random.default_rng(epl + G + 1)
     with gk.tuning(decode_epl=epl, blocks_per_sm=1):  # a small grid: warps loop over tiles
-        for n in (1, 129, 4096 * 3 + 77, 2_500_007):
+        for n in (1, 129, 4096 * 3 + 77, 1_200_007):
             x = make_data(n, dtype, rng, G)
             for ash, dual in ((True, True), (False, True), (True, False)):
                 p = cpu_taco_encode(x, G, "e4m3", ash, dual)
                 want = cpu_taco_decode(p, n, dtype, G, "e4m3", ash, dual)
-                for o_off, p_off in ((0, 0), (np.dtype(dtype).itemsize, 0), (0, 1), (0, 16)):
+                for o_off, p_off in ((0, 0), (np.dtype(dtype).itemsize, 1), (0, 16)):
                     got = gpu_taco_decode(
                         p, n, dtype, G, "e4m3", ash, dual, o_off=o_off, p_off=p_off
                     )

@@ -113,6 +113,15 @@ decodeepl)
   timeout 200 python3 -m coccl.bench.cli codec --device gpu --counts 1M,4M,16M,64M,256M \
     --compressor taco,int8 -d bfloat16,float32 -n 25 -c 1 \
     --json "$JSONDIR/tp-kernels.json" 2>&1 | tee "$OUT/tpkernels_log.txt" | grep -E "^ taco|Out of" ;;
+tacofinal)
+  # The taco GPU tests, all of them, then the TP-size sweep of the final defaults.
+  step taco kernel tests
+  timeout 450 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py -k "taco" 2>&1 \
+    | tee "$OUT/pytest_taco.txt" | tail -6
+  step TP-size sweep
+  timeout 120 python3 -m coccl.bench.cli codec --device gpu --counts 1M,4M,16M,64M,256M \
+    --compressor taco,int8 -d bfloat16,float32 -n 25 -c 1 \
+    --json "$JSONDIR/tp-kernels.json" 2>&1 | tee "$OUT/tpkernels_log.txt" | grep -E "^ taco|Out of" ;;
 tune)
   # The codec kernels' throughput and launch configurations only (no checks).
   step codec tuning and throughput
