@@ -9,8 +9,7 @@
 //           size), 7 taco encode (EPL elements per lane, the default), 8 taco ring hop
 //           (encode(own + decode(payload)) in one pass; five arguments, see the kernel),
 //           9 int8 ring hop (the same for int8), 10 taco ring hop (kernel 8 with EPL
-//           elements per lane, kernel 7's layout), 11 taco decode (EPL elements per
-//           lane, kernel 7's layout; not ACC)
+//           elements per lane, kernel 7's layout)
 //   DEC     ring hops (8, 9, 10): 1 adds a fourth pointer argument, dec, after dst, and the
 //           kernel also writes dec = decode(dst) (`count` elements of type XT), bitwise
 //           what the decode kernel makes of dst
@@ -28,8 +27,7 @@
 //           (so that a test can compare the two on one GPU)
 //   RAW_CHECK  taco encode with ash: 1 looks for NaN/Inf in every group's elements;
 //           0 (default) only in groups whose energy is not finite (the same result)
-//   EPL     taco encode kernel 7, hop kernel 10 and decode kernel 11: elements per lane
-//           (32..128, at most G)
+//   EPL     taco encode kernel 7 and hop kernel 10: elements per lane (32..128, at most G)
 //   EXT     taco encode with DUAL: 1 (default) lets a group whose s would leave COCCL's
 //           clamps take the extended range (FORMAT.md taco step 4b); 0 keeps COCCL's
 //           clamps for every group (the codec's coccl_clamps option). Decoding needs no
@@ -680,7 +678,7 @@ DEV void wht_group(float* v, int lig) {
 }
 
 // =============================================================== taco decode
-#if OP == 2 || OP == 8 || OP == 10 || OP == 11
+#if OP == 2 || OP == 8 || OP == 10
 // One lane's N codes cw of a group (spread over L lanes, lig: the lane's index in it)
 // decoded in place of v: FP8 values, the inverse Hadamard when ASH, times the group's
 // s * c / max(alpha, 1e-12) (FORMAT.md), s and alpha 1 where the payload has none. Shared
@@ -980,7 +978,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // global memory saturated the memory pipeline at half the copy bandwidth). Two buffers per
 // warp: the next tile is copied in (cp.async, sm_80+) while this one is computed, since
 // with ~12 warps per SM a warp cannot wait for its own loads.
-#if OP == 7 || OP == 10 || OP == 11
+#if OP == 7 || OP == 10
 #ifndef EPL
 #define EPL 128
 #endif
@@ -1226,86 +1224,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
         store_out32(io.ob, base + 32 * j, count, io.vout, v + 32 * j);
     }
 #endif
-  }
-}
-#endif
-
-// ================================ taco decode, EPL elements per lane (11)
-// Kernel 2's decode (not ACC) in kernel 7's layout: each lane holds EPL consecutive
-// elements of a group spread over L7 = G / EPL lanes (fewer shuffles in the inverse
-// Hadamard; a group's scales and its step paid by fewer lanes); a warp's tile of codes is
-// copied into one of two shared buffers (cp.async) while the previous tile decodes, and
-// its decoded values leave through a third with coalesced stores. Bitwise kernel 2: the
-// same taco_dequant_lane arithmetic for every element.
-#if OP == 11
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K) {
-  // Per warp two buffers of a tile's codes (32 * CC7 chunks each), then one of its
-  // decoded elements (32 * CH7 chunks).
-  __shared__ uint4 smem[WARPS * 32 * (2 * CC7 + CH7)];
-  const unsigned char* pay = (const unsigned char*)src;
-  char* ob = (char*)dst;
-  const int lane = threadIdx.x & 31;
-  const int lig = lane & (L7 - 1);
-  uint4* const wbuf = smem + (threadIdx.x >> 5) * 32 * (2 * CC7 + CH7);
-  uint4* const obuf = wbuf + 2 * 32 * CC7;
-  const bool vpay = (((u64)pay) & 15) == 0;
-  const bool vout = (((u64)ob) & 15) == 0;
-  const bool a4 = (((u64)pay) & 3) == 0;
-  const i64 ncodes = K << LOG2_GS;  // a multiple of EPL: a lane's codes are all in or all out
-  const i64 ntiles = (ncodes + 32 * EPL - 1) / (32 * EPL);
-  const i64 stride = (i64)gridDim.x * WARPS;
-  // A tile whose codes all exist, in an aligned payload, is fetched whole (warp-uniform).
-  auto fetched = [&](i64 t) { return vpay && t < ntiles && (t + 1) * 32 * EPL <= ncodes; };
-  i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
-  int cur = 0;
-  if (fetched(tile)) tile_fetch7<CC7>((const char*)pay + tile * 32 * EPL, wbuf, lane);
-#if ASYNC7
-  cp_async_commit();
-#endif
-  // Whole warps iterate together (a group's lanes shuffle); a lane past the last group
-  // decodes zeros and stores nothing.
-  for (; tile < ntiles; tile += stride, cur ^= 1) {
-    const i64 t0 = tile * 32 * EPL;
-    const i64 base = t0 + lane * EPL;
-    const bool live = base < ncodes;
-    uint4* const sc = wbuf + cur * 32 * CC7;
-    if (fetched(tile + stride))
-      tile_fetch7<CC7>((const char*)pay + (tile + stride) * 32 * EPL, wbuf + (cur ^ 1) * 32 * CC7,
-                       lane);
-#if ASYNC7
-    cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
-    cp_async_wait1();   // all but the newest group: this tile is in
-#endif
-    __syncwarp();
-    float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
-    if (live) taco_load_scales(pay, ncodes, K, base >> LOG2_GS, a4, s, alpha);
-    u32 cw[EPL / 4];
-    if (fetched(tile)) {
-#pragma unroll
-      for (int j = 0; j < CC7; ++j) {
-        const uint4 q = sc[slot7<CC7>(lane, j)];
-        cw[4 * j] = q.x, cw[4 * j + 1] = q.y, cw[4 * j + 2] = q.z, cw[4 * j + 3] = q.w;
-      }
-    } else if (live) {
-#pragma unroll
-      for (int j = 0; j < EPL / 32; ++j) load_bytes32(pay + base + 32 * j, cw + 8 * j, vpay);
-    } else {
-#pragma unroll
-      for (int i = 0; i < EPL / 4; ++i) cw[i] = 0;
-    }
-    __syncwarp();  // this tile's codes are read: the next iteration's fetch may overwrite
-    float v[EPL];
-    taco_dequant_lane<EPL, L7>(cw, s, alpha, lig, v);
-    if (vout && t0 + 32 * EPL <= count) {  // warp-uniform: the whole tile, coalesced
-      u32 ow[CH7 * 4];
-#pragma unroll
-      for (int j = 0; j < EPL / 32; ++j) pack_out32(v + 32 * j, ow + NW * j);
-      tile_store7<CH7>(ob + t0 * EB, obuf, lane, ow);
-    } else if (base < count) {
-#pragma unroll
-      for (int j = 0; j < EPL / 32; ++j) store_out32(ob, base + 32 * j, count, vout, v + 32 * j);
-    }
   }
 }
 #endif

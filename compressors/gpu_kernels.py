@@ -70,8 +70,7 @@ _OP_TACO_ENC_EPL = 7  # taco encode with up to a whole group per lane
 _OP_TACO_HOP = 8  # taco ring hop: encode(own + decode(payload)) in one kernel
 _OP_INT8_HOP = 9  # the same for int8
 _OP_TACO_HOP_EPL = 10  # the taco ring hop with up to a whole group per lane
-_OP_TACO_DEC_EPL = 11  # taco decode (not accumulate) with up to a whole group per lane
-_EPL_OPS = (_OP_TACO_ENC_EPL, _OP_TACO_HOP_EPL, _OP_TACO_DEC_EPL)
+_EPL_OPS = (_OP_TACO_ENC_EPL, _OP_TACO_HOP_EPL)
 
 # Launch tuning (set_tuning documents the keys; bench/NOTES.md records the measurements
 # behind these defaults). ``resident``: 1024 keeps encode and plain decode at 64 registers
@@ -85,7 +84,6 @@ _TUNING: dict[str, Any] = {
     "sw_cvt": 0,
     "raw_check": 0,
     "encode_epl": 64,
-    "decode_epl": 0,
     "hop_epl": 64,
     "hop_epl_from": 1 << 22,
     "epl_threads": 128,
@@ -147,14 +145,6 @@ def taco_decode(
     if count == 0:
         return
     defs["ACC"] = int(bool(accumulate))
-    if not accumulate:
-        G = defs["GS"]
-        # shared memory a lane: two buffers of its codes and one of its decoded elements
-        epl = _elements_per_lane(G, "decode_epl", 1 + out.dtype.itemsize // 2)
-        if epl >= 32:
-            defs.update(OP=_OP_TACO_DEC_EPL, EPL=epl)
-            _launch(cp, defs, "decode", (payload, out), count, K, warps=-(-K * G // (32 * epl)))
-            return
     kind = "accumulate" if accumulate else "decode"
     _launch(cp, defs, kind, (payload, out), count, K, warps=-(-count // _TILE))
 
@@ -465,9 +455,6 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             whose energy is not finite (the same result).
         encode_epl: elements per lane of the taco encode kernel (32, 64 or 128, at most
             G); 0 selects the 32-elements-per-lane kernel.
-        decode_epl: the same for the taco decode kernel (decode-accumulate always runs
-            the 32-elements-per-lane kernel; the EPL decode measured slower than it at
-            4M-256M elements: bench/NOTES.md, session 18).
         hop_epl: the same for the taco ring hop, from ``hop_epl_from`` elements on (the
             EPL hop measured faster from 4M bfloat16 elements, slower at 1M:
             bench/NOTES.md, session 18).
@@ -541,7 +528,7 @@ def _checked_value(key: str, value: Any) -> int:
         ok = v in (0, 1)
     elif key in ("threads", "epl_threads"):
         ok = v % 32 == 0 and 32 <= v <= 1024
-    elif key in ("encode_epl", "decode_epl", "hop_epl"):
+    elif key in ("encode_epl", "hop_epl"):
         ok = v in (0, 32, 64, 128)
     elif key == "hop_epl_from":
         ok = v >= 0

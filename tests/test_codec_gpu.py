@@ -290,29 +290,6 @@ def test_taco_encode_kernels_agree(epl, G, dtype):
 
 @needs_cpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("G", [32, 64, 128, 512])
-@pytest.mark.parametrize("epl", [0, 32, 64, 128])
-def test_taco_decode_kernels_agree(epl, G, dtype):
-    """Both decode kernels (32 elements per lane, and up to a whole group per lane, tiles
-    fetched ahead) and every lane split give the CPU's values, aligned or not, several
-    tiles a warp or a partial last one, with or without ash."""
-    rng = np.random.default_rng(epl + G + 1)
-    with gk.tuning(decode_epl=epl, blocks_per_sm=1):  # a small grid: warps loop over tiles
-        for n in (1, 129, 4096 * 3 + 77, 1_200_007):
-            x = make_data(n, dtype, rng, G)
-            for ash, dual in ((True, True), (False, True), (True, False)):
-                p = cpu_taco_encode(x, G, "e4m3", ash, dual)
-                want = cpu_taco_decode(p, n, dtype, G, "e4m3", ash, dual)
-                for o_off, p_off in ((0, 0), (np.dtype(dtype).itemsize, 1), (0, 16)):
-                    got = gpu_taco_decode(
-                        p, n, dtype, G, "e4m3", ash, dual, o_off=o_off, p_off=p_off
-                    )
-                    where = f"n={n} ash={ash} dual={dual} offsets {o_off},{p_off}"
-                    assert_values_equal(got, want, where)
-
-
-@needs_cpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("G", [32, 128, 512])
 def test_taco_unaligned_buffers(G, dtype):
     """Views that start off the 16-byte (and 4-byte) boundaries take the slow paths."""

@@ -1,11 +1,13 @@
-"""The taco EPL kernels of compressors/codec_kernels.cu (encode 7, ring hop 10, decode 11)
-run on the CPU through a host emulation of the CUDA built-ins (tests/cuda_emulation/),
-against the numba kernels, bit for bit.
+"""The taco kernels of compressors/codec_kernels.cu that run by default (encode 7 and ring
+hop 10, EPL elements a lane; decode and decode-accumulate 2, 32 a lane, staged) run on the
+CPU through a host emulation of the CUDA built-ins (tests/cuda_emulation/), against the
+numba kernels, bit for bit.
 
 This checks the kernels' logic where there is no GPU: the lanes' split of a group and
 their shuffles, the tiles copied a tile ahead through the warps' shared buffers and
-written back through them (the swizzled slots), the partial last tile, unaligned buffers,
-and warps that loop over several tiles (grids smaller than the tiles). The arithmetic is
+written back through them (the swizzled slots), the partial last tile, unaligned buffers
+(the per-lane paths), and warps that loop over several tiles (grids smaller than the
+tiles). The arithmetic is
 the host branch of the kernels (software FP8 and bfloat16 conversions); the GPU's
 hardware conversions are checked against it in tests/test_codec_gpu.py. Skips without
 a C++20 compiler.
@@ -14,9 +16,6 @@ a C++20 compiler.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -25,20 +24,16 @@ import pytest
 from coccl.compressors import TacoCompressor
 from coccl.compressors.gpu_kernels import _inv_sqrt_bits
 
-CXX = shutil.which("g++")
+from emulation import CXX, EMULATION, KERNELS, builder
+
 if CXX is None:
     pytest.skip("needs g++ for the CUDA host emulation", allow_module_level=True)
 
-HERE = Path(__file__).parent
-SOURCES = [
-    HERE / "cuda_emulation" / "emu.h",
-    HERE.parent / "compressors" / "codec_kernels.cu",
-    HERE / "cuda_emulation" / "codec_launch.cpp",
-]
+SOURCES = [EMULATION / "emu.h", KERNELS / "codec_kernels.cu", EMULATION / "codec_launch.cpp"]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 XT = {F32: 0, BF16: 2}
-OPS = {"encode": 7, "hop": 10, "decode": 11}
+OPS = {"encode": 7, "hop": 10, "decode": 2, "accumulate": 2}
 THREADS = 64  # two warps a block
 # (group size, elements a lane): two lanes a group, and a whole group a lane
 SPLITS = [(128, 64), (32, 32)]
@@ -50,35 +45,24 @@ COUNTS = [(1, 1), (129, 1), (4 * 32 * 64, 1), (9 * 32 * 64 + 77, 2)]
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """A function from a variant's defines to its compiled emulation (cached)."""
-    workdir = tmp_path_factory.mktemp("taco_emulation")
-    source = workdir / "all.cpp"
-    source.write_text("\n".join(p.read_text() for p in SOURCES))
-    libs: dict[tuple, ctypes.CDLL] = {}
-
-    def get(defines: dict) -> ctypes.CDLL:
-        key = tuple(sorted(defines.items()))
-        if key not in libs:
-            so = workdir / ("v" + "".join(f"_{k}{v}" for k, v in key) + ".so")
-            flags = [f"-D{k}={v}" for k, v in key]
-            cmd = [CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared"]
-            done = subprocess.run([*cmd, *flags, "-o", str(so), str(source)], capture_output=True)
-            if done.returncode != 0:
-                pytest.skip(f"the emulation does not build here: {done.stderr[-500:]!r}")
-            lib = ctypes.CDLL(str(so))
-            lib.emu_launch.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 2
-            lib.emu_set_grid.argtypes = [ctypes.c_int]
-            libs[key] = lib
-        return libs[key]
-
-    return get
+    argtypes = {
+        "emu_launch": [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 2,
+        "emu_set_grid": [ctypes.c_int],
+    }
+    return builder(tmp_path_factory.mktemp("taco_emulation"), SOURCES, argtypes)
 
 
 def variant(op: str, G: int, epl: int, dtype: np.dtype) -> dict:
-    """The defines gpu_kernels gives the kernel (taco's defaults: e4m3, ash, dual scale)."""
-    return {
-        "OP": OPS[op], "GS": G, "XT": XT[dtype], "FMT": 0, "ASH": 1, "DUAL": 1, "EXT": 1,
-        "CINV_BITS": _inv_sqrt_bits(G), "EPL": epl, "THREADS": THREADS, "MIN_BLOCKS": 1,
+    """The defines gpu_kernels gives the kernel (taco's defaults: e4m3, ash, dual scale);
+    the decodes are kernel 2 staged, accumulating into float32 for ``accumulate``."""
+    defines = {
+        "OP": OPS[op], "GS": G, "XT": 0 if op == "accumulate" else XT[dtype], "FMT": 0,
+        "ASH": 1, "DUAL": 1, "CINV_BITS": _inv_sqrt_bits(G), "THREADS": THREADS,
+        "MIN_BLOCKS": 1,
     }  # fmt: skip
+    if op in ("decode", "accumulate"):
+        return {**defines, "ACC": int(op == "accumulate"), "STAGE": 1, "PREFETCH": 0}
+    return {**defines, "EXT": 1, "EPL": epl}
 
 
 def placed(a: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -127,6 +111,13 @@ def test_taco_epl_kernel_emulated(build, op, G, epl, dtype):
                 run(build, op, G, epl, dtype, grid, pin, out, count=n)
                 want = codec.decode(payload, count=n, dtype=dtype)
                 np.testing.assert_array_equal(out, want.view(np.uint8), err_msg=where)
+            elif op == "accumulate":
+                acc = data(n, F32, n + G + 2)
+                pin, _ = placed(payload, p_off)
+                out, frame = placed(acc, 4 * (x_off > 0))
+                run(build, op, G, epl, dtype, grid, pin, out, count=n)
+                codec.decode_into(payload, acc, dtype, True)
+                np.testing.assert_array_equal(out, acc.view(np.uint8), err_msg=where)
             else:  # hop: encode(own + decode(payload)), through a float32 accumulator
                 own = data(n, dtype, n + G + 1)
                 acc = own.astype(np.float32)

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -29,20 +26,19 @@ from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
 from coccl.compressors.tah_gpu import _EPL as EPL  # the elements a lane the launches use
 
 from codec_reference import magnitude_sweep
+from emulation import CXX, EMULATION, KERNELS, builder
 
-CXX = shutil.which("g++")
 if CXX is None:
     pytest.skip("needs g++ for the CUDA host emulation", allow_module_level=True)
 
-HERE = Path(__file__).parent
 SOURCES = [
-    HERE / "cuda_emulation" / "emu.h",
-    HERE.parent / "compressors" / "codec_kernels.cu",
-    HERE.parent / "compressors" / "tah_tables.cu",
-    HERE.parent / "compressors" / "tah_select.cu",
-    HERE.parent / "compressors" / "tah_kernels.cu",
-    HERE.parent / "compressors" / "tah_score.cu",
-    HERE / "cuda_emulation" / "launch.cpp",
+    EMULATION / "emu.h",
+    KERNELS / "codec_kernels.cu",
+    KERNELS / "tah_tables.cu",
+    KERNELS / "tah_select.cu",
+    KERNELS / "tah_kernels.cu",
+    KERNELS / "tah_score.cu",
+    EMULATION / "launch.cpp",
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, BF16: 2}
@@ -57,27 +53,11 @@ CASES = [
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """A function from a variant's defines to its compiled emulation (cached)."""
-    workdir = tmp_path_factory.mktemp("tah_emulation")
-    source = workdir / "all.cpp"
-    source.write_text("\n".join(p.read_text() for p in SOURCES))
-    libs: dict[tuple, ctypes.CDLL] = {}
-
-    def get(defines: dict) -> ctypes.CDLL:
-        key = tuple(sorted(defines.items()))
-        if key not in libs:
-            so = workdir / ("v" + "".join(f"_{k}{v}" for k, v in key) + ".so")
-            flags = [f"-D{k}={v}" for k, v in key]
-            cmd = [CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-DOP=0"]
-            done = subprocess.run([*cmd, *flags, "-o", str(so), str(source)], capture_output=True)
-            if done.returncode != 0:
-                pytest.skip(f"the emulation does not build here: {done.stderr[-500:]!r}")
-            lib = ctypes.CDLL(str(so))
-            lib.emu_launch.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 5
-            lib.emu_set_grid.argtypes = [ctypes.c_int]
-            libs[key] = lib
-        return libs[key]
-
-    return get
+    argtypes = {
+        "emu_launch": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 5,
+        "emu_set_grid": [ctypes.c_int],
+    }
+    return builder(tmp_path_factory.mktemp("tah_emulation"), SOURCES, argtypes, {"OP": 0})
 
 
 def _variant(c: TahCompressor) -> dict:
@@ -177,7 +157,7 @@ def test_emulated_kernels_match_cpu(build, cfg: dict, dtype) -> None:
 
 
 def test_the_kernels_score_tables_are_tah_formats() -> None:
-    text = (HERE.parent / "compressors" / "tah_tables.cu").read_text()
+    text = (KERNELS / "tah_tables.cu").read_text()
     for name, want in (("TAH_SCORE_W", SCORE_W), ("TAH_SCORE_WL", SCORE_WL)):
         body = re.search(name + r"\[[^]]*\] = \{([^}]*)\}", text).group(1)
         np.testing.assert_array_equal(np.array(body.split(","), np.int64), want, err_msg=name)

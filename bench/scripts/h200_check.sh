@@ -95,24 +95,6 @@ tpprofile)
   done
   timeout 120 python3 bench/scripts/hop_probe.py --out "$OUT/hop-probe.json" --sizes 4M,16M,64M \
     --dtype bfloat16 --grids 16,4 2>&1 | tail -30 ;;
-decodeepl)
-  # Issue #33: the EPL taco decode (kernel 11) and the 32-bit cp.async addresses: the GPU
-  # tests of the taco kernels, then the kernels against the previous ones side by side.
-  step taco kernel tests
-  timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py -k "taco" 2>&1 \
-    | tee "$OUT/pytest_taco.txt" | tail -6
-  step decode A/B
-  timeout 200 python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M,256M \
-    --ops decode,hop --tuning '{"decode_epl": 0, "hop_epl_from": 67108864}' \
-    --json "$JSONDIR/decode-ab.json" 2>&1 | tail -40
-  step "EPL kernels in blocks of 2 warps (A/B)"
-  timeout 200 python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M \
-    --ops encode,decode,hop --tuning '{"epl_threads": 64}' \
-    --json "$JSONDIR/threads-ab.json" 2>&1 | tail -40
-  step TP-size sweep
-  timeout 200 python3 -m coccl.bench.cli codec --device gpu --counts 1M,4M,16M,64M,256M \
-    --compressor taco,int8 -d bfloat16,float32 -n 25 -c 1 \
-    --json "$JSONDIR/tp-kernels.json" 2>&1 | tee "$OUT/tpkernels_log.txt" | grep -E "^ taco|Out of" ;;
 tacofinal)
   # The taco GPU tests, all of them, then the TP-size sweep of the final defaults.
   step taco kernel tests

@@ -2,7 +2,7 @@
 change that a tuning key can switch off), timed as ``coccl-bench codec`` times them.
 
     python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M \\
-        --tuning '{"decode_epl": 0}' --json ab.json
+        --tuning '{"hop_epl_from": 67108864}' --json ab.json
 
 Each (count, dtype) is measured under the default tuning (B) and under ``--tuning`` (A),
 alternating ``--rounds`` times; rows carry ``copy_ms`` and ``size_fraction`` as the

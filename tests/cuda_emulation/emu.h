@@ -80,3 +80,23 @@ inline unsigned __match_any_sync(unsigned, unsigned v) {
 inline int __clz(unsigned x) { return x == 0u ? 32 : __builtin_clz(x); }
 inline int __ffs(unsigned x) { return x == 0u ? 0 : __builtin_ctz(x) + 1; }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+// Runs kernel() in every thread of a grid of `blocks` blocks of EMU_THREADS threads, one
+// block after the other (the kernels' blocks share nothing but global memory), each
+// thread a std::thread with its threadIdx and blockIdx set.
+template <class F> void emu_run_grid(long long blocks, F kernel) {
+  gridDim.x = (unsigned)blocks;
+  for (long long b = 0; b < blocks; ++b) {
+    blockIdx.x = (unsigned)b;
+    g_block = std::make_unique<std::barrier<>>(EMU_THREADS);
+    g_warp.clear();
+    for (int w = 0; w < EMU_THREADS / 32; ++w)
+      g_warp.push_back(std::make_unique<std::barrier<>>(32));
+    std::vector<std::thread> ts;
+    for (int t = 0; t < EMU_THREADS; ++t)
+      ts.emplace_back([=] {
+        threadIdx.x = t;
+        kernel();
+      });
+    for (auto& t : ts) t.join();
+  }
+}

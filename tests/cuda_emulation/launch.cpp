@@ -7,27 +7,15 @@ int emu_grid = 1;
 extern "C" void emu_set_grid(int grid) { emu_grid = grid; }
 extern "C" void emu_launch(void* a0, void* a1, long long c, long long r, long long k, long long p,
                            long long q) {
-  gridDim.x = (unsigned)emu_grid;
-  for (int b = 0; b < emu_grid; ++b) {
-    blockIdx.x = (unsigned)b;
-    g_block = std::make_unique<std::barrier<>>(EMU_THREADS);
-    g_warp.clear();
-    for (int w = 0; w < EMU_THREADS / 32; ++w)
-      g_warp.push_back(std::make_unique<std::barrier<>>(32));
-    std::vector<std::thread> ts;
-    for (int t = 0; t < EMU_THREADS; ++t)
-      ts.emplace_back([=] {
-        threadIdx.x = t;
+  emu_run_grid(emu_grid, [=] {
 #if TAH_OP == 1
-        tah_kernel(a0, (unsigned char*)a1, c, r, k);
+    tah_kernel(a0, (unsigned char*)a1, c, r, k);
 #elif TAH_OP == 2
-        tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
+    tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
 #elif TAH_OP == 3
-        tah_kernel((const unsigned char*)a0, a1, c, r, k, p, q);
+    tah_kernel((const unsigned char*)a0, a1, c, r, k, p, q);
 #else
-        tah_kernel((unsigned char*)a0, c, r, k, p);
+    tah_kernel((unsigned char*)a0, c, r, k, p);
 #endif
-      });
-    for (auto& t : ts) t.join();
-  }
+  });
 }
