@@ -476,14 +476,14 @@ def measure(
         ]
         rows.append(timed("decode_accumulate", calls, payload_bytes + 8 * count))
         del accs, calls
-    owns = [device.random(count, dtype, 200 + i) for i in range(sets)] if "hop" in ops else []
-    hop = codec.reduce_encode_kernel(owns[0], dtype) if owns else None
+    hop = codec.reduce_encode_kernel(device.empty(1, dtype), dtype) if "hop" in ops else None
     if hop is not None:
+        owns = [device.random(count, dtype, 200 + i) for i in range(sets)]
         outs = [device.empty(payload_bytes, np.dtype(np.uint8)) for _ in range(sets)]
         calls = [partial(hop, *args) for args in zip(owns, payloads, outs, strict=True)]
         rows.append(timed("hop", calls, data_bytes + 2 * payload_bytes))
-        del outs, calls
-    del payloads, owns
+        del owns, outs, calls
+    del payloads
     device.release()
     return rows
 
