@@ -35,8 +35,16 @@ F32 = np.dtype(np.float32)
 XT = {F32: 0, BF16: 2}
 OPS = {"encode": 7, "hop": 10, "decode": 2, "accumulate": 2}
 THREADS = 64  # two warps a block
-# (group size, elements a lane): two lanes a group, and a whole group a lane
-SPLITS = [(128, 64), (32, 32)]
+# (op, group size, elements a lane, dtype), one build each: the EPL kernels with two lanes
+# a group and a whole group a lane; kernel 2 with four lanes a group and one
+CASES = [
+    *((op, 128, 64, dtype) for op in ("encode", "hop") for dtype in (F32, BF16)),
+    ("encode", 32, 32, BF16),
+    ("hop", 32, 32, BF16),
+    ("decode", 128, 0, BF16),
+    ("decode", 32, 0, F32),
+    ("accumulate", 128, 0, BF16),
+]
 # (count, blocks): one element, a partial group, whole tiles, several tiles a warp with a
 # partial last one
 COUNTS = [(1, 1), (129, 1), (4 * 32 * 64, 1), (9 * 32 * 64 + 77, 2)]
@@ -89,10 +97,10 @@ def data(n: int, dtype: np.dtype, seed: int) -> np.ndarray:
     return x.astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=lambda d: d.name)
-@pytest.mark.parametrize(("G", "epl"), SPLITS)
-@pytest.mark.parametrize("op", list(OPS))
-def test_taco_epl_kernel_emulated(build, op, G, epl, dtype):
+@pytest.mark.parametrize(
+    ("op", "G", "epl", "dtype"), CASES, ids=lambda v: getattr(v, "name", str(v))
+)
+def test_taco_kernel_emulated(build, op, G, epl, dtype):
     codec = TacoCompressor(group_size=G)
     item = dtype.itemsize
     for n, grid in COUNTS:
