@@ -995,11 +995,17 @@ DEV int slot7(int l, int c) {
   return l * CH + (c ^ f);
 }
 
+// The slot of a warp's tile chunk j * 32 + lane when the warp walks the tile in order: it
+// is chunk lane % CH of lane j * (32 / CH) + lane / CH (CH divides 32), written so that
+// the compiler folds the unrolled j.
+template <int CH>
+DEV int tile_slot7(int j, int lane) {
+  return slot7<CH>(j * (32 / CH) + lane / CH, lane & (CH - 1));
+}
+
 // Start copying a warp's tile at `tile_bytes` (32 lanes' CH chunks each, in order) into
-// buffer sb, chunk c of lane l at slot7<CH>(l, c). The tile's chunk j * 32 + lane is chunk
-// lane % CH of lane j * (32 / CH) + lane / CH (CH divides 32), written so that the
-// compiler folds j; the copies take 32-bit shared addresses from the buffer's, computed
-// once (a generic 64-bit pointer per chunk cost ~16 instructions a copy).
+// buffer sb, chunk c of lane l at slot7<CH>(l, c). The copies take 32-bit shared
+// addresses from the buffer's, computed once, not a generic pointer per chunk.
 template <int CH>
 DEV void tile_fetch7(const char* tile_bytes, uint4* sb, int lane) {
   const uint4* g = (const uint4*)tile_bytes + lane;
@@ -1008,7 +1014,7 @@ DEV void tile_fetch7(const char* tile_bytes, uint4* sb, int lane) {
 #endif
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
-    const int slot = slot7<CH>(j * (32 / CH) + lane / CH, lane & (CH - 1));
+    const int slot = tile_slot7<CH>(j, lane);
 #if ASYNC7
     cp_async16_to(s0 + 16u * (u32)slot, g + j * 32);
 #else
@@ -1027,8 +1033,7 @@ DEV void tile_store7(char* tile_bytes, uint4* sb, int lane, const u32* w) {
   __syncwarp();
   uint4* g = (uint4*)tile_bytes + lane;
 #pragma unroll
-  for (int j = 0; j < CH; ++j)
-    g[j * 32] = sb[slot7<CH>(j * (32 / CH) + lane / CH, lane & (CH - 1))];
+  for (int j = 0; j < CH; ++j) g[j * 32] = sb[tile_slot7<CH>(j, lane)];
   __syncwarp();
 }
 

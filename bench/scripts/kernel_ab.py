@@ -4,15 +4,16 @@ change that a tuning key can switch off), timed as ``coccl-bench codec`` times t
     python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M \\
         --tuning '{"hop_epl_from": 67108864}' --json ab.json
 
-Each (count, dtype) is measured under the default tuning (B) and under ``--tuning`` (A),
-alternating ``--rounds`` times; rows carry ``copy_ms`` and ``size_fraction`` as the
-bench's. A script beside coccl-bench, not part of it.
+Each (count, dtype) is measured under the default tuning (arm ``default``) and under
+``--tuning`` (arm ``tuned``), alternating ``--rounds`` times; rows carry ``copy_ms`` and
+``size_fraction`` as the bench's. A script beside coccl-bench, not part of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from contextlib import nullcontext
 from dataclasses import asdict
 
 from coccl.bench.cli import datatype, parse_size
@@ -41,10 +42,8 @@ def main() -> None:
             for dtype in (datatype(d) for d in args.dtypes.split(",")):
                 for r in range(args.rounds):
                     for arm in ("default", "tuned"):
-                        if arm == "tuned":
-                            with device.tuning(tuning):
-                                got = measure(device, spec, dtype, count, args.iters, 3, copy, ops)
-                        else:
+                        tuned = device.tuning(tuning) if arm == "tuned" else nullcontext()
+                        with tuned:
                             got = measure(device, spec, dtype, count, args.iters, 3, copy, ops)
                         for row in got:
                             rows.append({"arm": arm, "round": r, **asdict(row)})
