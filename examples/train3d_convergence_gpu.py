@@ -34,9 +34,11 @@ Recipes (the issue's; ``RECIPES`` holds the configs, the JSON records them):
 Arms (``uncompressed`` is the same 3D run with every codec exact, so the deltas are the
 codecs' alone): uncompressed, tp_taco, dp_recipe, pp_recipe, taco3d (all three),
 tp_tah (TAH-Quant's codec on the TP traffic), tp_int4_h32 (int 4 bits, Hadamard 32, on
-TP). Target: taco3d within +0.5% of uncompressed with the interval's upper end below +1%.
+TP), taco3d_pp6 (taco3d with the PP forward at 6 bits: int 6 bits in groups of 32, the
+backward's codec, in place of tah). Target: taco3d within +0.5% of uncompressed with the
+interval's upper end below +1%.
 
-    # the table on one H200 (35 runs; see --help for the sizing options)
+    # the table on one H200 (40 runs; see --help for the sizing options)
     python examples/train3d_convergence_gpu.py run
     # a seconds-long CPU smoke run (tiny model; --stand-ins: int8 for int and tah where
     # those codecs are not installed)
@@ -47,11 +49,12 @@ for the GPU's kernels): a recorded TP = 4 step is about 2100 operators, a 3D ste
 4700 (two replicas of half the batch, each a TP = 4 forward and backward with every
 rank's linears and the simulated AllReduces; then four DP buffers reduced, AdamW and the
 AllGather): about 2.2 times the work, at the same matmul FLOPs. The recorded TP = 4 runs
-made about 32 steps/s each at 8 runs per H200 under MPS, so a 3D run at 7 per GPU makes
-about 15 steps/s, about 2.3 minutes for 2000 steps: 35 runs on one H200 take five such
-waves (about 11 minutes plus a minute of start-up), on two H200s three (about 7). With 7
-workers per GPU each worker runs one arm, seed after seed: every wave completes one seed
-of every arm (``jobs_in_order``), so a cut-off table still pairs its runs.
+made about 32 steps/s each at 8 runs per H200 under MPS; the recorded 3D runs made about
+19 steps/s each at 7 per H200 (105-120 s for 2000 steps), so the 40 runs of all eight
+arms take five waves of 8 (about 10 minutes plus a minute of start-up). The workers take
+the runs round robin, seed after seed, every arm of a seed together (``jobs_in_order``):
+with as many workers as arms, or a multiple, every wave completes whole seeds, so a
+cut-off table still pairs its runs.
 
 Each run's JSON lands in ``--work-dir`` as it finishes, and the report (``--out``, with
 the runs so far and ``incomplete``) is rewritten every 30 s and at the end; at
@@ -98,6 +101,7 @@ def recipes(d_model: int) -> dict[str, dict[str, Any]]:
         "tp_int4_h32": {"id": "int", "bits": 4, "group_size": 128, "hadamard": 32},
         "pp_fwd": {"id": "tah", "row": d_model},
         "pp_bwd": {"id": "int", "bits": 6, "group_size": 32},
+        "pp_fwd_6bit": {"id": "int", "bits": 6, "group_size": 32},
         "dp_reduce_intra": {"id": "int", "bits": 8, "group_size": 128},
         "dp_reduce_inter": {"id": "int", "bits": 4, "group_size": 128, "hadamard": 32},
         "dp_gather": {"id": "int", "bits": 4, "group_size": 2048},
@@ -117,7 +121,7 @@ class Arm3D:
 
 
 ARM_NAMES = ["uncompressed", "tp_taco", "dp_recipe", "pp_recipe", "taco3d", "tp_tah"]
-ARM_NAMES += ["tp_int4_h32"]
+ARM_NAMES += ["tp_int4_h32", "taco3d_pp6"]
 
 
 def make_arm(name: str, d_model: int, dp_reduce: str = "intra", stand_ins: bool = False) -> Arm3D:
@@ -125,13 +129,13 @@ def make_arm(name: str, d_model: int, dp_reduce: str = "intra", stand_ins: bool 
     tah codecs by int8 (a CPU smoke run where those codecs are missing)."""
     r = recipes(d_model)
     tp = {"tp_taco": r["tp_taco"], "taco3d": r["tp_taco"], "tp_tah": r["tp_tah"]}
-    tp["tp_int4_h32"] = r["tp_int4_h32"]
-    pp = name in ("pp_recipe", "taco3d")
-    dp = name in ("dp_recipe", "taco3d")
+    tp["tp_int4_h32"], tp["taco3d_pp6"] = r["tp_int4_h32"], r["tp_taco"]
+    pp = name in ("pp_recipe", "taco3d", "taco3d_pp6")
+    dp = name in ("dp_recipe", "taco3d", "taco3d_pp6")
     arm = Arm3D(
         name,
         tp=tp.get(name),
-        pp_fwd=r["pp_fwd"] if pp else None,
+        pp_fwd=(r["pp_fwd_6bit"] if name == "taco3d_pp6" else r["pp_fwd"]) if pp else None,
         pp_bwd=r["pp_bwd"] if pp else None,
         dp_reduce=r[f"dp_reduce_{dp_reduce}"] if dp else None,
         dp_gather=r["dp_gather"] if dp else None,
@@ -419,7 +423,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--steps", type=int, default=0, help="training steps (0: the setup's)")
     run.add_argument("--arms", default=",".join(ARM_NAMES), help="comma-separated arms")
     run.add_argument("--seeds", default="0,1,2,3,4", help="seeds (weights and data order)")
-    tpc.add_runner_options(run, 7, 450.0, Path(tempfile.gettempdir()) / "coccl-tp3d-convergence")
+    tpc.add_runner_options(run, len(ARM_NAMES), 450.0, Path(tempfile.gettempdir()) / "coccl-tp3d-convergence")
     run.add_argument(
         "--dp-reduce", choices=["intra", "inter"], default="intra", help="SDP4Bit's DP recipe"
     )

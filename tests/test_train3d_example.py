@@ -39,6 +39,16 @@ def test_smoke_run_writes_the_table(tmp_path: Path) -> None:
         assert row["history"][-1]["step"] == 3 and row["stand_ins"] is True
 
 
+def test_the_6bit_pp_arm_is_taco3d_with_int6_activations() -> None:
+    import dataclasses  # noqa: PLC0415
+
+    import train3d_convergence_gpu as t3d  # noqa: PLC0415
+
+    taco3d, pp6 = t3d.make_arm("taco3d", 768), t3d.make_arm("taco3d_pp6", 768)
+    assert pp6.pp_fwd == {"id": "int", "bits": 6, "group_size": 32} == pp6.pp_bwd
+    assert dataclasses.replace(pp6, name="taco3d", pp_fwd=taco3d.pp_fwd) == taco3d
+
+
 def tiny_step(arm_name: str):
     import tp_convergence_gpu as tpc  # noqa: PLC0415
     import tp_gpt  # noqa: PLC0415

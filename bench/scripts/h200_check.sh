@@ -391,6 +391,20 @@ frontier)
     --only 8=taco --seeds 0,1,2,3,4 --jobs-per-gpu 10 --time-limit-s ${FRONTIER_LIMIT_S:-480} \
     --work-dir /tmp/coccl-tp-frontier-gpu --out "$JSONDIR/tp-frontier-gpu.json" 2>&1 \
     | tee "$OUT/tp_frontier_log.txt" | tail -40 ;;
+t3dseeds)
+  # Issue #32's 3D table with more seeds: uncompressed, taco3d and taco3d_pp6 (the PP
+  # forward at 6 bits), seeds 0-29, 9 workers under MPS (whole seeds per wave). The runs
+  # stop at a checkpoint at the time limit; the same part again resumes on a warm machine,
+  # and a fresh machine starts from the finished runs in $T3D_PRIOR (a tar of the work
+  # folder, as this part leaves in $OUT). Budget: one call of 600 s.
+  step "3D table: uncompressed, taco3d, taco3d_pp6, more seeds"
+  W=/tmp/coccl-t3d-seeds
+  if [ ! -d $W ] && [ -f "${T3D_PRIOR:-}" ]; then mkdir -p $W && tar xzf "$T3D_PRIOR" -C $W; fi
+  timeout ${T3D_TIMEOUT:-560} python3 examples/train3d_convergence_gpu.py run \
+    --arms uncompressed,taco3d,taco3d_pp6 --seeds "$(seq -s, 0 29)" --jobs-per-gpu 9 \
+    --time-limit-s ${T3D_LIMIT_S:-520} --work-dir $W \
+    --out "$JSONDIR/tp3d-convergence-gpu-seeds.json" 2>&1 | tee "$OUT/t3d_log.txt" | tail -30
+  tar czf "$OUT/t3d-runs.tgz" -C $W --exclude='*.ckpt' . ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
