@@ -423,7 +423,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--steps", type=int, default=0, help="training steps (0: the setup's)")
     run.add_argument("--arms", default=",".join(ARM_NAMES), help="comma-separated arms")
     run.add_argument("--seeds", default="0,1,2,3,4", help="seeds (weights and data order)")
-    tpc.add_runner_options(run, len(ARM_NAMES), 450.0, Path(tempfile.gettempdir()) / "coccl-tp3d-convergence")
+    work_dir = Path(tempfile.gettempdir()) / "coccl-tp3d-convergence"
+    tpc.add_runner_options(run, len(ARM_NAMES), 450.0, work_dir)
     run.add_argument(
         "--dp-reduce", choices=["intra", "inter"], default="intra", help="SDP4Bit's DP recipe"
     )
