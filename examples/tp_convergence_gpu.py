@@ -1026,6 +1026,16 @@ def _fmt_delta(delta: Any, ci: Any) -> str:
     return f"{_fmt(delta, '+.3f')} [{_fmt(ci[0], '+.3f')}, {_fmt(ci[1], '+.3f')}]"
 
 
+def _seeds_per_arm(runs: list[dict[str, Any]]) -> str:
+    """How many finished seeds each arm has, as a label: ``27``, or ``5-7`` where they differ
+    (a table cut off at its time limit counts its finished runs, not the requested seeds)."""
+    per_arm: dict[Any, int] = {}
+    for r in runs:
+        per_arm[r["arm"], r["tp"]] = per_arm.get((r["arm"], r["tp"]), 0) + 1
+    low, high = min(per_arm.values(), default=0), max(per_arm.values(), default=0)
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def plot(
     report: dict[str, Any],
     path: Path,
@@ -1097,7 +1107,7 @@ def plot(
             a.grid(alpha=0.3)
             a.legend(fontsize=8)
     gpus = ", ".join(report["gpu"]) or "?"
-    fig.suptitle(f"{title}, {len(report['seeds'])} seeds per arm ({gpus})", fontsize=10)
+    fig.suptitle(f"{title}, {_seeds_per_arm(report['runs'])} seeds per arm ({gpus})", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
