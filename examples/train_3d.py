@@ -1,10 +1,10 @@
 """3D-parallel training (TP x DP x PP) with PyTorch's own APIs over coccl groups.
 
 The repo's byte-level GPT (examples/tp_gpt.py) on a ``(pp, dp, tp)`` DeviceMesh built by a
-``coccl.torch.policy`` (``--policy``: ``none``, ``identity``, ``taco3d`` or a .json / .toml
-file), in torchtitan's order: the model is cut into ``--pp`` stages by hand (stage s holds
-its share of the blocks; the first the embeddings, the last the final norm and LM head),
-each stage is tensor-parallelized by ``parallelize_module`` (QKV and fc1
+``coccl.torch.policy`` (``--policy``: ``none``, ``identity``, ``taco3d``, ``taco3d_pp6`` or a
+.json / .toml file), in torchtitan's order: the model is cut into ``--pp`` stages by hand
+(stage s holds its share of the blocks; the first the embeddings, the last the final norm
+and LM head), each stage is tensor-parallelized by ``parallelize_module`` (QKV and fc1
 ``ColwiseParallel``, proj and fc2 ``RowwiseParallel`` over ``mesh["tp"]``), then sharded
 by FSDP2's ``fully_shard`` over ``mesh["dp"]`` (each layer norm and block, then the
 stage; the row-parallel biases stay out: see ``build_stage``), and run by
@@ -61,7 +61,7 @@ from tp_dtensor import interleave_qkv  # noqa: E402
 from tp_gpt import GPT, GPTConfig, load_text, lr_at, split, train_batches  # noqa: E402
 
 import coccl.torch  # noqa: E402
-from coccl.torch.policy import DIMS, Policy, load_policy  # noqa: E402
+from coccl.torch.policy import DIMS, NAMED, Policy, load_policy  # noqa: E402
 
 TINY_MIN_COMPRESS_BYTES = 1024  # --tiny: its messages are a few KiB
 
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--dp", type=int, default=2)
-    p.add_argument("--policy", default="taco3d", help="none, identity, taco3d, or a .json/.toml")
+    p.add_argument("--policy", default="taco3d", help=f"{', '.join(NAMED)} or a .json/.toml")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe")
     p.add_argument("--microbatches", type=int, default=0, help="0: --pp")
     p.add_argument("--min-compress-bytes", type=int, default=None,

@@ -70,6 +70,14 @@ def test_taco3d_recipes() -> None:
     CocclOptions(**changes)  # what coccl.torch.options takes
 
 
+def test_taco3d_pp6_is_taco3d_with_6bit_activations() -> None:
+    taco3d = named_policy("taco3d").fill(d_model=768).traffic
+    pp6 = named_policy("taco3d_pp6").traffic
+    assert pp6["pp"]["forward"] == pp6["pp"]["backward"] == taco3d["pp"]["backward"]
+    assert pp6["pp"]["forward"].codec["bits"] == 6
+    assert {**pp6, "pp": taco3d["pp"]} == taco3d
+
+
 def test_without_state_makes_stateful_entries_exact() -> None:
     taco3d = named_policy("taco3d").fill(d_model=64)
     policy, changed = taco3d.without_state()

@@ -49,6 +49,26 @@ def test_the_6bit_pp_arm_is_taco3d_with_int6_activations() -> None:
     assert dataclasses.replace(pp6, name="taco3d", pp_fwd=taco3d.pp_fwd) == taco3d
 
 
+@pytest.mark.parametrize("name", ["taco3d", "taco3d_pp6"])
+def test_the_shipped_policies_are_the_tables_arms(name: str) -> None:
+    """What the accuracy table measured is what ``named_policy`` ships."""
+    import train3d_convergence_gpu as t3d  # noqa: PLC0415
+
+    from coccl.compressors import get_compressor  # noqa: PLC0415
+    from coccl.torch.policy import named_policy  # noqa: PLC0415
+
+    arm, traffic = t3d.make_arm(name, 768), named_policy(name).fill(d_model=768).traffic
+    shipped = {
+        "tp": traffic["tp"]["allreduce"], "pp_fwd": traffic["pp"]["forward"],
+        "pp_bwd": traffic["pp"]["backward"], "dp_reduce": traffic["dp"]["reduce"],
+        "dp_gather": traffic["dp"]["gather"],
+    }  # fmt: skip
+    for field, entry in shipped.items():
+        assert get_compressor(getattr(arm, field)).get_config() == entry.codec, field
+    assert traffic["tp"]["allreduce"].schedule == "two_shot"  # the table's TP schedule
+    assert traffic["dp"]["gather"].state == "delta"  # the table's delta AllGather
+
+
 def tiny_step(arm_name: str):
     import tp_convergence_gpu as tpc  # noqa: PLC0415
     import tp_gpt  # noqa: PLC0415
