@@ -84,7 +84,7 @@ def test_error_matches_model(comm, collective, algorithm, codec, dtype):
 
 @pytest.mark.parametrize("count_index", range(7))
 @pytest.mark.parametrize("codec", ["int8", "taco"])
-@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot", "auto"])
 def test_any_count(comm, algorithm, codec, count_index):
     n = comm.size
     count = [0, 1, n - 1, n + 1, 127, 129, 1000][count_index]
