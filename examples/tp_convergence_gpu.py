@@ -27,6 +27,7 @@ uncompressed, taco and the 4-6-bit codecs, all two_shot:
     fwd_nvfp4_bwd_taco  nvfp4 on the forward AllReduces (activations, bfloat16), taco on
                         the backward ones (input gradients, float32)
     fwd_taco_bwd_nvfp4  the other way round
+    fwd_mxfp6_bwd_nvfp4 mxfp6 forward, nvfp4 backward
 
 and writes bench/results/tp-frontier-gpu.json (the same report plus ``frontier``: per arm
 and TP size the codec's payload bytes per element forward, backward and their mean, the
@@ -57,6 +58,9 @@ Phases, one command each (2 H200s, 32 cores):
         --seeds 0,1,2,3,4 --jobs-per-gpu 10 --time-limit-s 480
     # 4. the same again with a wider --only (e.g. 8=taco+nvfp4+int4_h32) adds TP = 8 runs;
     #    finished runs in --work-dir are kept, so it runs only the new ones
+    # 5. the candidates with more seeds (h200_check.sh part tpseeds): the 5-seed report's
+    #    runs written into the work folder first (bench/scripts/prepopulate_runs.py), then
+    #    --arms uncompressed,taco,nvfp4,fwd_mxfp6_bwd_nvfp4,mxfp6 --tps 4 --seeds 0,...,26
 
 ``run`` writes each run to ``--work-dir`` as it finishes and stops at ``--time-limit-s``
 (workers save a checkpoint on SIGTERM); the same command again resumes. ``run`` starts an
@@ -160,6 +164,7 @@ class Arm:
 
 
 NVFP4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
+MXFP6 = {"id": "mx", "element": "e2m3", "block": 32, "scale": "e8m0"}
 ARMS = {
     arm.name: arm
     for arm in (
@@ -171,7 +176,7 @@ ARMS = {
         Arm("taco_no_dual_scale", {"id": "taco", "dual_scale": False}, "two_shot"),
         Arm("int8", {"id": "int8"}, "two_shot"),
         # the frontier of issue #33 (the ``frontier`` command): 4-6 bits per element
-        Arm("mxfp6", {"id": "mx", "element": "e2m3", "block": 32, "scale": "e8m0"}, "two_shot"),
+        Arm("mxfp6", MXFP6, "two_shot"),
         Arm("mxfp4", {"id": "mx", "element": "e2m1", "block": 32, "scale": "e8m0"}, "two_shot"),
         Arm("nvfp4", NVFP4, "two_shot"),
         Arm("taco_fp6", {"id": "taco_fp", "element": "e2m3", "group_size": 128}, "two_shot"),
@@ -179,6 +184,7 @@ ARMS = {
         Arm("int4_h32", {"id": "int", "bits": 4, "group_size": 128, "hadamard": 32}, "two_shot"),
         Arm("fwd_nvfp4_bwd_taco", NVFP4, "two_shot", {"id": "taco"}),
         Arm("fwd_taco_bwd_nvfp4", {"id": "taco"}, "two_shot", NVFP4),
+        Arm("fwd_mxfp6_bwd_nvfp4", MXFP6, "two_shot", NVFP4),
     )
 }
 # ``run``'s arms (the recorded table); ``frontier`` runs FRONTIER_ARMS
@@ -244,15 +250,17 @@ class Job:
 def experiment_jobs(
     arms: list[str], tps: list[int], seeds: list[int], only: dict[int, list[str]] | None = None
 ) -> list[Job]:
-    """Every (arm, TP, seed) run, longest first; ``only`` maps a TP size to the arms that
-    run at it (the others run at every TP of ``tps``)."""
+    """Every (arm, TP, seed) run, longest first and, among runs of one length, seed by
+    seed (so the arms of a seed finish together and a cut-off table still pairs them);
+    ``only`` maps a TP size to the arms that run at it (the others run at every TP of
+    ``tps``)."""
     jobs = []
     for arm in arms:
         for tp in [1] if ARMS[arm].compressor is None else tps:
             if only and tp in only and arm not in only[tp]:
                 continue
             jobs += [Job(arm, tp, seed) for seed in seeds]
-    return sorted(jobs, key=lambda j: (-j.cost, j.name))
+    return sorted(jobs, key=lambda j: (-j.cost, j.seed, j.name))
 
 
 def parse_only(text: str) -> dict[int, list[str]]:

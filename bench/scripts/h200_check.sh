@@ -405,6 +405,25 @@ t3dseeds)
     --time-limit-s ${T3D_LIMIT_S:-520} --work-dir $W \
     --out "$JSONDIR/tp3d-convergence-gpu-seeds.json" 2>&1 | tee "$OUT/t3d_log.txt" | tail -30
   tar czf "$OUT/t3d-runs.tgz" -C $W --exclude='*.ckpt' . ;;
+tpseeds)
+  # Issue #33's frontier candidates with more seeds: uncompressed, taco, nvfp4,
+  # fwd_mxfp6_bwd_nvfp4 and mxfp6 at TP = 4, seeds 0-26, 10 workers under MPS. A fresh
+  # work folder starts from the 5-seed report's runs (prepopulate_runs.py) but for
+  # nvfp4's seed 0, which runs again (did the earlier runs reproduce?), or from the runs
+  # in $TPS_PRIOR (a tar of the work folder, as this part leaves in $OUT). The runs stop
+  # at a checkpoint at the time limit; the same part again resumes. Budget: 600 s a call.
+  step "TP frontier candidates, more seeds"
+  W=/tmp/coccl-tp-seeds
+  if [ ! -d $W ]; then
+    if [ -f "${TPS_PRIOR:-}" ]; then mkdir -p $W && tar xzf "$TPS_PRIOR" -C $W
+    else python3 bench/scripts/prepopulate_runs.py bench/results/tp-frontier-gpu.json $W \
+      --except nvfp4-tp4-seed0; fi
+  fi
+  timeout ${TPS_TIMEOUT:-560} python3 examples/tp_convergence_gpu.py frontier --tps 4 \
+    --arms uncompressed,taco,nvfp4,fwd_mxfp6_bwd_nvfp4,mxfp6 --seeds "$(seq -s, 0 26)" \
+    --jobs-per-gpu 10 --time-limit-s ${TPS_LIMIT_S:-500} --work-dir $W \
+    --out "$JSONDIR/tp-frontier-gpu-seeds.json" 2>&1 | tee "$OUT/tps_log.txt" | tail -40
+  tar czf "$OUT/tps-runs.tgz" -C $W --exclude='*.ckpt' . ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
