@@ -35,7 +35,8 @@
 // lanes past the payload compute on zeros and store nothing. Elements are loaded 16 bytes
 // at a time and codes stored as whole words where the addresses are aligned (x, out and
 // the payload need not be: element and byte stores otherwise), consecutive lanes on
-// consecutive bytes.
+// consecutive bytes; an mx decode whose lane writes more than 16 bytes stores a warp's
+// whole span through shared memory (store_span).
 //
 // Arithmetic: IEEE float32, RNE, no FMA and no flush of subnormals: CuPy compiles with
 // -ftz=true, so every float operation is inline PTX without .ftz, and comparisons of
@@ -471,10 +472,10 @@ DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, float s, bool live) {
 #endif
 
 #if OP == 2
-DEV void chunk_body(const u8* pay, void* out, i64 count, i64 K, i64 j, float s, bool vec) {
+// Chunk j's decoded values y[0..EPL).
+DEV void decode_chunk(const u8* pay, i64 K, i64 j, float s, float* y) {
   (void)s;
   u32 w[WPL];
-  float y[EPL];
   load_words(pay + j * (4 * WPL), w, alignment(pay));
   const u32 sc = pay[SCALE_OFF(K) + j / LPB];
 #if SC
@@ -484,7 +485,33 @@ DEV void chunk_body(const u8* pay, void* out, i64 count, i64 K, i64 j, float s, 
   const float d = sc == E8M0_NAN ? as_f(BITS_NAN) : pow2((int)sc - 127);
   for (int i = 0; i < EPL; ++i) y[i] = f_mul(elem_value(code_at(w, i)), d);
 #endif
-  store_chunk(out, j * EPL, count, vec, y);
+}
+
+// A decode's lane writes EPL elements, SCH 16-byte chunks; where that is more than one, its
+// own 16-byte stores stride by EPL elements (for float32 MXFP4 half a sector apart), so a
+// warp whose 32 chunks are whole stores them through its shared-memory buffer instead:
+// lanes write their chunks to it, then store consecutive 16-byte pieces of the warp's span.
+// Decode-accumulate reads out first and keeps the lane's own stores.
+#define SCH (EPL * (XT == 0 ? 4 : 2) / 16)
+#define STAGED (!ACC && SCH > 1)
+DEV int swz(int c) { return c ^ ((c >> 3) & 7); }  // 16-byte chunk -> slot: no bank conflict
+
+// The warp's span out[w0, w0 + 32 EPL) from its lanes' y, through sb (32 SCH slots).
+DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
+  for (int c = 0; c < SCH; ++c) {
+#if XT == 0
+    sb[swz(lane * SCH + c)] =
+        make_uint4(as_u(y[4 * c]), as_u(y[4 * c + 1]), as_u(y[4 * c + 2]), as_u(y[4 * c + 3]));
+#else
+    sb[swz(lane * SCH + c)] = make_uint4(
+        out_pair(y[8 * c], y[8 * c + 1]), out_pair(y[8 * c + 2], y[8 * c + 3]),
+        out_pair(y[8 * c + 4], y[8 * c + 5]), out_pair(y[8 * c + 6], y[8 * c + 7]));
+#endif
+  }
+  __syncwarp();
+  uint4* o = (uint4*)((char*)out + w0 * (XT == 0 ? 4 : 2));
+  for (int c = 0; c < SCH; ++c) o[c * 32 + lane] = sb[swz(c * 32 + lane)];
+  __syncwarp();
 }
 #endif
 
@@ -667,12 +694,25 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   const bool vec = aligned(dst, 16);
 #if OP == 2
   const float s = SC ? as_f(ld32(pay + TENSOR_OFF(K))) : 0.0f;
+#if STAGED
+  __shared__ uint4 smem[THREADS * SCH];
+  uint4* sb = smem + (threadIdx.x - lane) * SCH;  // the warp's buffer
+#endif
 #endif
   for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step)
     for (int u = 0; u < UNR; ++u) {
       const i64 j = j0 + 32 * u + lane;
 #if OP == 2
-      if (j < n) chunk_body(pay, dst, count, K, j, s, vec);
+      float y[EPL];
+      if (j < n) decode_chunk(pay, K, j, s, y);
+#if STAGED
+      const i64 w0 = (j0 + 32 * u) * EPL;  // the warp's span: the same in every lane
+      if (vec && w0 + 32 * EPL <= count) {
+        store_span(dst, w0, sb, lane, y);
+        continue;
+      }
+#endif
+      if (j < n) store_chunk(dst, j * EPL, count, vec, y);
 #else
       chunk_body(pay, dst, count, K, j, j < n, vec);
 #endif

@@ -405,6 +405,17 @@ t3dseeds)
     --time-limit-s ${T3D_LIMIT_S:-520} --work-dir $W \
     --out "$JSONDIR/tp3d-convergence-gpu-seeds.json" 2>&1 | tee "$OUT/t3d_log.txt" | tail -30
   tar czf "$OUT/t3d-runs.tgz" -C $W --exclude='*.ckpt' . ;;
+mxstores)
+  # The mx decodes whose lane writes more than 16 bytes (float32; FP6 bfloat16) store a
+  # warp's span through shared memory: the GPU tests (bitwise the CPU's), then the TP-size
+  # kernels beside a copy of the same bytes (MXFP4, MXFP6 e2m3, NVFP4).
+  step "mx kernels: GPU tests and TP sizes"
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
+    | tee "$OUT/pytest_gpu_mx.txt" | tail -4
+  timeout 150 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+    --compressor mx,mx:element=e2m3,mx:element=e2m1,block=16,scale=e4m3 \
+    -d bfloat16,float32 -n 15 -c 0 --json "$JSONDIR/mx-kernels.json" 2>&1 \
+    | tee "$OUT/mx_kernels_log.txt" | tail -60 ;;
 tpseeds)
   # Issue #33's frontier candidates with more seeds: uncompressed, taco, nvfp4,
   # fwd_mxfp6_bwd_nvfp4 and mxfp6 at TP = 4, seeds 0-26, 10 workers under MPS. A fresh
