@@ -250,17 +250,16 @@ class Job:
 def experiment_jobs(
     arms: list[str], tps: list[int], seeds: list[int], only: dict[int, list[str]] | None = None
 ) -> list[Job]:
-    """Every (arm, TP, seed) run, longest first and, among runs of one length, seed by
-    seed (so the arms of a seed finish together and a cut-off table still pairs them);
-    ``only`` maps a TP size to the arms that run at it (the others run at every TP of
-    ``tps``)."""
+    """Every (arm, TP, seed) run, seed by seed (so the arms of a seed finish together and a
+    cut-off table still pairs them), a seed's longest first; ``only`` maps a TP size to
+    the arms that run at it (the others run at every TP of ``tps``)."""
     jobs = []
     for arm in arms:
         for tp in [1] if ARMS[arm].compressor is None else tps:
             if only and tp in only and arm not in only[tp]:
                 continue
             jobs += [Job(arm, tp, seed) for seed in seeds]
-    return sorted(jobs, key=lambda j: (-j.cost, j.seed, j.name))
+    return sorted(jobs, key=lambda j: (j.seed, -j.cost, j.name))
 
 
 def parse_only(text: str) -> dict[int, list[str]]:
@@ -692,7 +691,7 @@ def start_workers(
     script: Path = SCRIPT,
     extra: tuple[str, ...] = (),
 ) -> list[Worker]:
-    """Spread ``jobs`` (longest first) over ``per_device`` worker processes per device,
+    """Spread ``jobs`` (in their order) over ``per_device`` worker processes per device,
     round robin, and start them (``script``'s ``worker`` command, with ``extra``
     arguments)."""
     slots = len(devices) * per_device
