@@ -488,9 +488,10 @@ DEV void decode_chunk(const u8* pay, i64 K, i64 j, float s, float* y) {
 }
 
 // A decode's lane writes EPL elements, SCH 16-byte chunks; where that is more than one, its
-// own 16-byte stores stride by EPL elements (for float32 MXFP4 half a sector apart), so a
-// warp whose 32 chunks are whole stores them through its shared-memory buffer instead:
-// lanes write their chunks to it, then store consecutive 16-byte pieces of the warp's span.
+// own 16-byte stores stride by EPL elements (for float32 MXFP4 each store instruction
+// writes half of every 32-byte sector it touches), so a warp whose 32 chunks are whole
+// stores them through its shared-memory buffer instead: lanes write their chunks to it,
+// then store consecutive 16-byte pieces of the warp's span.
 // Decode-accumulate reads out first and keeps the lane's own stores.
 #define SCH (EPL * (XT == 0 ? 4 : 2) / 16)
 #define STAGED (!ACC && SCH > 1)
