@@ -36,7 +36,7 @@
 // at a time and codes stored as whole words where the addresses are aligned (x, out and
 // the payload need not be: element and byte stores otherwise), consecutive lanes on
 // consecutive bytes; an mx decode whose lane writes more than 16 bytes stores a warp's
-// whole span through shared memory (store_span).
+// whole span through shared memory (store_span; a decode-accumulate also loads it so).
 //
 // Arithmetic: IEEE float32, RNE, no FMA and no flush of subnormals: CuPy compiles with
 // -ftz=true, so every float operation is inline PTX without .ftz, and comparisons of
@@ -487,20 +487,33 @@ DEV void decode_chunk(const u8* pay, i64 K, i64 j, float s, float* y) {
 #endif
 }
 
-// A decode's lane writes EPL elements, SCH 16-byte chunks; where that is more than one, its
-// own 16-byte stores stride by EPL elements (for float32 MXFP4 each store instruction
-// writes half of every 32-byte sector it touches), so a warp whose 32 chunks are whole
-// stores them through its shared-memory buffer instead: lanes write their chunks to it,
-// then store consecutive 16-byte pieces of the warp's span.
-// Decode-accumulate reads out first and keeps the lane's own stores.
-#define SCH (EPL * (XT == 0 ? 4 : 2) / 16)
-#define STAGED (!ACC && SCH > 1)
+// A decode's lane writes EPL elements, SCH 16-byte chunks of out (float32 for a
+// decode-accumulate); where that is more than one, its own 16-byte stores stride by EPL
+// elements (for float32 MXFP4 each store instruction writes half of every 32-byte sector it
+// touches), so a warp whose 32 chunks are whole stores them through its shared-memory
+// buffer instead: lanes write their chunks to it, then store consecutive 16-byte pieces of
+// the warp's span. A decode-accumulate first loads the span into the buffer the same way
+// (consecutive pieces, lane by lane) and each lane adds its y to its own chunks there.
+#define OUT_BYTES (ACC || XT == 0 ? 4 : 2)  // bytes per element of out
+#define SCH (EPL * OUT_BYTES / 16)
+#define STAGED (SCH > 1)
 DEV int swz(int c) { return c ^ ((c >> 3) & 7); }  // 16-byte chunk -> slot: no bank conflict
 
-// The warp's span out[w0, w0 + 32 EPL) from its lanes' y, through sb (32 SCH slots).
+// The warp's span out[w0, w0 + 32 EPL) from its lanes' y (with ACC: out + y, the same
+// f_add as store_chunk's), through sb (32 SCH slots).
 DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
+  uint4* o = (uint4*)((char*)out + w0 * OUT_BYTES);
+#if ACC
+  for (int c = 0; c < SCH; ++c) sb[swz(c * 32 + lane)] = o[c * 32 + lane];
+  __syncwarp();
+#endif
   for (int c = 0; c < SCH; ++c) {
-#if XT == 0
+#if ACC
+    const uint4 t = sb[swz(lane * SCH + c)];
+    sb[swz(lane * SCH + c)] = make_uint4(
+        as_u(f_add(as_f(t.x), y[4 * c])), as_u(f_add(as_f(t.y), y[4 * c + 1])),
+        as_u(f_add(as_f(t.z), y[4 * c + 2])), as_u(f_add(as_f(t.w), y[4 * c + 3])));
+#elif XT == 0
     sb[swz(lane * SCH + c)] =
         make_uint4(as_u(y[4 * c]), as_u(y[4 * c + 1]), as_u(y[4 * c + 2]), as_u(y[4 * c + 3]));
 #else
@@ -510,7 +523,6 @@ DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
 #endif
   }
   __syncwarp();
-  uint4* o = (uint4*)((char*)out + w0 * (XT == 0 ? 4 : 2));
   for (int c = 0; c < SCH; ++c) o[c * 32 + lane] = sb[swz(c * 32 + lane)];
   __syncwarp();
 }
