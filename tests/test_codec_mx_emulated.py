@@ -6,9 +6,11 @@ identical (NaNs as NaN-ness only, as in tests/test_codec_gpu_mx.py).
 This checks the kernels' logic where there is no GPU: the lanes of a block (group), the
 shuffles of its maxima, of taco_fp's energy tree and Walsh-Hadamard stages, the packing
 into words, the grid-stride loops over several CUDA blocks, the 16-byte, word and byte
-paths for aligned and unaligned x, out and payload, and the e4m3 partials; the launches are
-mx_gpu's (its grid and unroll functions), on a small CUDA block (64 threads) and on the
-GPU's. tests/test_codec_gpu_mx.py checks the real thing on one. Skips without g++ (C++20).
+paths for aligned and unaligned x, out and payload, the mx decodes' staging of a warp's
+whole span through shared memory (overwrite and accumulate; the counts that fill a warp's
+span with out aligned), and the e4m3 partials; the launches are mx_gpu's (its grid and
+unroll functions), on a small CUDA block (64 threads) and on the GPU's.
+tests/test_codec_gpu_mx.py checks the real thing on one. Skips without g++ (C++20).
 """
 
 from __future__ import annotations
