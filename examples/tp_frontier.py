@@ -135,10 +135,9 @@ def plot_frontier(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     gpus = ", ".join(report["gpu"]) or "?"
-    fig.suptitle(
-        f"coccl TP wire codecs: bytes against loss, {len(report['seeds'])} seeds ({gpus})",
-        fontsize=10,
-    )
+    ns = sorted({p["n"] for p in report["frontier"] if p["n"]})
+    seeds = f"{ns[0]}-{ns[-1]} seeds a point" if len(ns) > 1 else f"{len(report['seeds'])} seeds"
+    fig.suptitle(f"coccl TP wire codecs: bytes against loss, {seeds} ({gpus})", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
