@@ -78,6 +78,61 @@ def test_taco3d_pp6_is_taco3d_with_6bit_activations() -> None:
     assert {**pp6, "pp": taco3d["pp"]} == taco3d
 
 
+MXFP6 = {"id": "mx", "element": "e2m3", "block": 32, "scale": "e8m0"}
+NVFP4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
+
+
+def test_tp_mx6_nv4_recipe() -> None:
+    """Issue #33's TP recipe: the TP AllReduces MXFP6 forward, NVFP4 backward, two-shot;
+    everything else exact."""
+    policy = named_policy("tp_mx6_nv4")
+    assert policy.placeholders() == [] and policy.lossy_kinds() == ["tp.allreduce"]
+    ar = policy.traffic["tp"]["allreduce"]
+    assert (ar.codec, ar.backward_codec, ar.schedule) == (MXFP6, NVFP4, "two_shot")
+    tp = policy.group_options("tp")
+    assert (tp.compressor, tp.backward_compressor, tp.algorithm) == (MXFP6, NVFP4, "two_shot")
+    assert tp.compress == ("allreduce",) and tp.min_compress_bytes == 64 << 10
+    for dim in ("pp", "dp"):
+        opts = policy.group_options(dim)
+        assert opts.codec.lossless and opts.backward_codec.lossless, dim
+        assert opts.p2p_codecs[0].lossless and opts.p2p_codecs[1].lossless, dim
+    assert policy.call_options("tp", "allreduce")["backward_compressor"] == NVFP4
+
+
+def test_a_backward_codec_fills_and_goes_to_the_tp_group() -> None:
+    entry = {"codec": "int8", "schedule": "ring",
+             "backward_codec": {"id": "tah", "row": "{d_model}"}}  # fmt: skip
+    spec = {"tp": {"allreduce": entry, "reduce_scatter": dict(entry)}}
+    policy = Policy.from_dict(spec)
+    assert policy.placeholders() == [
+        "tp.allreduce.backward_codec.row={d_model}",
+        "tp.reduce_scatter.backward_codec.row={d_model}",
+    ]
+    filled = policy.fill(d_model=64)
+    opts = filled.group_options("tp")
+    assert opts.backward_codec.get_config()["row"] == 64 and opts.codec.codec_id == "int8"
+    assert opts.compress == ("allreduce", "reduce_scatter")
+    again = Policy.from_dict(json.loads(json.dumps(filled.to_dict())), filled.name)
+    assert again == filled
+    assert all("backward_codec" not in e for d in ("pp", "dp") for e in again.to_dict()[d].values())
+
+
+def test_an_exact_forward_with_a_lossy_backward_is_lossy() -> None:
+    policy = Policy.from_dict({"tp": {"allreduce": {"backward_codec": "int8"}}})
+    assert policy.lossy_kinds() == ["tp.allreduce"]
+    opts = policy.group_options("tp")
+    assert opts.codec.lossless and opts.backward_codec.codec_id == "int8"
+    assert opts.compress == ("allreduce",)
+
+
+def test_a_backward_codec_in_toml(tmp_path: Path) -> None:
+    (tmp_path / "dirs.toml").write_text(
+        '[tp.allreduce]\ncodec = "int8"\nbackward_codec = { id = "mx", element = "e2m1" }\n'
+    )
+    policy = load_policy(tmp_path / "dirs.toml")
+    assert policy.group_options("tp").backward_codec.get_config()["element"] == "e2m1"
+
+
 def test_without_state_makes_stateful_entries_exact() -> None:
     taco3d = named_policy("taco3d").fill(d_model=64)
     policy, changed = taco3d.without_state()
@@ -158,6 +213,21 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
         ({"tp": []}, "policy.tp must be a dict"),
         ({"tp": {"allreduce": "taco"}}, "policy.tp.allreduce must be a dict"),
         ({"tp": {"allreduce": {"codec": 3}}}, "is a codec name or config dict"),
+        ({"dp": {"reduce": {"backward_codec": "int8"}}},
+         r"policy.dp.reduce.backward_codec: only \('tp',\) entries"),
+        ({"pp": {"forward": {"backward_codec": "int8"}}}, "pp's backward is its own entry"),
+        ({"tp": {"allreduce": {"backward_codec": "tacco"}}},
+         "policy.tp.allreduce.backward_codec 'tacco': unknown compressor"),
+        ({"tp": {"allreduce": {"backward_codec": 3}}},
+         "policy.tp.allreduce.backward_codec is a codec name"),
+        ({"tp": {"allreduce": {"backward_codec": "taco", "schedule": "native"}}},
+         "'native' is exact, not backward_codec"),
+        ({"tp": {"allreduce": {"codec": "taco", "backward_codec": "int8", "state": "feedback"}}},
+         "backward_codec gives its calls two"),
+        ({"tp": {"allreduce": {"codec": "taco", "backward_codec": "int8"},
+                 "reduce_scatter": {"codec": "taco"}}}, "different codecs, backward codecs"),
+        ({"backend": "plain", "tp": {"allreduce": {"backward_codec": "taco"}}},
+         "compresses nothing"),
     ],
 )  # fmt: skip
 def test_bad_policies_name_what_is_wrong(spec: dict, match: str) -> None:

@@ -51,11 +51,83 @@ def test_default_options_are_exact_and_compress_reductions_only():
         ({"min_compress_bytes": 1.5}, ValueError),
         ({"compress": ("allreduce", "broadcast")}, ValueError),
         ({"device_backend": "mpi"}, ValueError),
+        ({"backward_compressor": "zstd"}, ValueError),
+        ({"backward_compressor": {"id": "mx", "element": "e9m9"}}, ValueError),
+        ({"backward_compressor": "taco", "algorithm": "native"}, ValueError),
     ],
 )
 def test_bad_options_are_refused(kwargs, error):
     with pytest.raises(error):
         CocclOptions(**kwargs)
+
+
+MXFP6 = {"id": "mx", "element": "e2m3"}
+NVFP4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
+
+
+def test_backward_compressor_is_the_compressor_unless_given():
+    opts = CocclOptions(compressor="taco")
+    assert opts.backward_codec is opts.codec
+    assert opts.compressor_for(True) == opts.compressor_for(False) == ("taco", opts.codec)
+    split = CocclOptions(compressor=MXFP6, backward_compressor=NVFP4)
+    assert split.compressor_for(False) == (MXFP6, split.codec)
+    assert split.compressor_for(True) == (NVFP4, split.backward_codec)
+    assert split.backward_codec.get_config() == {**NVFP4, "id": "mx"}
+    CocclOptions(algorithm="native", backward_compressor="identity")  # exact: allowed
+    with pytest.raises(ValueError, match="backward_compressor"):
+        CocclOptions(algorithm="native", backward_compressor=NVFP4)
+
+
+def test_in_backward_follows_autograds_pass():
+    """Where ``in_backward`` (a call's direction) is True: every piece of a backward
+    pass, the forward that activation checkpointing recomputes in it included (the
+    documented limit); not outside, nor in a thread a hook starts."""
+    import threading  # noqa: PLC0415
+
+    from torch.utils.checkpoint import checkpoint  # noqa: PLC0415
+
+    seen: list[tuple[str, bool]] = []
+
+    def note(where: str) -> None:
+        seen.append((where, coccl.torch.in_backward()))
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            note("forward")
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            note("backward")
+            return grad
+
+    def in_a_thread(grad):
+        thread = threading.Thread(target=note, args=("thread",))
+        thread.start()
+        thread.join()
+
+    def queue_callback(grad):
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: note("callback"))
+
+    note("outside")
+    x = torch.randn(3, requires_grad=True)
+    y = Probe.apply(x)
+    y.register_hook(lambda grad: note("tensor hook"))
+    y.register_hook(in_a_thread)
+    y.register_hook(queue_callback)
+    x.register_post_accumulate_grad_hook(lambda p: note("accumulate hook"))
+    y.sum().backward()
+    note("after")
+    x = torch.randn(3, requires_grad=True)  # no hook
+    torch.autograd.grad(Probe.apply(x).sum(), x, create_graph=True)
+    checkpoint(lambda t: Probe.apply(t).sin(), x, use_reentrant=False).sum().backward()
+    assert seen == [
+        ("outside", False), ("forward", False), ("tensor hook", True), ("thread", False),
+        ("backward", True), ("accumulate hook", True), ("callback", True), ("after", False),
+        ("forward", False), ("backward", True),  # autograd.grad, create_graph=True
+        ("forward", False), ("forward", True), ("backward", True),  # recomputed in backward
+    ]  # fmt: skip
 
 
 def test_options_take_codec_configs():

@@ -303,6 +303,19 @@ def test_stdlib_corpus_split_and_windows(tmp_path: Path) -> None:
     assert v is None or v.shape == (1, 2, 17)
 
 
+def test_the_shipped_tp_policy_is_the_frontiers_arm() -> None:
+    """``named_policy("tp_mx6_nv4")`` is what the TP convergence table measured as
+    ``fwd_mxfp6_bwd_nvfp4``: its codecs per direction and its schedule."""
+    from coccl.compressors import get_compressor  # noqa: PLC0415
+    from coccl.torch.policy import named_policy  # noqa: PLC0415
+
+    arm = load_example("tp_convergence_gpu").ARMS["fwd_mxfp6_bwd_nvfp4"]
+    shipped = named_policy("tp_mx6_nv4").traffic["tp"]["allreduce"]
+    assert get_compressor(arm.compressor).get_config() == shipped.codec
+    assert get_compressor(arm.backward).get_config() == shipped.backward_codec
+    assert arm.algorithm == shipped.schedule == "two_shot"
+
+
 def test_graph_and_eager_steps_agree_on_gpu(tmp_path: Path) -> None:
     """The experiment's captured training step computes what its eager step computes
     (a few steps of a small model at TP = 4, taco on virtual ranks)."""

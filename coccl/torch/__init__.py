@@ -20,6 +20,7 @@ from coccl.torch.backend import (  # noqa: E402  (after the version check)
     CocclWork,
     _reduce_op,  # noqa: F401  (the tests check the ReduceOp mapping)
     create_group,
+    in_backward,
     options,
     register_backend,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "create_group",
     "describe",
     "fsdp_comms",
+    "in_backward",
     "init_process_group",
     "load_policy",
     "named_policy",

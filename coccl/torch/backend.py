@@ -30,6 +30,24 @@ max) and the collectives not named take coccl's exact path (identity codec;
 PRODUCT, and PREMUL_SUM where torch exposes its factor (2.13); other ops (BAND...) and
 dtypes coccl does not carry (bool, complex) forward to the inner group.
 
+A codec per direction: ``backward_compressor`` carries the collectives issued while
+autograd runs a backward pass (``in_backward()``), ``compressor`` the others. Over
+DTensor's TP that puts the activations' AllReduces on one codec and the input
+gradients' on another (issue #33's MXFP6 forward, NVFP4 backward)::
+
+    mxfp6 = {"id": "mx", "element": "e2m3"}
+    nvfp4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
+    tp = dist.new_group(ranks, backend="coccl", pg_options=coccl.torch.CocclOptions(
+        compressor=mxfp6, backward_compressor=nvfp4, algorithm="two_shot"))
+
+Every rank of a group runs the same program, so every rank issues a call in the same
+direction. Ranks that do not are refused by coccl's agreement where every rank builds
+the call's plan (a ``CocclError`` naming both codecs, at once), and with
+``COCCL_CHECK_CALLS=1`` at every call. Unchecked, where some ranks hold their direction's
+plan from earlier calls, the mismatch fails in the transport instead: a ``CocclError`` at
+the group's timeout, or Gloo's own abort of a rank that receives a payload of another
+size.
+
 Under torchrun no MPI is initialized: coccl's bootstrap runs over torch's store and host
 bytes over Gloo (building a group imports nothing that initializes MPI).
 
@@ -55,13 +73,10 @@ method each.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -70,22 +85,25 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from coccl import CallHandle, algorithms
-from coccl.compressors import Compressor, get_compressor
 from coccl.config import settings
-from coccl.core.options import check_chunk_bytes
 from coccl.torch import alltoall, p2p
 from coccl.torch.forwarding import Forwarding
 from coccl.torch.forwarding import or_default as _or
 from coccl.torch.gloo_transport import GlooTransport, StoreBootstrap, as_timedelta
+from coccl.torch.group_options import (
+    COMPRESSIBLE,
+    DEFAULT_MIN_COMPRESS_BYTES,
+    CocclOptions,
+    effective,
+    in_backward,
+    options,
+)
 from coccl.torch.work import CocclWork, Steps
 
 log = logging.getLogger(__name__)
 
 BACKEND = "coccl"
 COLLECTIVES = algorithms.COLLECTIVES
-COMPRESSIBLE = (*COLLECTIVES, "alltoall")  # what CocclOptions.compress may name
-DEVICE_BACKENDS = ("auto", "nccl", "none")
-DEFAULT_MIN_COMPRESS_BYTES = 64 << 10
 P2P_WAITERS = 256  # point-to-point waits in flight at once (threads, started as needed)
 _CARRIED = p2p.CARRIED  # the collectives forward other dtypes to the inner group
 _EXACT_OPS = {
@@ -95,107 +113,6 @@ _EXACT_OPS = {
     dist.ReduceOp.MIN: "min",
     dist.ReduceOp.PRODUCT: "prod",
 }
-
-
-# ---------------------------------------------------------------------- options
-@dataclass(frozen=True)
-class CocclOptions:
-    """A coccl group's choices, given as ``pg_options`` to ``init_process_group`` /
-    ``new_group`` (or in ``init_device_mesh``'s ``backend_override``); ``options()``
-    overrides them for the calls inside a ``with`` block.
-
-    Attributes:
-        compressor: codec name or config dict (``"taco"``, ``{"id": "int8"}``...) for the
-            collectives in ``compress``. Default ``"identity"``: exact.
-        algorithm: ``"auto"``, ``"ring"``, ``"two_shot"`` or ``"native"``.
-        chunk_bytes: pipeline chunk size (None: coccl's sizing rules).
-        min_compress_bytes: messages (input bytes) smaller than this run exact, so a
-            loss-averaging AllReduce of a scalar or a metric is never quantized.
-        compress: which collectives use a lossy ``compressor`` (``"allreduce"``,
-            ``"reduce_scatter"``, ``"allgather"``, ``"alltoall"``); AllGather and all-to-all
-            are left out by default (gathering parameters lossily is rarely wanted).
-        device_backend: ``"auto"``: CUDA tensors travel over coccl's NCCL transport when
-            every rank has a GPU of its own; ``"nccl"``: require it; ``"none"``: CPU
-            tensors only (no NCCL communicator is created).
-        p2p_forward: codec of point-to-point messages to a higher group rank (a pipeline's
-            activations); the receiver of a message from a lower rank uses it too.
-        p2p_backward: codec of messages to a lower group rank (activation gradients).
-            Both exact by default; lossy ones apply as ``compressor`` does (floating
-            tensors of at least ``min_compress_bytes``; ``coccl.torch.p2p``).
-    """
-
-    compressor: str | dict = "identity"
-    algorithm: str = "auto"
-    chunk_bytes: int | None = None
-    min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
-    compress: tuple[str, ...] = ("allreduce", "reduce_scatter")
-    device_backend: str = "auto"
-    p2p_forward: str | dict = "identity"
-    p2p_backward: str | dict = "identity"
-
-    def __post_init__(self) -> None:
-        codec = get_compressor(self.compressor)  # ValueError for an unknown codec
-        algorithms.check_algorithm(self.algorithm)
-        if self.algorithm == "native" and not codec.lossless:
-            raise ValueError(f"algorithm 'native' takes compressor='identity', not {codec!r}")
-        check_chunk_bytes(self.chunk_bytes)
-        if isinstance(self.min_compress_bytes, bool) or not isinstance(
-            self.min_compress_bytes, int
-        ):
-            raise ValueError(f"min_compress_bytes must be an int, got {self.min_compress_bytes!r}")
-        object.__setattr__(self, "compress", tuple(self.compress))
-        unknown = [c for c in self.compress if c not in COMPRESSIBLE]
-        if unknown:
-            raise ValueError(f"compress names {unknown}; coccl's collectives are {COMPRESSIBLE}")
-        self.p2p_codecs  # noqa: B018  (ValueError for an unknown codec)
-        if self.device_backend not in DEVICE_BACKENDS:
-            raise ValueError(
-                f"device_backend must be one of {DEVICE_BACKENDS}, got {self.device_backend!r}"
-            )
-
-    @property
-    def _timeout(self) -> None:
-        """torch's own Options carry a timeout, which DeviceMesh reads from
-        ``backend_override``; a coccl group takes the timeout ``new_group`` is given."""
-        return None
-
-    @functools.cached_property
-    def codec(self) -> Compressor:
-        """The group's codec object."""
-        return get_compressor(self.compressor)
-
-    @functools.cached_property
-    def p2p_codecs(self) -> tuple[Compressor, Compressor]:
-        """The point-to-point codec objects: (forward, backward)."""
-        return get_compressor(self.p2p_forward), get_compressor(self.p2p_backward)
-
-
-# (group or None for every coccl group, field changes), innermost last. Process-wide, not
-# per thread or context: autograd runs CUDA backward passes on threads of its own.
-_OVERRIDES: list[tuple[Any, dict[str, Any]]] = []
-
-
-@contextlib.contextmanager
-def options(group: Any = None, **changes: Any) -> Iterator[None]:
-    """Override a coccl group's options for the calls made inside the block.
-
-    Collective like the calls themselves: every rank must make the same overrides.
-
-    Args:
-        group: the coccl group to override (``None``: every coccl group).
-        **changes: ``CocclOptions`` fields, e.g. ``compressor="identity"``.
-
-    Example:
-        >>> with coccl.torch.options(tp_group, compressor="int8", algorithm="ring"):
-        ...     dist.all_reduce(x, group=tp_group)
-    """
-    dataclasses.replace(CocclOptions(), **changes)  # validates names and values now
-    entry = (group, changes)
-    _OVERRIDES.append(entry)
-    try:
-        yield
-    finally:
-        _OVERRIDES.remove(entry)
 
 
 # ------------------------------------------------------------------ the group
@@ -395,19 +312,23 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
             )
 
     def call_arguments(
-        self, collective: str, x: torch.Tensor, op: str = "sum"
+        self, collective: str, x: torch.Tensor, op: str = "sum", backward: bool | None = None
     ) -> tuple[str, dict[str, Any]]:
         """What this group passes to its Communicator for ``collective`` of ``x`` with the
         options in force: ``(path, keyword arguments)``, path ``"compressed"`` or
-        ``"exact"`` (``coccl.torch.describe`` shows the plan)."""
+        ``"exact"`` (``coccl.torch.describe`` shows the plan). ``backward``: the
+        direction (``backward_compressor`` or ``compressor``); None: ``in_backward()``."""
         opts = self._effective()
-        lossy = not opts.codec.lossless
+        if backward is None:
+            backward = in_backward()
+        codec_arg, codec = opts.compressor_for(backward)
+        lossy = not codec.lossless
         if lossy and not (
             collective in opts.compress and compressible(x, op, opts.min_compress_bytes)
         ):
             algorithm, compressor, path = "auto", "identity", "exact"
         else:
-            algorithm, compressor = opts.algorithm, opts.compressor
+            algorithm, compressor = opts.algorithm, codec_arg
             path = "compressed" if lossy else "exact"
         if collective == "alltoall":  # one schedule: the direct exchange
             algorithm = "auto"
@@ -420,11 +341,7 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
 
     def _effective(self) -> CocclOptions:
         """The group's options with the ``options()`` overrides in force for it."""
-        opts = self._options
-        for group, changes in _OVERRIDES:
-            if group is None or group is self:
-                opts = dataclasses.replace(opts, **changes)
-        return opts
+        return effective(self._options, self)
 
     def alltoall_base(
         self,
@@ -551,10 +468,13 @@ register_backend()
 
 __all__ = [
     "BACKEND",
+    "COMPRESSIBLE",
+    "DEFAULT_MIN_COMPRESS_BYTES",
     "CocclOptions",
     "CocclProcessGroup",
     "CocclWork",
     "create_group",
+    "in_backward",
     "options",
     "register_backend",
 ]

@@ -48,7 +48,11 @@ def stats(group: Any = None) -> dict[str, int]:
 
 
 def describe(
-    group: Any, collective: str, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM
+    group: Any,
+    collective: str,
+    tensor: torch.Tensor,
+    op: Any = dist.ReduceOp.SUM,
+    backward: bool | None = None,
 ) -> dict[str, Any]:
     """What ``collective`` of ``tensor`` on a coccl group runs now (with the
     ``coccl.torch.options`` overrides in force), without moving a byte: the
@@ -60,11 +64,14 @@ def describe(
             ``"all_gather_into_tensor"`` (or coccl's names).
         tensor: the call's input.
         op: a ``ReduceOp`` or coccl's name of one.
+        backward: the call's direction: ``True`` as if issued in autograd's backward
+            pass (``CocclOptions.backward_compressor``), ``False`` outside it; None: where
+            ``describe`` is called (``coccl.torch.in_backward()``).
     """
     pg = coccl_group(group)
     name = TORCH_NAMES.get(collective)
     if name is None:
         raise ValueError(f"a coccl group runs {sorted(TORCH_NAMES)}, not {collective!r}")
-    path, kwargs = pg.call_arguments(name, tensor, check_op(op))
+    path, kwargs = pg.call_arguments(name, tensor, check_op(op), backward)
     x = tensor if tensor.is_contiguous() else tensor.contiguous()
     return {"path": path, **pg.comm.describe(name, x, **kwargs)}

@@ -2,7 +2,8 @@
 
 One range, stated here and in pyproject.toml's ``torch`` extra and the README: the
 backend relies on torch internals (a Python ``ProcessGroup`` subclass, ``dist._Work``,
-``Backend.register_backend(..., extended_api=True)``, 2.13's ``_single`` collectives)
+``Backend.register_backend(..., extended_api=True)``, 2.13's ``_single`` collectives,
+``torch._C._current_graph_task_id`` for a collective's direction)
 that older and newer versions may lack or change.
 """
 

@@ -9,10 +9,12 @@ the order the cases first ask for them, the same on every rank (creation is coll
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import zlib
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import pytest
@@ -545,6 +547,167 @@ def test_parallelize_module_matches_gloo(device):
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     for p, q in zip(params, params_ref, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------- a codec per direction
+MXFP6 = {"id": "mx", "element": "e2m3"}  # issue #33's TP recipe: forward ...
+NVFP4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}  # ... and backward
+
+
+def split_group() -> dist.ProcessGroup:
+    """MXFP6 on the forward pass's AllReduces, NVFP4 on the backward's, whatever size."""
+    return group(compressor=MXFP6, backward_compressor=NVFP4, algorithm="two_shot",
+                 min_compress_bytes=0)  # fmt: skip
+
+
+def reduced(g, parts: list[torch.Tensor], codec: Any) -> torch.Tensor:
+    """``parts``' two-shot AllReduce with ``codec``: the group's Communicator called
+    directly (collective). Not ``simulate_allreduce``: NVFP4's per-payload scale spans
+    what one payload holds, a shard's chunk on a rank, several shards in the simulation."""
+    return g.comm.allreduce(parts[dist.get_rank()].clone(), algorithm="two_shot",
+                            compressor=codec)  # fmt: skip
+
+
+class AllReduceBothWays(torch.autograd.Function):
+    """All-reduces its input in the forward pass and its gradient in the backward, over
+    ``g``; notes every result in ``seen``."""
+
+    @staticmethod
+    def forward(ctx, x, g, seen):
+        ctx.g, ctx.seen = g, seen
+        out = x.clone()
+        dist.all_reduce(out, group=g)
+        seen.append(out.detach().clone())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.g)
+        ctx.seen.append(grad.clone())
+        return grad, None, None
+
+
+def both_ways(g, x: torch.Tensor, grad: torch.Tensor) -> list[torch.Tensor]:
+    """``[forward result, backward result]`` of one pass through ``AllReduceBothWays``."""
+    seen: list[torch.Tensor] = []
+    AllReduceBothWays.apply(x.clone().requires_grad_(), g, seen).backward(grad)
+    return seen
+
+
+def test_each_direction_takes_its_codec(device):
+    """The forward AllReduce is the group's MXFP6 one, the backward its NVFP4 one,
+    bitwise; NVFP4's error is the larger (against the float64 sum)."""
+    g, rank = split_group(), dist.get_rank()
+    xs = everyone(seed_of("direction", "x"), 3001, torch.float32, device)
+    grads = everyone(seed_of("direction", "grad"), 3001, torch.float32, device)
+    forward, backward = both_ways(g, xs[rank], grads[rank])
+    assert torch.equal(forward, reduced(g, xs, MXFP6))
+    assert torch.equal(backward, reduced(g, grads, NVFP4))
+    ref = exact_sum(grads)  # NVFP4's 4-bit elements lose more than MXFP6's 6-bit ones
+    assert rel_l2(backward, ref) > 2 * rel_l2(reduced(g, grads, MXFP6), ref)
+    assert not torch.equal(forward, reduced(g, xs, NVFP4))
+    big = torch.ones(1 << 12, device=device)
+    assert coccl.torch.describe(g, "all_reduce", big)["compressor"]["element"] == "e2m3"
+    assert coccl.torch.describe(g, "all_reduce", big, backward=True)["compressor"]["block"] == 16
+
+
+def test_options_override_per_direction(device):
+    """An override of ``compressor`` alone sets both directions; ``backward_compressor``
+    one; ``backward_compressor=None`` the forward's codec in the backward pass."""
+    g, rank = split_group(), dist.get_rank()
+    xs = everyone(seed_of("override-dir", "x"), 1500, torch.float32, device)
+    grads = everyone(seed_of("override-dir", "grad"), 1500, torch.float32, device)
+    with coccl.torch.options(g, compressor="int8"):
+        seen = both_ways(g, xs[rank], grads[rank])
+    assert torch.equal(seen[0], reduced(g, xs, "int8"))
+    assert torch.equal(seen[1], reduced(g, grads, "int8"))
+    with coccl.torch.options(g, backward_compressor="int8"):
+        seen = both_ways(g, xs[rank], grads[rank])
+    assert torch.equal(seen[0], reduced(g, xs, MXFP6))
+    assert torch.equal(seen[1], reduced(g, grads, "int8"))
+    with coccl.torch.options(g, backward_compressor=None):
+        seen = both_ways(g, xs[rank], grads[rank])
+    assert torch.equal(seen[1], reduced(g, grads, MXFP6))
+
+
+def test_checkpoint_recomputes_with_the_backward_codec_unless_told(device):
+    """Activation checkpointing recomputes the forward in the backward pass, so with the
+    backward codec; ``coccl.torch.in_backward``'s recipe (a recompute context that sets
+    ``backward_compressor=None``) recomputes what the forward computed."""
+    from torch.utils.checkpoint import checkpoint, noop_context_fn  # noqa: PLC0415
+
+    g, rank = split_group(), dist.get_rank()
+    xs = everyone(seed_of("checkpoint"), 1500, torch.float32, device)
+    forward, backward = reduced(g, xs, MXFP6), reduced(g, xs, NVFP4)
+
+    def recipe():
+        return contextlib.nullcontext(), coccl.torch.options(g, backward_compressor=None)
+
+    def block(t: torch.Tensor, seen: list[torch.Tensor]) -> torch.Tensor:
+        return AllReduceBothWays.apply(t, g, seen).sin()  # sin keeps the sum for backward
+
+    for context_fn, recomputed in ((noop_context_fn, backward), (recipe, forward)):
+        seen: list[torch.Tensor] = []
+        x = xs[rank].clone().requires_grad_()
+        y = checkpoint(block, x, seen, use_reentrant=False, context_fn=context_fn)
+        y.backward(torch.zeros_like(y))
+        assert torch.equal(seen[0], forward) and torch.equal(seen[1], recomputed)
+
+
+def test_ranks_in_different_directions_are_refused(device):
+    """Rank 0 all-reduces in a backward pass (a gradient hook), the others outside one:
+    the call's agreement (every rank builds a plan: a count no other call has) refuses
+    it on every rank at once, naming both codecs."""
+    g, rank = split_group(), dist.get_rank()
+    x = torch.ones(1234, device=device)
+    with pytest.raises(coccl.CocclError, match="do not make the same allreduce") as err:
+        if rank == 0:
+            y = x.clone().requires_grad_()
+            z = y * 1
+            z.register_hook(lambda grad: dist.all_reduce(grad.clone(), group=g))
+            z.sum().backward()
+        else:
+            dist.all_reduce(x.clone(), group=g)
+    assert "e2m1" in str(err.value) and "e2m3" in str(err.value)
+
+
+def test_dtensor_tp_takes_each_directions_codec(device):
+    """DTensor's TP over the split group: its forward (the row-parallel output's
+    AllReduce) and backward (the column-parallel input gradient's) are bitwise those of
+    an MXFP6 group whose ``backward()`` runs in an NVFP4 override; the backward differs
+    from the MXFP6 group's own."""
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    def step(mesh, backward_override=None) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)
+        ).to(device)
+        model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        x = torch.randn(64, 32, generator=torch.Generator().manual_seed(1)).to(device)
+        x.requires_grad_()
+        out = model(x)
+        with backward_override or contextlib.nullcontext():
+            out.pow(2).mean().backward()
+        grads = [p.grad.to_local() for p in model.parameters()]
+        return [out.detach(), x.grad, *grads]
+
+    mxfp6 = group(compressor=MXFP6, algorithm="two_shot", min_compress_bytes=0)
+    # DTensor caches its sharding decisions by mesh, and meshes of the same ranks
+    # compare equal unless their dimension names differ
+    split = step(DeviceMesh.from_group(split_group(), device.type, mesh_dim_names=("split",)))
+    mesh = DeviceMesh.from_group(mxfp6, device.type, mesh_dim_names=("mxfp6",))
+    want = step(mesh, coccl.torch.options(mxfp6, compressor=NVFP4))
+    assert all(torch.equal(a, b) for a, b in zip(split, want, strict=True))
+    one_codec = step(mesh)
+    assert torch.equal(split[0], one_codec[0])  # the same forward
+    assert not torch.equal(split[1], one_codec[1])  # another backward AllReduce
 
 
 # ------------------------------------------- what torch's own backends accept
