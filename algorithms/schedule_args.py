@@ -33,6 +33,14 @@ def aligned_shards(count: int, size: int, align: int) -> list[Span]:
     return [(min(k * per, count), min((k + 1) * per, count)) for k in range(size)]
 
 
+def chunk_elems(chunk_bytes: int, itemsize: int, alignment: int) -> int:
+    """Elements per chunk: ``chunk_bytes`` of input, a multiple of the codec's alignment
+    (its group size), so that chunking never changes which elements share a group. The
+    one rule: the planner sizes every call with it, and the virtual-rank simulator cuts a
+    payload-scoped codec's payloads with it."""
+    return max(alignment, (chunk_bytes // itemsize) // alignment * alignment)
+
+
 def even_shards(n: int, size: int) -> list[Span]:
     """NCCL's ReduceScatter/AllGather layout: shard ``k`` is ``[k*n, (k+1)*n)``."""
     return [(k * n, (k + 1) * n) for k in range(size)]

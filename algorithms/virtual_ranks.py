@@ -25,27 +25,44 @@ codec's alignment, its group size; shard ``k`` is owned by rank ``k``):
 The identity codec's "encode" of an accumulator is the rounding to the data's dtype (a
 ring of 16-bit data rounds every partial sum), its decode the exact widening.
 
-**Chunks do not change the result.** Every step above is elementwise (widening,
-additions in a fixed order, the one division, the final rounding) or acts on whole codec
-groups, each on its own. The pipeline cuts each shard into chunks of ``chunk_elems``
-elements, a multiple of ``G``, starting at the shard's start, itself a multiple of ``G``:
+**Chunks do not change the result, for a codec that is not payload-scoped.** Every
+step above is elementwise (widening, additions in a fixed order, the one division, the
+final rounding) or acts on codec groups. The pipeline cuts each shard into chunks of
+``chunk_elems`` elements (``schedule_args.chunk_elems`` of the call's ``chunk_bytes``, the
+planner's rule), a multiple of ``G``, from the shard's start, itself a multiple of ``G``:
 so every chunk is a run of whole groups, except where the shard ends, whose last group
-the codec zero-pads exactly as it would in one unchunked payload. The same groups see the
-same values, so ``chunk_bytes`` is accepted, checked, and has no effect here (the tests
-compare against real runs with several chunk sizes).
+the codec zero-pads exactly as it would in one unchunked payload. A codec whose every
+group is encoded from its own values alone (``payload_scoped`` False: identity, int8,
+taco, taco_fp, int with nearest rounding, mx with E8M0 scales) sees the same groups with
+the same values, so ``chunk_bytes`` is checked and has no effect for it.
 
-**Vectorized over ranks and shards.** The n contributions are laid out as one
-``(n ranks, n shards, per)`` array (``per`` the shard stride, a multiple of ``G``; the
-positions past ``count`` are zero), so that one codec launch encodes or decodes a whole
-step of every shard at once: a payload of several shards decodes to the same values as
-one payload per shard, since groups never straddle shards. Positions past ``count``
-stand for the zero padding of the real last group: accumulators are reset to zero there
-before every encode. One simulated AllReduce is about ``2 n + 3`` array operations for
-``two_shot`` (one encode and one decode of all n contributions, then ``2 (n - 1)``
-additions in each owner's order) and 3 to 5 per hop for ``ring`` (on the GPU without
-padding, a gather and the codec's fused ``reduce_encode_kernel``; otherwise a widening,
-a decode-accumulate and an encode), each over at most ``n * count`` elements: no
-per-shard or per-pair Python loop.
+A **payload-scoped** codec (``Compressor.payload_scoped``: NVFP4, mx with
+``scale="e4m3"``, whose float32 scale ``S`` comes from the largest block of the whole
+payload; tah, which codes a share of each payload's tokens at fewer bits) depends on the
+cut. For it the simulation encodes exactly the payloads a real rank does, one at a time
+over the unpadded spans: two_shot one per (rank, shard, chunk) and one per (shard, chunk)
+for the owner's final encode, ring one per (shard, chunk) per hop; an empty shard has no
+payload (a real rank sends nothing for it); one rank encodes its whole array as one
+payload whatever the chunk (as a real one-rank call does). A real call without
+``chunk_bytes`` sizes its chunk by route (host, staged MPI, NCCL: ``communicator.sizing``),
+which a simulation cannot know, so on more than one rank ``chunk_bytes`` is required
+(ValueError otherwise), and the result is bitwise a real call given the same
+``chunk_bytes``. This path is slower: about ``n * n * chunks`` codec launches from a
+Python loop. A stochastic codec is refused: a real call salts its random streams with
+its rank, call number and encode order.
+
+**Vectorized over ranks and shards (codecs that are not payload-scoped).** The n
+contributions are laid out as one ``(n ranks, n shards, per)`` array (``per`` the shard
+stride, a multiple of ``G``; the positions past ``count`` are zero), so that one codec
+launch encodes or decodes a whole step of every shard at once: a payload of several
+shards decodes to the same values as one payload per shard, since groups never straddle
+shards and each is encoded alone. Positions past ``count`` stand for the zero padding of
+the real last group: accumulators are reset to zero there before every encode. One
+simulated AllReduce is about ``2 n + 3`` array operations for ``two_shot`` (one encode and
+one decode of all n contributions, then ``2 (n - 1)`` additions in each owner's order) and
+3 to 5 per hop for ``ring`` (on the GPU without padding, a gather and the codec's fused
+``reduce_encode_kernel``; otherwise a widening, a decode-accumulate and an encode), each
+over at most ``n * count`` elements: no per-shard or per-pair Python loop.
 """
 
 from __future__ import annotations
@@ -56,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.algorithms.schedule_args import aligned_shards
+from coccl.algorithms.schedule_args import aligned_shards, chunk_elems
 from coccl.compressors import Compressor, get_compressor, require_graph_safe
 from coccl.core.arrays import Flat, accumulate_dtype, as_flat
 from coccl.core.options import check_chunk_bytes
@@ -87,8 +104,11 @@ def simulate_allreduce(
         algorithm: ``"ring"`` or ``"two_shot"``.
         compressor: a codec name, config dict or Compressor (every codec and option).
         op: ``"sum"`` or ``"avg"``.
-        chunk_bytes: the real call's pipeline chunk; checked, and without effect on the
-            result (see the module docstring).
+        chunk_bytes: the real call's pipeline chunk. Without effect on the result for
+            a codec that is not ``payload_scoped``; for one that is (NVFP4, tah), required
+            on more than one rank, and the simulation equals a real call given the same
+            ``chunk_bytes`` (a real call without one sizes its chunk by route: host,
+            staged MPI or NCCL, which the simulation cannot know).
 
     Returns:
         A new array of the partials' kind, device, dtype and (per-rank) shape. Device
@@ -96,8 +116,10 @@ def simulate_allreduce(
 
     Raises:
         ValueError: an algorithm or op that cannot be simulated, no partials, partials of
-            different shapes or devices, or a bad ``chunk_bytes``. TypeError: a dtype the
-            codec refuses, or partials of different dtypes or kinds.
+            different shapes or devices, a bad ``chunk_bytes``, none for a
+            ``payload_scoped`` codec on more than one rank, or a ``stochastic`` codec
+            (a real call's salts depend on its call number). TypeError: a dtype the codec
+            refuses, or partials of different dtypes or kinds.
             GraphCaptureError: the current stream is capturing a CUDA graph and the codec
             is not ``graph_safe``.
     """
@@ -110,9 +132,21 @@ def simulate_allreduce(
         raise ValueError(f"simulate_allreduce takes op 'sum' or 'avg', not {op!r}")
     check_chunk_bytes(chunk_bytes)
     codec = get_compressor(compressor)
+    if codec.stochastic:
+        raise ValueError(
+            f"simulate_allreduce cannot reproduce the stochastic codec {codec!r}: a real "
+            "call's random streams are salted by its rank, call number and encode order"
+        )
     is_list = isinstance(partials, (list, tuple))
     if is_list and not partials:
         raise ValueError("partials holds no contribution (n must be at least 1)")
+    if codec.payload_scoped and chunk_bytes is None and _rank_count(partials) > 1:
+        raise ValueError(
+            f"simulate_allreduce of the payload-scoped codec {codec!r} needs chunk_bytes: "
+            "its groups depend on where payloads are cut, and a real call without "
+            "chunk_bytes cuts by route (host, staged MPI, NCCL), which a simulation cannot "
+            "know; pass chunk_bytes here and the same chunk_bytes to the real allreduce"
+        )
     with _on_current_stream(partials[0] if is_list else partials):
         first = _first(partials)
         codec.check_dtype(first.dtype)
@@ -121,11 +155,25 @@ def simulate_allreduce(
             require_graph_safe(codec, "simulate_allreduce")
         ranks, _owner = _stack(partials, first)  # _owner keeps a copy's memory alive
         data, obj = first.new(first.shape)
-        _simulate(ranks, data, codec, np.dtype(first.dtype), algorithm, op, first.new)
+        dtype = np.dtype(first.dtype)
+        if codec.payload_scoped:
+            # the real cut (planner: chunk_elems of the call's chunk_bytes); None: one rank
+            chunk = chunk_bytes and chunk_elems(chunk_bytes, dtype.itemsize, codec.alignment)
+            _simulate_payloads(ranks, data, codec, dtype, algorithm, op, first.new, chunk)
+        else:
+            _simulate(ranks, data, codec, dtype, algorithm, op, first.new)
     return obj
 
 
 # --------------------------------------------------------------------------- inputs
+def _rank_count(partials: Sequence[Any] | Any) -> int:
+    """n, read without touching any data: the list's length or the first dimension."""
+    if isinstance(partials, (list, tuple)):
+        return len(partials)
+    shape = getattr(partials, "shape", None)
+    return int(shape[0]) if shape else 0
+
+
 def _first(partials: Sequence[Any] | Any) -> Flat:
     """Rank 0's contribution as a Flat (its kind, device, dtype and shape make the
     result), after checking that the others match it."""
@@ -386,6 +434,72 @@ class _Simulation:
         self.load(0)
         self.add_decoded(received)
         self.finish(op, out, spare)
+
+
+# ------------------------------------------------------------ payload-scoped codecs
+def _simulate_payloads(
+    ranks: Any,
+    out: Any,
+    codec: Compressor,
+    dtype: np.dtype,
+    algorithm: str,
+    op: str,
+    new: Any,
+    chunk: int | None,
+) -> None:
+    """``_simulate`` for a ``payload_scoped`` codec: exactly the payloads a real rank
+    encodes, one at a time, over the real (unpadded) spans: per chunk of
+    ``aligned_shards``' shard ``k`` (``ScheduleArgs.chunk``: runs of ``chunk`` elements
+    from the shard's start, the last one short), two_shot encodes every other rank's data
+    once, ring one partial sum per hop, and the owner its reduced chunk; an empty shard is
+    skipped (a real rank sends nothing for it); one rank encodes its whole array as one
+    payload whatever the chunk (``ring._local``). About ``n * n * chunks`` codec launches."""
+    n, count = ranks.shape
+    if count == 0:
+        return
+    acc_dtype = accumulate_dtype(dtype)
+    owners: list[Any] = []
+
+    def array(size: int, dt: Any) -> Any:
+        data, obj = new((size,), dt)
+        owners.append(obj)
+        return data.reshape(size)
+
+    pieces = [(0, 0, count)]  # (shard, start, stop) of every payload of a step
+    if n > 1:
+        step = chunk or count  # chunk: given on more than one rank (simulate_allreduce)
+        shards = aligned_shards(count, n, codec.alignment)
+        pieces = [
+            (k, a, min(a + step, b)) for k, (s, b) in enumerate(shards) for a in range(s, b, step)
+        ]
+    longest = max(b - a for _k, a, b in pieces)
+    acc_buf = array(longest, acc_dtype)
+    nbytes = codec.encoded_nbytes(longest, dtype)
+    payload_buf, spare_buf = array(nbytes, np.uint8), array(nbytes, np.uint8)
+    for k, a, b in pieces:
+        size, acc = b - a, acc_buf[: b - a]
+        payload = payload_buf[: codec.encoded_nbytes(size, dtype)]
+        spare = spare_buf[: payload.size]
+        if n == 1:
+            acc[...] = ranks[0, a:b]
+        elif algorithm == "two_shot":  # own data, then every other rank in rank order
+            acc[...] = ranks[k, a:b]
+            for j in range(n):
+                if j != k:
+                    codec.encode_into(ranks[j, a:b], payload, dtype)
+                    codec.decode_into(payload, acc, dtype, True)
+        else:  # ring: ranks k+1 .. k-1 each add and re-encode; the owner adds last
+            codec.encode_into(ranks[(k + 1) % n, a:b], payload, dtype)
+            for t in range(2, n):
+                acc[...] = ranks[(k + t) % n, a:b]
+                codec.decode_into(payload, acc, dtype, True)
+                codec.encode_into(acc, spare, dtype)
+                payload, spare = spare, payload
+            acc[...] = ranks[k, a:b]
+            codec.decode_into(payload, acc, dtype, True)
+        finalize(acc, op, n)
+        codec.encode_into(acc, payload, dtype)
+        codec.decode_into(payload, out[a:b], dtype, False)
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 
 import coccl
+from coccl.algorithms.schedule_args import chunk_elems
 from coccl.communicator.overlap import WireOnlyCodec
-from coccl.communicator.sizing import chunk_elems, p2p_chunk_bytes
+from coccl.communicator.sizing import p2p_chunk_bytes
 
 from . import bounds, launch, timing
 from .cli import command, datatype, parse_size

@@ -13,6 +13,16 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
   before a byte moves. ``lossless`` says whether decode(encode(x)) == x.
 * ``alignment`` is the element multiple that chunk boundaries should fall on (the group
   size), so that chunking never changes which elements share a group.
+* ``payload_scoped`` says whether a group's encoding depends on the rest of its payload
+  (other groups' values, or its position in the payload): then where the payloads are cut
+  changes the result, and chunks of a message, or one payload per shard against one for
+  several shards, decode to different values. False (the default) promises that every
+  group of ``alignment`` elements is encoded from its own values alone (the last one
+  zero-padded), so any cut on multiples of ``alignment`` decodes alike. True for mx with
+  ``scale="e4m3"`` (one float32 scale ``S`` per payload, from the payload's largest
+  block), tah (a payload's lowest-entropy share of tokens is coded at fewer bits) and int
+  with ``rounding="stochastic"`` (the random stream is indexed by the element's position
+  in the payload). An instance property where it depends on the options.
 * ``encoded_nbytes(count, dtype)`` is the exact payload size, known before encoding, so
   buffers can be preallocated.
 * ``encode(x, out=None, *, dtype=None, salt=0)`` returns the payload on ``x``'s device.
@@ -78,6 +88,9 @@ class Compressor(abc.ABC):
     # graph may capture them.
     graph_safe: ClassVar[bool] = True
     stochastic: bool = False  # draws random bits: encode_into then takes a salt keyword
+    # A group's encoding depends on the rest of its payload: where payloads are cut
+    # changes the result (the module docstring lists who).
+    payload_scoped: bool = False
     rel_error_bound: float = 0.0
     rel_error_typical: float = 0.0
     abs_error_floor: float = 0.0

@@ -128,6 +128,7 @@ class IntCompressor(Compressor):
 
     codec_id = "int"
     stochastic = False  # per instance: True with rounding="stochastic"
+    payload_scoped = False  # per instance: as stochastic
 
     def __init__(
         self,
@@ -152,6 +153,8 @@ class IntCompressor(Compressor):
         self.rounding = _check_choice(rounding, "rounding", ROUNDINGS)
         self.seed = _check_u64(seed, "seed")
         self.stochastic = self.rounding == "stochastic"  # type: ignore[misc]
+        # the random stream is indexed by the element's position in the payload
+        self.payload_scoped = self.stochastic  # type: ignore[misc]
         # bits=8 without rotation or randomness is int8: its kernels, its bytes.
         self._int8 = self.bits == 8 and not h and not self.stochastic
 

@@ -106,6 +106,13 @@ class MxCompressor(Compressor):
         return self.block
 
     @property
+    def payload_scoped(self) -> bool:  # type: ignore[override]
+        """With ``scale="e4m3"`` a block's scale is relative to the payload's float32
+        ``S``, from the largest block of the whole payload: where payloads are cut changes
+        the result. E8M0 scales are per block alone."""
+        return self.scale == "e4m3"
+
+    @property
     def rel_error_bound(self) -> float:  # type: ignore[override]
         """Worst-case relative L2 error of one block's roundtrip.
 

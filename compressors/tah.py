@@ -82,6 +82,8 @@ class TahCompressor(Compressor):
     """
 
     codec_id = "tah"
+    # the low tokens are a share of each payload's full tokens, ranked within the payload
+    payload_scoped = True
     abs_error_floor = LOSSY_ABS_ERROR_FLOOR
 
     def __init__(

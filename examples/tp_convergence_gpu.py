@@ -36,7 +36,10 @@ paired delta and its interval, whether it meets the target; ``tp_frontier.py``),
 TP ranks are virtual
 (``coccl.tensor_parallel.VirtualTPGroup``): one process holds every rank's shards, computes
 every rank's partial products with the calls a real rank makes, and sums them with
-``coccl.virtual_ranks.simulate_allreduce``, bitwise a real coccl AllReduce (tests/). So a
+``coccl.virtual_ranks.simulate_allreduce``, bitwise a real coccl AllReduce (tests/; for
+NVFP4, whose float32 scale is per payload, a real group with one chunk per shard: the
+``VirtualTPGroup`` default; runs recorded before that fix put every rank's shards of an
+AllReduce in one payload, one scale across the group). So a
 run is one process on one GPU, and many run side by side. Arms that share a seed share
 the initial weights and the data order: deltas are paired by seed
 (``convergence_stats.py`` says how).

@@ -60,9 +60,12 @@ Each run's JSON lands in ``--work-dir`` as it finishes, and the report (``--out`
 the runs so far and ``incomplete``) is rewritten every 30 s and at the end; at
 ``--time-limit-s`` the workers stop at a checkpoint, and the same command resumes.
 
-Not bitwise a real run: ``tp_tah``. tah picks the lowest-entropy share of each payload's
-tokens, and ``simulate_allreduce`` encodes every rank's shards in one payload (bitwise for
-per-group codecs only), so that arm's token choice spans the group's shards.
+Payload-scoped codecs (tah's lowest-entropy share of each payload's tokens, NVFP4's
+per-payload scale) depend on where payloads are cut: ``VirtualTPGroup`` simulates one
+payload per (rank, shard), a real group whose each shard is one chunk (its docstring
+says which real calls cut so). Runs recorded before that fix encoded every rank's shards
+of a step in one payload (one token choice, one NVFP4 scale across the group's shards):
+not bitwise a real run.
 """
 
 from __future__ import annotations
@@ -344,8 +347,8 @@ def collect(
         "stand_ins": args.stand_ins,
         "arms": {a: asdict(make_arm(a, setup.d_model, args.dp_reduce, args.stand_ins))
                  for a in arms},
-        "not_bitwise_real": {"tp_tah": "simulate_allreduce encodes all shards in one payload; "
-                             "tah's token choice is per payload"},
+        "payload_scoped_tp": "one payload per (rank, shard): a real group with one chunk "
+                             "per shard (VirtualTPGroup)",
         "tps": [TP],
         "seeds": seeds,
         "mps": mps,

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from coccl.algorithms.schedule_args import aligned_shards
+from coccl.algorithms.schedule_args import aligned_shards, chunk_elems
 from coccl.compressors import Compressor, get_compressor
 from coccl.core.arrays import accumulate_dtype
 from coccl.virtual_ranks import simulate_allreduce
@@ -30,12 +30,29 @@ CODECS = [
     {"id": "taco", "fp8_format": "e5m2", "group_size": 32},
 ]
 ALGORITHMS = ["ring", "two_shot"]
+NVFP4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
+MXFP6 = {"id": "mx", "element": "e2m3"}
+SMALL_TAH = {"id": "tah", "row": 64, "tile": 32}  # tokens of 64: several per chunk
+# codec -> payload_scoped: a group's encoding depends on the rest of its payload
+PAYLOAD_SCOPED = [
+    ("identity", False),
+    ("int8", False),
+    ("taco", False),
+    ({"id": "taco_fp", "element": "e2m1"}, False),
+    (MXFP6, False),
+    ({"id": "mx", "element": "e2m1", "block": 32, "scale": "e8m0"}, False),
+    ({"id": "int", "bits": 4, "hadamard": 32}, False),
+    (NVFP4, True),
+    ({"id": "mx", "element": "e3m2", "block": 32, "scale": "e4m3"}, True),
+    (SMALL_TAH, True),
+    ({"id": "int", "bits": 4, "rounding": "stochastic", "seed": 3}, True),
+]
 
 
 def codec_id(spec: str | dict) -> str:
     if isinstance(spec, str):
         return spec
-    return "taco:" + ",".join(f"{k}={v}" for k, v in spec.items() if k != "id")
+    return spec["id"] + ":" + ",".join(f"{k}={v}" for k, v in spec.items() if k != "id")
 
 
 def counts(n: int) -> list[int]:
@@ -52,8 +69,12 @@ def partials(seed: int, n: int, count: int, dtype: np.dtype) -> list[np.ndarray]
 
 
 # ------------------------------------------------------------------------ reference
-def reference(parts: list[np.ndarray], algorithm: str, codec: Compressor, op: str) -> np.ndarray:
-    """The AllReduce as a rank computes it, one shard and one rank at a time."""
+def reference(
+    parts: list[np.ndarray], algorithm: str, codec: Compressor, op: str, chunk: int | None = None
+) -> np.ndarray:
+    """The AllReduce as a rank computes it, one shard and one rank at a time; with
+    ``chunk`` (elements), one chunk of a shard at a time, each its own payloads, as the
+    real pipeline cuts it (one rank: one payload, whatever the chunk)."""
     n, count, dtype = len(parts), parts[0].size, parts[0].dtype
     acc_dtype = accumulate_dtype(dtype)
     out = np.empty(count, dtype)
@@ -64,25 +85,28 @@ def reference(parts: list[np.ndarray], algorithm: str, codec: Compressor, op: st
         codec.decode(codec.encode(values, dtype=dtype), got, count=values.size, dtype=dtype)
         return got
 
-    for k, (a, b) in enumerate(aligned_shards(count, n, codec.alignment)):
-        if b == a:
-            continue
-        own = parts[k][a:b].astype(acc_dtype)
-        if n == 1:
-            acc = own
-        elif algorithm == "two_shot":  # own data, then every other rank in rank order
-            acc = own
-            for j in range(n):
-                if j != k:
-                    acc = acc + quantized(parts[j][a:b])
-        else:  # ring: ranks k+1, ..., k-1 each add and re-encode; the owner adds last
-            partial_sum = parts[(k + 1) % n][a:b]
-            for t in range(1, n - 1):
-                partial_sum = parts[(k + 1 + t) % n][a:b].astype(acc_dtype) + quantized(partial_sum)
-            acc = own + quantized(partial_sum)
-        if op == "avg":
-            acc = acc / acc_dtype.type(n)
-        codec.decode(codec.encode(acc, dtype=dtype), out[a:b], count=b - a, dtype=dtype)
+    for k, (start, stop) in enumerate(aligned_shards(count, n, codec.alignment)):
+        step = chunk if chunk is not None and n > 1 else max(1, stop - start)
+        for a in range(start, stop, step):
+            b = min(a + step, stop)
+            own = parts[k][a:b].astype(acc_dtype)
+            if n == 1:
+                acc = own
+            elif algorithm == "two_shot":  # own data, then every other rank in rank order
+                acc = own
+                for j in range(n):
+                    if j != k:
+                        acc = acc + quantized(parts[j][a:b])
+            else:  # ring: ranks k+1, ..., k-1 each add and re-encode; the owner adds last
+                partial_sum = parts[(k + 1) % n][a:b]
+                for t in range(1, n - 1):
+                    partial_sum = parts[(k + 1 + t) % n][a:b].astype(acc_dtype) + quantized(
+                        partial_sum
+                    )
+                acc = own + quantized(partial_sum)
+            if op == "avg":
+                acc = acc / acc_dtype.type(n)
+            codec.decode(codec.encode(acc, dtype=dtype), out[a:b], count=b - a, dtype=dtype)
     return out
 
 
@@ -103,6 +127,76 @@ def test_matches_reference_bitwise(n, algorithm, codec, dtype, op):
         parts = partials(17, n, count, dtype)
         got = simulate_allreduce(parts, algorithm=algorithm, compressor=c, op=op)
         assert_bitwise(got, reference(parts, algorithm, c, op))
+
+
+@pytest.mark.parametrize(
+    ("codec", "scoped"),
+    PAYLOAD_SCOPED,
+    ids=lambda c: codec_id(c) if not isinstance(c, bool) else str(c),
+)
+def test_payload_scoped_is_declared_truly(codec, scoped):
+    """The declared property against the codec's own behaviour: four groups of very
+    different sizes (one token of tah's carries a spike, so it is the lowest-entropy
+    one) encoded as one payload and as two cut on the alignment decode alike exactly when
+    the codec is not payload_scoped."""
+    c = get_compressor(codec)
+    assert c.payload_scoped is scoped
+    g = c.alignment
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(g) * 10.0**e for e in (3, -3, 0, 1, 0, 0, 0, 0, 0, 0)])
+    x[5 * g] = 1e4  # a spike: a low-entropy token in the second half
+    x = x.astype(np.float32)
+    whole = c.decode(c.encode(x), count=x.size, dtype=np.float32)
+    cut = 5 * g
+    halves = np.concatenate(
+        [c.decode(c.encode(h), count=h.size, dtype=np.float32) for h in (x[:cut], x[cut:])]
+    )
+    assert np.array_equal(whole, halves) is not scoped
+
+
+@pytest.mark.parametrize("codec", [NVFP4, SMALL_TAH], ids=codec_id)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_payload_scoped_matches_chunked_reference(n, algorithm, codec):
+    """A payload-scoped codec: one payload per (rank, shard, chunk) as a real rank
+    encodes it, with the real chunk of the given chunk_bytes (``chunk_elems``)."""
+    c = get_compressor(codec)
+    for dtype in (np.dtype(np.float32), BF16):
+        for count in sorted({0, 1, max(1, n - 1), 5 * n + 3, 129, 700}):
+            parts = partials(11, n, count, dtype)
+            for chunk_bytes in (1, 1000, 1 << 30):  # one group, several, whole shards
+                op = "avg" if n == 3 else "sum"
+                got = simulate_allreduce(
+                    parts, algorithm=algorithm, compressor=c, op=op, chunk_bytes=chunk_bytes
+                )
+                chunk = chunk_elems(chunk_bytes, dtype.itemsize, c.alignment)
+                assert_bitwise(got, reference(parts, algorithm, c, op, chunk))
+
+
+def test_payload_scoped_cut_matters():
+    """NVFP4's per-payload scale: one payload per shard and chunk differs from the old
+    one-payload-for-everything simulation, and the chunk changes the result."""
+    parts = partials(5, 2, 4099, np.dtype(np.float32))
+    parts[0][:100] *= 1e3  # one large block sets S of its payload alone
+    one = simulate_allreduce(parts, compressor=NVFP4, chunk_bytes=1 << 30)
+    small = simulate_allreduce(parts, compressor=NVFP4, chunk_bytes=1024)
+    assert not np.array_equal(one, small)
+
+
+def test_payload_scoped_needs_chunk_bytes():
+    """Refused before any work, the same on every rank (it depends on the arguments
+    alone); one rank needs none (a real one-rank call encodes one payload)."""
+    parts = partials(0, 2, 100, np.dtype(np.float32))
+    for codec in (NVFP4, SMALL_TAH):
+        with pytest.raises(ValueError, match="needs chunk_bytes"):
+            simulate_allreduce(parts, compressor=codec)
+        with pytest.raises(ValueError, match="needs chunk_bytes"):
+            simulate_allreduce(np.stack(parts), algorithm="ring", compressor=codec)
+        simulate_allreduce(parts[:1], compressor=codec)
+    with pytest.raises(ValueError, match="stochastic"):
+        simulate_allreduce(
+            parts, compressor={"id": "int", "rounding": "stochastic"}, chunk_bytes=64
+        )
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float64), np.dtype(np.int32)], ids=str)

@@ -99,12 +99,23 @@ def test_layers_are_their_partials_through_the_simulated_allreduce(algorithm, co
     row = RowParallelLinear.from_linear(fc2, group)
     x, dy = inputs()
     h = torch.randn(*x.shape[:-1], HIDDEN)
+
+    def simulate(stacked: torch.Tensor) -> torch.Tensor:
+        # the group's default for a payload-scoped codec (NVFP4): one chunk per shard
+        codec = group.compressor
+        per_rank = -(-stacked[0].numel() // size)
+        per = -(-per_rank // codec.alignment) * codec.alignment
+        chunk = per * stacked.element_size() if codec.payload_scoped else None
+        return simulate_allreduce(
+            stacked, algorithm=algorithm, compressor=compressor, chunk_bytes=chunk
+        )
+
     with torch.no_grad():
         partials = [
             F.linear(h_r.contiguous(), w)
             for h_r, (w, _) in zip(h.chunk(size, -1), row.shards(), strict=True)
         ]
-        want = simulate_allreduce(torch.stack(partials), algorithm=algorithm, compressor=compressor)
+        want = simulate(torch.stack(partials))
         assert torch.equal(row(h), want + row.bias)
 
     x = x.clone().requires_grad_(True)
@@ -115,8 +126,25 @@ def test_layers_are_their_partials_through_the_simulated_allreduce(algorithm, co
             g_r.contiguous() @ w
             for g_r, (w, _) in zip(g.chunk(size, -1), col.shards(), strict=True)
         ]
-        want = simulate_allreduce(torch.stack(partials), algorithm=algorithm, compressor=compressor)
+        want = simulate(torch.stack(partials))
     assert torch.equal(x.grad, want)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+def test_payload_scoped_default_is_one_chunk_per_shard(algorithm):
+    """NVFP4 (one float32 scale per payload): the group's default chunk is a whole
+    shard, and a given chunk_bytes is passed on as it is."""
+    nvfp4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
+    stacked = torch.randn(4, 3, 1000)
+    stacked[0, 0, :50] *= 1e3  # one large block: the scale of its payload alone
+    group = VirtualTPGroup(4, algorithm, nvfp4)
+    shard = 752 * 4  # ceil(3000 / 4) rounded up to the block of 16, float32 bytes
+    want = simulate_allreduce(stacked, algorithm=algorithm, compressor=nvfp4, chunk_bytes=shard)
+    assert torch.equal(group.allreduce(list(stacked)), want)
+    small = VirtualTPGroup(4, algorithm, nvfp4, chunk_bytes=256)
+    want = simulate_allreduce(stacked, algorithm=algorithm, compressor=nvfp4, chunk_bytes=256)
+    assert torch.equal(small.allreduce(list(stacked)), want)
+    assert not torch.equal(small.allreduce(list(stacked)), group.allreduce(list(stacked)))
 
 
 def test_lossy_close_to_unsharded():

@@ -27,10 +27,11 @@ import numpy as np
 
 from coccl import algorithms
 from coccl.algorithms import p2p
+from coccl.algorithms.schedule_args import chunk_elems
 from coccl.communicator import p2p_agreement as agreement
 from coccl.communicator.p2p_engine import Message, P2PEngine, Posting
 from coccl.communicator.p2p_nccl import DeviceMessage, launch_group
-from coccl.communicator.sizing import chunk_elems, p2p_chunk_bytes
+from coccl.communicator.sizing import p2p_chunk_bytes
 from coccl.compressors import Compressor
 from coccl.core.arrays import (
     Flat,

@@ -16,11 +16,11 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from coccl import algorithms
+from coccl.algorithms.schedule_args import chunk_elems
 from coccl.communicator.collectives import KINDS
 from coccl.communicator.dp_plans import NodeLayout, hierarchical_notes, level_codecs
 from coccl.communicator.plans import CallPlan
 from coccl.communicator.sizing import (
-    chunk_elems,
     default_chunk_bytes,
     needs_accumulator,
     pipeline_depth,

@@ -5,7 +5,9 @@ device data staged over MPI, device data over NCCL), the
 bound on the pool memory a window of rounds holds, and the depth that keeps that bound
 under ``COCCL_STAGING_LIMIT_BYTES``. Every rank applies the same rules to the same
 arguments and settings (``coccl.init`` checks that the settings agree), so every rank cuts
-the same chunks. bench/NOTES.md holds the measurements behind the constants.
+the same chunks. bench/NOTES.md holds the measurements behind the constants. How a chunk
+size in bytes becomes elements (``chunk_elems``) lives in ``algorithms.schedule_args``,
+beside the chunk geometry, since the virtual-rank simulator (an algorithm) cuts with it too.
 """
 
 from __future__ import annotations
@@ -165,12 +167,6 @@ def pipeline_depth(requested: int, limit: int, window: Callable[[int], int]) -> 
     while depth > 1 and window(depth) > limit:
         depth -= 1
     return depth
-
-
-def chunk_elems(chunk_bytes: int, itemsize: int, alignment: int) -> int:
-    """Elements per chunk: ``chunk_bytes`` of input, a multiple of the codec's alignment
-    (its group size), so that chunking never changes which elements share a group."""
-    return max(alignment, (chunk_bytes // itemsize) // alignment * alignment)
 
 
 def local_cpu_threads(local_ranks: int, requested: int | None) -> int:

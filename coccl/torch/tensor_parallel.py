@@ -136,8 +136,13 @@ class VirtualTPGroup:
         algorithm: ``"ring"`` or ``"two_shot"`` (``"native"`` and ``"auto"`` reduce in the
             transport's own order, which cannot be reproduced bitwise).
         compressor: a codec name, config dict or Compressor (resolved once here).
-        chunk_bytes: the pipeline chunk a real group would use; it does not change the
-            result (``coccl.virtual_ranks`` says why), and is kept for the record.
+        chunk_bytes: the pipeline chunk of the real group reproduced. It changes the
+            result only for a ``payload_scoped`` codec (NVFP4, tah: ``coccl.virtual_ranks``
+            says why). None with such a codec: one chunk per shard, each shard's every
+            encode one payload, which is a real group given a ``chunk_bytes`` of at least
+            a shard's bytes, and a real group over NCCL given none while a whole shard's
+            round fits the staging limit (``communicator.sizing.nccl_chunk_bytes`` cuts
+            the shard only beyond it).
     """
 
     size: int
@@ -163,13 +168,24 @@ class VirtualTPGroup:
         if self.size == 1:
             # Nothing to reduce (as TPGroup at one rank): skip the codec's round trip too.
             return partials[0].detach().clone()
+        chunk_bytes = self.chunk_bytes
+        if chunk_bytes is None and self.compressor.payload_scoped:
+            chunk_bytes = _whole_shard_bytes(partials[0], self.size, self.compressor.alignment)
         return simulate_allreduce(
             torch.stack([p.detach() for p in partials]),
             algorithm=self.algorithm,
             compressor=self.compressor,
             op="sum",
-            chunk_bytes=self.chunk_bytes,
+            chunk_bytes=chunk_bytes,
         )
+
+
+def _whole_shard_bytes(x: torch.Tensor, size: int, alignment: int) -> int:
+    """A chunk of one whole shard stride of ``x`` over ``size`` ranks (the planner's
+    ``chunk_elems`` of it is the stride: one chunk per shard)."""
+    per = -(-x.numel() // size)
+    per = -(-per // alignment) * alignment
+    return max(1, per * x.element_size())
 
 
 GroupLike = "TPGroup | VirtualTPGroup | Communicator"
