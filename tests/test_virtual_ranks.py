@@ -398,3 +398,19 @@ def test_gpu_simulation_replays_from_a_cuda_graph(algorithm, codec, count):
         graph.replay()
         got = out.view(torch.int16).cpu().numpy().view(BF16)
         assert_bitwise(got, simulate_allreduce(parts, algorithm=algorithm, compressor=codec))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("chunk_bytes", [1000, 1 << 30], ids=["chunks", "whole"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("n", [2, 4])
+def test_gpu_payload_scoped_equals_cpu_bitwise(n, algorithm, chunk_bytes, dtype):
+    """NVFP4's payload-by-payload simulation on the GPU gives the numba kernels' bits."""
+    for count in [*counts(n), 128 * n * 3 + 5]:
+        parts = partials(29, n, count, dtype)
+        kw = {"algorithm": algorithm, "compressor": NVFP4, "chunk_bytes": chunk_bytes}
+        want = simulate_allreduce(parts, **kw)
+        got = simulate_allreduce([_to_device(p) for p in parts], **kw)
+        assert_bitwise(_to_host(got), want)
