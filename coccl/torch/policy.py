@@ -496,7 +496,8 @@ def named_policy(name: str) -> Policy:
     target, README) and ``tp_mx6_nv4`` (issue #33's TP recipe: TP AllReduces two-shot,
     MXFP6 (mx e2m3, blocks of 32, E8M0 scales) in the forward pass, NVFP4 (mx e2m1,
     blocks of 16, E4M3 scales) in the backward, 0.67 bytes per element, within +0.5% of
-    uncompressed in the TP convergence table; every other collective exact)."""
+    uncompressed in the TP convergence table (README: its NVFP4 runs simulated a coarser
+    per-payload scale than coccl sends); every other collective exact)."""
     if name not in NAMED:
         raise PolicyError(f"unknown policy {name!r}; named policies: {sorted(NAMED)}")
     return Policy.from_dict(NAMED[name], name)
