@@ -454,6 +454,32 @@ tp8seeds)
     --jobs-per-gpu 10 --time-limit-s ${TPS_LIMIT_S:-500} --work-dir $W \
     --out "$JSONDIR/tp-frontier-gpu-seeds.json" 2>&1 | tee "$OUT/tp8_log.txt" | tail -40
   tar czf "$OUT/tp8-runs.tgz" -C $W --exclude='*.ckpt' . ;;
+nvfp4real)
+  # The NVFP4 arms again with the simulator's payload-scoped path (one payload, one
+  # float32 scale S, per rank and shard, as a real group sends; the recorded runs had one
+  # S per AllReduce step): the frontier's fewest-bytes arm, fwd_mxfp6_bwd_nvfp4, at TP = 4
+  # and 8, seed by seed (54 runs, ~800 s of the GPU); the other arms' runs are written in
+  # from the seeds report. A new report beside it; resumes like tpseeds. First the GPU
+  # simulation against the CPU's (NVFP4 payloads).
+  step "NVFP4 arms with per-shard scales"
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_virtual_ranks.py \
+    -k "gpu_payload_scoped" 2>&1 | tee "$OUT/pytest_payload_scoped.txt" | tail -3
+  W=/tmp/coccl-tp-nvfp4
+  if [ ! -d $W ]; then
+    if [ -f "${TPS_PRIOR:-}" ]; then mkdir -p $W && tar xzf "$TPS_PRIOR" -C $W
+    else
+      redo=$(for t in 4 8; do for s in $(seq 0 26); do
+        printf 'fwd_mxfp6_bwd_nvfp4-tp%s-seed%s,' $t $s; done; done)
+      python3 bench/scripts/prepopulate_runs.py bench/results/tp-frontier-gpu-seeds.json $W \
+        --except "$redo"
+    fi
+  fi
+  timeout ${TPS_TIMEOUT:-560} python3 examples/tp_convergence_gpu.py frontier --tps 4,8 \
+    --only 8=taco+mxfp6+fwd_mxfp6_bwd_nvfp4 \
+    --arms uncompressed,taco,fwd_mxfp6_bwd_nvfp4,mxfp6 --seeds "$(seq -s, 0 26)" \
+    --jobs-per-gpu 10 --time-limit-s ${TPS_LIMIT_S:-500} --work-dir $W \
+    --out "$JSONDIR/tp-frontier-gpu-nvfp4.json" 2>&1 | tee "$OUT/nvfp4_log.txt" | tail -40
+  tar czf "$OUT/nvfp4-runs.tgz" -C $W --exclude='*.ckpt' . ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
