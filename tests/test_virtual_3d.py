@@ -128,6 +128,18 @@ def test_reduce_scatter_checks():
         VirtualDPGroup(0)
 
 
+def test_batched_rows_refuse_a_payload_scoped_codec():
+    """NVFP4's scale is per payload: rows sharing one would not be one payload a row."""
+    nvfp4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
+    g = VirtualDPGroup(2, nvfp4, nvfp4, delta=False)
+    with pytest.raises(ValueError, match="payload-scoped"):
+        g.reduce_scatter([data(0, 2, 64)] * 2)
+    with pytest.raises(ValueError, match="payload-scoped"):
+        g.allgather_delta([data(1, 2, 32)] * 2, data(2, 2, 64), "w")
+    one_row = g.reduce_scatter([data(3, 64), data(4, 64)])  # one row: one payload a shard
+    assert len(one_row) == 2 and one_row[0].shape == (32,)
+
+
 # --------------------------------------------------------------------- AllGather
 def slowly_changing(steps: int, count: int) -> list[torch.Tensor]:
     """Weights that move by about 1e-3 of their size per step (an optimizer's steps)."""

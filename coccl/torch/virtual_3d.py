@@ -30,9 +30,12 @@ one payload. A codec whose every decision is per group of ``alignment`` elements
 (identity, int8, taco, int) encodes the same groups from the same values whether they come
 in one payload or several, so one payload per message (per shard) here is bitwise the
 chunked real one. A codec with a payload-wide decision (tah picks the lowest-entropy
-share of a payload's tokens) depends on the cut: give :func:`pp_boundary` the real cut's
-``chunk_elems``. Rows of a batched ``reduce_scatter`` (several DP groups at once) share
-one payload per shard, which is bitwise one payload per row for the per-group codecs.
+share of a payload's tokens, NVFP4 one float32 scale per payload: ``payload_scoped``)
+depends on the cut: give :func:`pp_boundary` the real cut's ``chunk_elems``; a
+``VirtualDPGroup`` encodes one payload per shard, a real call whose chunk holds the
+shard. Rows of a batched ``reduce_scatter`` or ``allgather_delta`` (several DP groups at
+once) share one payload per shard, which is bitwise one payload per row for the codecs
+that are not payload-scoped; for those that are, batched rows are refused.
 
 **What is checked against real ranks.** ``VirtualDPGroup.reduce_scatter`` against
 ``Communicator.reduce_scatter(algorithm="two_shot")`` on 1-4 CPU ranks, bitwise
@@ -207,6 +210,12 @@ class VirtualDPGroup:
                 f"a buffer of {length} elements does not split into {self.size} shards"
             )
         m = length // self.size
+        if rows > 1 and codec.payload_scoped:
+            raise ValueError(
+                f"rows batched in one payload are not one payload per row for the "
+                f"payload-scoped codec {codec!r} (its groups depend on the rest of the "
+                f"payload): reduce or gather one row at a time"
+            )
         if rows > 1 and m % codec.alignment:
             raise ValueError(
                 f"rows batched in one payload need shards ({m} elements) that are a "
