@@ -24,12 +24,18 @@ from coccl.core.rounds import TAG_MODULUS
 Span = tuple[int, int]
 
 
+def shard_stride(count: int, size: int, align: int) -> int:
+    """Elements between the starts of ``aligned_shards``' shards: a rank's share of
+    ``count``, rounded up to a multiple of ``align``."""
+    per = -(-count // size) if size else 0
+    return -(-per // align) * align
+
+
 def aligned_shards(count: int, size: int, align: int) -> list[Span]:
     """Split ``count`` elements into ``size`` contiguous shards whose boundaries fall on
     multiples of ``align`` (the codec's group size), so no group straddles two owners.
     Trailing shards may be short or empty (count 0, 1, fewer than ranks...)."""
-    per = -(-count // size) if size else 0
-    per = -(-per // align) * align
+    per = shard_stride(count, size, align)
     return [(min(k * per, count), min((k + 1) * per, count)) for k in range(size)]
 
 

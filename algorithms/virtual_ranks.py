@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.algorithms.schedule_args import aligned_shards, chunk_elems
+from coccl.algorithms.schedule_args import aligned_shards, chunk_elems, shard_stride
 from coccl.compressors import Compressor, get_compressor, require_graph_safe
 from coccl.core.arrays import Flat, accumulate_dtype, as_flat
 from coccl.core.options import check_chunk_bytes
@@ -123,30 +123,8 @@ def simulate_allreduce(
             GraphCaptureError: the current stream is capturing a CUDA graph and the codec
             is not ``graph_safe``.
     """
-    if not isinstance(algorithm, str) or algorithm not in SIMULATED_ALGORITHMS:
-        raise ValueError(
-            f"simulate_allreduce takes algorithm 'ring' or 'two_shot', not {algorithm!r} "
-            "('native' and 'auto' reduce in the transport's own order)"
-        )
-    if not isinstance(op, str) or op not in SIMULATED_OPS:
-        raise ValueError(f"simulate_allreduce takes op 'sum' or 'avg', not {op!r}")
-    check_chunk_bytes(chunk_bytes)
-    codec = get_compressor(compressor)
-    if codec.stochastic:
-        raise ValueError(
-            f"simulate_allreduce cannot reproduce the stochastic codec {codec!r}: a real "
-            "call's random streams are salted by its rank, call number and encode order"
-        )
+    codec = _checked_codec(partials, algorithm, compressor, op, chunk_bytes)
     is_list = isinstance(partials, (list, tuple))
-    if is_list and not partials:
-        raise ValueError("partials holds no contribution (n must be at least 1)")
-    if codec.payload_scoped and chunk_bytes is None and _rank_count(partials) > 1:
-        raise ValueError(
-            f"simulate_allreduce of the payload-scoped codec {codec!r} needs chunk_bytes: "
-            "its groups depend on where payloads are cut, and a real call without "
-            "chunk_bytes cuts by route (host, staged MPI, NCCL), which a simulation cannot "
-            "know; pass chunk_bytes here and the same chunk_bytes to the real allreduce"
-        )
     with _on_current_stream(partials[0] if is_list else partials):
         first = _first(partials)
         codec.check_dtype(first.dtype)
@@ -166,6 +144,42 @@ def simulate_allreduce(
 
 
 # --------------------------------------------------------------------------- inputs
+def _checked_codec(
+    partials: Sequence[Any] | Any,
+    algorithm: str,
+    compressor: str | dict | Compressor,
+    op: str,
+    chunk_bytes: int | None,
+) -> Compressor:
+    """The codec, after the checks of the arguments that need no data (the same on every
+    caller alike): the schedule, op, chunk, a stochastic codec, no partials, and a
+    payload-scoped codec without ``chunk_bytes``."""
+    if not isinstance(algorithm, str) or algorithm not in SIMULATED_ALGORITHMS:
+        raise ValueError(
+            f"simulate_allreduce takes algorithm 'ring' or 'two_shot', not {algorithm!r} "
+            "('native' and 'auto' reduce in the transport's own order)"
+        )
+    if not isinstance(op, str) or op not in SIMULATED_OPS:
+        raise ValueError(f"simulate_allreduce takes op 'sum' or 'avg', not {op!r}")
+    check_chunk_bytes(chunk_bytes)
+    codec = get_compressor(compressor)
+    if codec.stochastic:
+        raise ValueError(
+            f"simulate_allreduce cannot reproduce the stochastic codec {codec!r}: a real "
+            "call's random streams are salted by its rank, call number and encode order"
+        )
+    if isinstance(partials, (list, tuple)) and not partials:
+        raise ValueError("partials holds no contribution (n must be at least 1)")
+    if codec.payload_scoped and chunk_bytes is None and _rank_count(partials) > 1:
+        raise ValueError(
+            f"simulate_allreduce of the payload-scoped codec {codec!r} needs chunk_bytes: "
+            "its groups depend on where payloads are cut, and a real call without "
+            "chunk_bytes cuts by route (host, staged MPI, NCCL), which a simulation cannot "
+            "know; pass chunk_bytes here and the same chunk_bytes to the real allreduce"
+        )
+    return codec
+
+
 def _rank_count(partials: Sequence[Any] | Any) -> int:
     """n, read without touching any data: the list's length or the first dimension."""
     if isinstance(partials, (list, tuple)):
@@ -288,17 +302,6 @@ def _simulate(
         sim.ring(op, out)
 
 
-def _shard_stride(count: int, n: int, align: int) -> int:
-    """Elements between shard starts (a multiple of ``align``); checked against
-    ``aligned_shards``, the library's one rule for the geometry."""
-    per_rank = -(-count // n)
-    per = -(-per_rank // align) * align
-    expected = [(min(k * per, count), min((k + 1) * per, count)) for k in range(n)]
-    if aligned_shards(count, n, align) != expected:  # the library's rule changed
-        raise RuntimeError("virtual_ranks' shard layout no longer matches aligned_shards")
-    return per
-
-
 class _Simulation:
     """Buffers and steps of one simulated AllReduce.
 
@@ -311,7 +314,7 @@ class _Simulation:
         n, count = ranks.shape
         self.n, self.count, self.codec, self.dtype, self._new = n, count, codec, dtype, new
         self._owners: list[Any] = []  # the objects that own the buffers' memory
-        self.per = _shard_stride(count, n, codec.alignment)
+        self.per = shard_stride(count, n, codec.alignment)
         self.length = n * self.per
         if self.length == count:
             self.x = ranks
@@ -465,13 +468,7 @@ def _simulate_payloads(
         owners.append(obj)
         return data.reshape(size)
 
-    pieces = [(0, 0, count)]  # (shard, start, stop) of every payload of a step
-    if n > 1:
-        step = chunk or count  # chunk: given on more than one rank (simulate_allreduce)
-        shards = aligned_shards(count, n, codec.alignment)
-        pieces = [
-            (k, a, min(a + step, b)) for k, (s, b) in enumerate(shards) for a in range(s, b, step)
-        ]
+    pieces = _payload_pieces(count, n, codec.alignment, chunk)
     longest = max(b - a for _k, a, b in pieces)
     acc_buf = array(longest, acc_dtype)
     nbytes = codec.encoded_nbytes(longest, dtype)
@@ -500,6 +497,22 @@ def _simulate_payloads(
         finalize(acc, op, n)
         codec.encode_into(acc, payload, dtype)
         codec.decode_into(payload, out[a:b], dtype, False)
+
+
+def _payload_pieces(
+    count: int, n: int, alignment: int, chunk: int | None
+) -> list[tuple[int, int, int]]:
+    """``(shard, start, stop)`` of every payload of a step: the chunks of ``chunk``
+    elements of each non-empty shard of ``aligned_shards``, from its start (the last one
+    short); one rank: the whole array, one payload."""
+    if n == 1:
+        return [(0, 0, count)]
+    step = chunk or count  # chunk: given on more than one rank (simulate_allreduce)
+    return [
+        (k, a, min(a + step, b))
+        for k, (s, b) in enumerate(aligned_shards(count, n, alignment))
+        for a in range(s, b, step)
+    ]
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -99,11 +99,13 @@ def run_one(cmd: list[str], out: Path, label: str) -> dict[str, Any]:
 
 
 def codec_sources_digest() -> str:
-    """SHA-256 over the codec sources the runs imported (compressors/*.py, *.cu): with a
-    dirty working tree, the commit alone does not say which codec code ran."""
+    """SHA-256 over the codec sources the runs imported (compressors/*.py, *.cu) and the
+    virtual-rank simulator that cuts their payloads (algorithms/virtual_ranks.py): with a
+    dirty working tree, the commit alone does not say which code ran."""
     h = hashlib.sha256()
     folder = ROOT / "compressors"
-    for path in sorted([*folder.glob("*.py"), *folder.glob("*.cu")]):
+    sources = [*folder.glob("*.py"), *folder.glob("*.cu")]
+    for path in [*sorted(sources), ROOT / "algorithms" / "virtual_ranks.py"]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 

@@ -174,8 +174,8 @@ def test_payload_scoped_matches_chunked_reference(n, algorithm, codec):
 
 
 def test_payload_scoped_cut_matters():
-    """NVFP4's per-payload scale: one payload per shard and chunk differs from the old
-    one-payload-for-everything simulation, and the chunk changes the result."""
+    """NVFP4's per-payload scale: where the payloads are cut changes the result (one
+    payload per shard against chunks of 1 KiB)."""
     parts = partials(5, 2, 4099, np.dtype(np.float32))
     parts[0][:100] *= 1e3  # one large block sets S of its payload alone
     one = simulate_allreduce(parts, compressor=NVFP4, chunk_bytes=1 << 30)

@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from coccl.algorithms.schedule_args import shard_stride  # noqa: E402
 from coccl.tensor_parallel import (  # noqa: E402
     ColumnParallelLinear,
     RowParallelLinear,
@@ -103,8 +104,7 @@ def test_layers_are_their_partials_through_the_simulated_allreduce(algorithm, co
     def simulate(stacked: torch.Tensor) -> torch.Tensor:
         # the group's default for a payload-scoped codec (NVFP4): one chunk per shard
         codec = group.compressor
-        per_rank = -(-stacked[0].numel() // size)
-        per = -(-per_rank // codec.alignment) * codec.alignment
+        per = shard_stride(stacked[0].numel(), size, codec.alignment)
         chunk = per * stacked.element_size() if codec.payload_scoped else None
         return simulate_allreduce(
             stacked, algorithm=algorithm, compressor=compressor, chunk_bytes=chunk

@@ -459,14 +459,18 @@ nvfp4real)
   # float32 scale S, per rank and shard, as a real group sends; the recorded runs had one
   # S per AllReduce step): the frontier's fewest-bytes arm, fwd_mxfp6_bwd_nvfp4, at TP = 4
   # and 8, seed by seed (54 runs, ~800 s of the GPU); the other arms' runs are written in
-  # from the seeds report. A new report beside it; resumes like tpseeds. First the GPU
-  # simulation against the CPU's (NVFP4 payloads).
+  # from the seeds report. A new report beside it; resumes from $NVFP4_PRIOR (not
+  # $TPS_PRIOR: a tar of tpseeds' folder holds the old NVFP4 runs, which the runner,
+  # comparing setups only, would take as finished). First the GPU simulation of NVFP4's
+  # payloads against the CPU's: a failure stops the part before any run.
   step "NVFP4 arms with per-shard scales"
   timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_virtual_ranks.py \
-    -k "gpu_payload_scoped" 2>&1 | tee "$OUT/pytest_payload_scoped.txt" | tail -3
+    -k "gpu_payload_scoped" > "$OUT/pytest_payload_scoped.txt" 2>&1
+  rc=$?; tail -3 "$OUT/pytest_payload_scoped.txt"
+  [ $rc -eq 0 ] || { echo "the GPU payload-scoped simulation failed: no runs"; exit 1; }
   W=/tmp/coccl-tp-nvfp4
   if [ ! -d $W ]; then
-    if [ -f "${TPS_PRIOR:-}" ]; then mkdir -p $W && tar xzf "$TPS_PRIOR" -C $W
+    if [ -f "${NVFP4_PRIOR:-}" ]; then mkdir -p $W && tar xzf "$NVFP4_PRIOR" -C $W
     else
       redo=$(for t in 4 8; do for s in $(seq 0 26); do
         printf 'fwd_mxfp6_bwd_nvfp4-tp%s-seed%s,' $t $s; done; done)

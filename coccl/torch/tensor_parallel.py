@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from coccl import algorithms
+from coccl.algorithms.schedule_args import shard_stride
 from coccl.algorithms.virtual_ranks import SIMULATED_ALGORITHMS, simulate_allreduce
 from coccl.compressors import Compressor, get_compressor
 
@@ -140,9 +141,10 @@ class VirtualTPGroup:
             result only for a ``payload_scoped`` codec (NVFP4, tah: ``coccl.virtual_ranks``
             says why). None with such a codec: one chunk per shard, each shard's every
             encode one payload, which is a real group given a ``chunk_bytes`` of at least
-            a shard's bytes, and a real group over NCCL given none while a whole shard's
-            round fits the staging limit (``communicator.sizing.nccl_chunk_bytes`` cuts
-            the shard only beyond it).
+            a shard's bytes, and a real group over NCCL given none (and no
+            ``COCCL_CHUNK_BYTES``, which would set its chunk) while a whole shard's round
+            fits the staging limit (``communicator.sizing.nccl_chunk_bytes`` cuts the
+            shard only beyond it).
     """
 
     size: int
@@ -183,9 +185,7 @@ class VirtualTPGroup:
 def _whole_shard_bytes(x: torch.Tensor, size: int, alignment: int) -> int:
     """A chunk of one whole shard stride of ``x`` over ``size`` ranks (the planner's
     ``chunk_elems`` of it is the stride: one chunk per shard)."""
-    per = -(-x.numel() // size)
-    per = -(-per // alignment) * alignment
-    return max(1, per * x.element_size())
+    return max(1, shard_stride(x.numel(), size, alignment) * x.element_size())
 
 
 GroupLike = "TPGroup | VirtualTPGroup | Communicator"

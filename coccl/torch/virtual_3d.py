@@ -22,7 +22,9 @@ codec on each kind of traffic trains on one GPU:
 Every roundtrip is :func:`coccl.virtual_ranks.simulate_allreduce` over one rank (one
 payload: encode, then decode), so it runs the codec's own kernels on torch's current
 stream, inside a CUDA graph capture too; there a codec that is not ``graph_safe`` raises
-``coccl.errors.GraphCaptureError`` instead of running.
+``coccl.errors.GraphCaptureError`` instead of running. A stochastic codec (int with
+``rounding="stochastic"``) is refused with a ValueError: a real rank salts its random
+streams by rank, call and encode, which a simulation does not reproduce.
 
 **Chunks.** A real send or ReduceScatter cuts a message into chunks of a multiple of the
 codec's alignment, starting at the message's (shard's) start, and encodes each chunk as
