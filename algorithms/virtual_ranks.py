@@ -329,9 +329,7 @@ class _Simulation:
         return self.array((self.codec.encoded_nbytes(count, self.dtype),), np.uint8)
 
     def array(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        data, obj = self._new(shape, dtype)
-        self._owners.append(obj)
-        return data.reshape(shape)
+        return _owned_array(self._new, self._owners, shape, dtype)
 
     # ------------------------------------------------------------------ blocks
     def blocks(self, rank_of_shard: int) -> list[tuple[int, int, Any]]:
@@ -460,19 +458,13 @@ def _simulate_payloads(
     n, count = ranks.shape
     if count == 0:
         return
-    acc_dtype = accumulate_dtype(dtype)
-    owners: list[Any] = []
-
-    def array(size: int, dt: Any) -> Any:
-        data, obj = new((size,), dt)
-        owners.append(obj)
-        return data.reshape(size)
-
+    owners: list[Any] = []  # the objects that own the buffers' memory
     pieces = _payload_pieces(count, n, codec.alignment, chunk)
     longest = max(b - a for _k, a, b in pieces)
-    acc_buf = array(longest, acc_dtype)
-    nbytes = codec.encoded_nbytes(longest, dtype)
-    payload_buf, spare_buf = array(nbytes, np.uint8), array(nbytes, np.uint8)
+    acc_buf = _owned_array(new, owners, (longest,), accumulate_dtype(dtype))
+    nbytes = (codec.encoded_nbytes(longest, dtype),)
+    payload_buf = _owned_array(new, owners, nbytes, np.uint8)
+    spare_buf = _owned_array(new, owners, nbytes, np.uint8)
     for k, a, b in pieces:
         size, acc = b - a, acc_buf[: b - a]
         payload = payload_buf[: codec.encoded_nbytes(size, dtype)]
@@ -516,6 +508,14 @@ def _payload_pieces(
 
 
 # ---------------------------------------------------------------------------- helpers
+def _owned_array(new: Any, owners: list[Any], shape: tuple[int, ...], dtype: Any) -> Any:
+    """A new internal array of ``shape`` (``new``: the partials' allocator), its owning
+    object kept in ``owners`` for as long as the array is used."""
+    data, obj = new(shape, dtype)
+    owners.append(obj)
+    return data.reshape(shape)
+
+
 def _bits(dtype: np.dtype) -> np.dtype:
     """An unsigned integer dtype of ``dtype``'s size: copies move bits, and every array
     library can copy those (CuPy need not know bfloat16)."""
