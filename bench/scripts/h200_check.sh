@@ -22,6 +22,26 @@ mps_start() {
   nvidia-cuda-mps-control -d || { echo "MPS did not start"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; return 1; }
 }
 mps_stop() { echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
+# A resumable work folder of convergence runs: kept where it exists; new, unpacked from the
+# tar $2 (a folder's runs, as a part leaves them in $OUT) where that exists, else written in
+# from the recorded reports $4... (prepopulate_runs.py), leaving out the runs named in $3
+# (comma-separated), which run again.
+work_folder() {
+  local W=$1 prior=$2 redo=$3; shift 3
+  [ -d $W ] && return
+  if [ -f "$prior" ]; then mkdir -p $W && tar xzf "$prior" -C $W; return; fi
+  for report in "$@"; do python3 bench/scripts/prepopulate_runs.py $report $W --except "$redo"; done
+}
+# The TP frontier's runs in folder $1 (tp_convergence_gpu.py frontier with the arguments
+# after $3, 10 workers, at most $TPS_TIMEOUT s, runs stopped at $TPS_LIMIT_S), its report
+# $JSONDIR/$2; its log $OUT/$3_log.txt and the folder's finished runs $OUT/$3-runs.tgz.
+frontier_runs() {
+  local W=$1 json=$2 tag=$3; shift 3
+  timeout ${TPS_TIMEOUT:-560} python3 examples/tp_convergence_gpu.py frontier "$@" \
+    --jobs-per-gpu 10 --time-limit-s ${TPS_LIMIT_S:-500} --work-dir $W \
+    --out "$JSONDIR/$json" 2>&1 | tee "$OUT/${tag}_log.txt" | tail -40
+  tar czf "$OUT/$tag-runs.tgz" -C $W --exclude='*.ckpt' .
+}
 for part in $parts; do case $part in
 info)
   # The machine: GPU, driver, clocks, library versions; installs coccl from this checkout.
@@ -425,16 +445,9 @@ tpseeds)
   # at a checkpoint at the time limit; the same part again resumes. Budget: 600 s a call.
   step "TP frontier candidates, more seeds"
   W=/tmp/coccl-tp-seeds
-  if [ ! -d $W ]; then
-    if [ -f "${TPS_PRIOR:-}" ]; then mkdir -p $W && tar xzf "$TPS_PRIOR" -C $W
-    else python3 bench/scripts/prepopulate_runs.py bench/results/tp-frontier-gpu.json $W \
-      --except nvfp4-tp4-seed0; fi
-  fi
-  timeout ${TPS_TIMEOUT:-560} python3 examples/tp_convergence_gpu.py frontier --tps 4 \
-    --arms uncompressed,taco,nvfp4,fwd_mxfp6_bwd_nvfp4,mxfp6 --seeds "$(seq -s, 0 26)" \
-    --jobs-per-gpu 10 --time-limit-s ${TPS_LIMIT_S:-500} --work-dir $W \
-    --out "$JSONDIR/tp-frontier-gpu-seeds.json" 2>&1 | tee "$OUT/tps_log.txt" | tail -40
-  tar czf "$OUT/tps-runs.tgz" -C $W --exclude='*.ckpt' . ;;
+  work_folder $W "${TPS_PRIOR:-}" nvfp4-tp4-seed0 bench/results/tp-frontier-gpu.json
+  frontier_runs $W tp-frontier-gpu-seeds.json tps --tps 4 \
+    --arms uncompressed,taco,nvfp4,fwd_mxfp6_bwd_nvfp4,mxfp6 --seeds "$(seq -s, 0 26)" ;;
 tp8seeds)
   # Issue #33's frontier at TP = 8 too: taco, mxfp6 and fwd_mxfp6_bwd_nvfp4 at TP = 8 for
   # as many seeds as the time allows, in the same work folder and report as tpseeds (the
@@ -443,17 +456,11 @@ tp8seeds)
   # both directions, which misses at TP = 4, is not run at TP = 8. Resumes like tpseeds.
   step "TP frontier candidates at TP = 8"
   W=/tmp/coccl-tp-seeds
-  if [ ! -d $W ]; then
-    if [ -f "${TPS_PRIOR:-}" ]; then mkdir -p $W && tar xzf "$TPS_PRIOR" -C $W
-    else python3 bench/scripts/prepopulate_runs.py bench/results/tp-frontier-gpu.json $W
-      python3 bench/scripts/prepopulate_runs.py bench/results/tp-frontier-gpu-seeds.json $W; fi
-  fi
-  timeout ${TPS_TIMEOUT:-560} python3 examples/tp_convergence_gpu.py frontier --tps 4,8 \
+  work_folder $W "${TPS_PRIOR:-}" "" bench/results/tp-frontier-gpu.json \
+    bench/results/tp-frontier-gpu-seeds.json
+  frontier_runs $W tp-frontier-gpu-seeds.json tp8 --tps 4,8 \
     --only 8=taco+mxfp6+fwd_mxfp6_bwd_nvfp4 \
-    --arms uncompressed,taco,nvfp4,fwd_mxfp6_bwd_nvfp4,mxfp6 --seeds "$(seq -s, 0 26)" \
-    --jobs-per-gpu 10 --time-limit-s ${TPS_LIMIT_S:-500} --work-dir $W \
-    --out "$JSONDIR/tp-frontier-gpu-seeds.json" 2>&1 | tee "$OUT/tp8_log.txt" | tail -40
-  tar czf "$OUT/tp8-runs.tgz" -C $W --exclude='*.ckpt' . ;;
+    --arms uncompressed,taco,nvfp4,fwd_mxfp6_bwd_nvfp4,mxfp6 --seeds "$(seq -s, 0 26)" ;;
 nvfp4real)
   # The NVFP4 arms again with the simulator's payload-scoped path (one payload, one
   # float32 scale S, per rank and shard, as a real group sends; the recorded runs had one
@@ -469,21 +476,12 @@ nvfp4real)
   rc=$?; tail -3 "$OUT/pytest_payload_scoped.txt"
   [ $rc -eq 0 ] || { echo "the GPU payload-scoped simulation failed: no runs"; exit 1; }
   W=/tmp/coccl-tp-nvfp4
-  if [ ! -d $W ]; then
-    if [ -f "${NVFP4_PRIOR:-}" ]; then mkdir -p $W && tar xzf "$NVFP4_PRIOR" -C $W
-    else
-      redo=$(for t in 4 8; do for s in $(seq 0 26); do
-        printf 'fwd_mxfp6_bwd_nvfp4-tp%s-seed%s,' $t $s; done; done)
-      python3 bench/scripts/prepopulate_runs.py bench/results/tp-frontier-gpu-seeds.json $W \
-        --except "$redo"
-    fi
-  fi
-  timeout ${TPS_TIMEOUT:-560} python3 examples/tp_convergence_gpu.py frontier --tps 4,8 \
+  redo=$(for t in 4 8; do for s in $(seq 0 26); do
+    printf 'fwd_mxfp6_bwd_nvfp4-tp%s-seed%s,' $t $s; done; done)
+  work_folder $W "${NVFP4_PRIOR:-}" "$redo" bench/results/tp-frontier-gpu-seeds.json
+  frontier_runs $W tp-frontier-gpu-nvfp4.json nvfp4 --tps 4,8 \
     --only 8=taco+mxfp6+fwd_mxfp6_bwd_nvfp4 \
-    --arms uncompressed,taco,fwd_mxfp6_bwd_nvfp4,mxfp6 --seeds "$(seq -s, 0 26)" \
-    --jobs-per-gpu 10 --time-limit-s ${TPS_LIMIT_S:-500} --work-dir $W \
-    --out "$JSONDIR/tp-frontier-gpu-nvfp4.json" 2>&1 | tee "$OUT/nvfp4_log.txt" | tail -40
-  tar czf "$OUT/nvfp4-runs.tgz" -C $W --exclude='*.ckpt' . ;;
+    --arms uncompressed,taco,fwd_mxfp6_bwd_nvfp4,mxfp6 --seeds "$(seq -s, 0 26)" ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
