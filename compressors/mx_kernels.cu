@@ -113,7 +113,12 @@ typedef long long i64;
 
 // The bfloat16 encode with E8M0 scales keeps x's elements as loaded, two to a 32-bit word,
 // and computes both elements' codes with each instruction (bf16x2 and 16x2 integer ops).
+// Its add.bf16x2 and mul.bf16x2 need sm_90; older GPUs run the float32 path (same bytes).
+#if defined(MX_HOST) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
 #define PAIRS (OP == 1 && XT == 2 && SC == 0)
+#else
+#define PAIRS 0
+#endif
 
 #define BITS_NAN 0x7fc00000u
 #define BITS_INF 0x7f800000u
