@@ -111,6 +111,15 @@ typedef long long i64;
 #define WPL (EPL * CBITS / 32)  // code words per lane
 #define LPB (BS / EPL)          // lanes per block (group)
 
+// The bfloat16 encode with E8M0 scales keeps x's elements as loaded, two to a 32-bit word,
+// and computes both elements' codes with each instruction (bf16x2 and 16x2 integer ops).
+// Its add.bf16x2 and mul.bf16x2 need sm_90; older GPUs run the float32 path (same bytes).
+#if defined(MX_HOST) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#define PAIRS (OP == 1 && XT == 2 && SC == 0)
+#else
+#define PAIRS 0
+#endif
+
 #define BITS_NAN 0x7fc00000u
 #define BITS_INF 0x7f800000u
 #define BITS_ONE 0x3f800000u
@@ -171,6 +180,62 @@ DEV u32 f2h(float f) {
 DEV u32 umax(u32 a, u32 b) { return a > b ? a : b; }
 DEV bool aligned(const void* p, unsigned a) { return ((unsigned long long)p & (a - 1)) == 0; }
 
+// ------------------------------------------------------------ pairs of bfloat16
+// A word holds two bfloat16 values, the first in the low half. bf2_mul and bf2_add round to
+// nearest even and keep subnormals (the bf16x2 instructions have no .ftz); bf2_amax: the
+// larger |a|, |b| of each half, NaN if either is (its sign bit junk); bf2_max_abs and
+// bf2_min_abs: max(|a|, |b|) and min(|a|, |b|) with the sign of a ^ b, for non-NaN
+// inputs (the encode uses them on finite values only).
+#ifdef MX_HOST
+DEV double bf_value(u32 h) { return (double)as_f(h << 16); }
+DEV u32 bf_round(double r) {  // r (exact, or within half an ulp of a double) to bfloat16
+  if (r != r) return 0x7fc0u;
+  const double a = fabs(r);
+  const double ulp = a >= 0x1p-126 ? ldexp(1.0, ilogb(a) - 7) : 0x1p-133;
+  const float q = (float)(nearbyint(a / ulp) * ulp);  // exact: at most 9 significant bits
+  return (as_u(q) >> 16) | (std::signbit(r) ? 0x8000u : 0u);
+}
+template <class F> DEV u32 halves(u32 a, u32 b, F f) {
+  return (f(a & 0xffffu, b & 0xffffu) & 0xffffu) | (f(a >> 16, b >> 16) << 16);
+}
+DEV u32 bf2_mul(u32 a, u32 b) {
+  return halves(a, b, [](u32 x, u32 y) { return bf_round(bf_value(x) * bf_value(y)); });
+}
+DEV u32 bf2_add(u32 a, u32 b) {
+  return halves(a, b, [](u32 x, u32 y) { return bf_round(bf_value(x) + bf_value(y)); });
+}
+DEV u32 bf2_amax(u32 a, u32 b) {
+  return halves(a, b, [](u32 x, u32 y) {
+    const u32 mx = x & 0x7fffu, my = y & 0x7fffu;
+    return mx > 0x7f80u || my > 0x7f80u ? 0x7fffu : ((x ^ y) & 0x8000u) | umax(mx, my);
+  });
+}
+DEV u32 bf2_max_abs(u32 a, u32 b) {
+  return halves(a, b, [](u32 x, u32 y) { return ((x ^ y) & 0x8000u) | umax(x & 0x7fffu, y & 0x7fffu); });
+}
+DEV u32 bf2_min_abs(u32 a, u32 b) {
+  return halves(a, b, [](u32 x, u32 y) {
+    const u32 mx = x & 0x7fffu, my = y & 0x7fffu;
+    return ((x ^ y) & 0x8000u) | (mx < my ? mx : my);
+  });
+}
+DEV u32 mulhi(u32 a, u32 b) { return (u32)(((unsigned long long)a * b) >> 32); }
+DEV u32 prmt(u32 a, u32 b, u32 sel) {  // __byte_perm: bytes of {b, a}, no sign replication
+  const unsigned long long v = ((unsigned long long)b << 32) | a;
+  u32 r = 0;
+  for (int i = 0; i < 4; ++i) r |= (u32)((v >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+}
+#else
+DEV u32 bf2_mul(u32 a, u32 b) { u32 d; asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+DEV u32 bf2_add(u32 a, u32 b) { u32 d; asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+DEV u32 bf2_amax(u32 a, u32 b) { u32 d; asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+DEV u32 bf2_max_abs(u32 a, u32 b) { u32 d; asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+DEV u32 bf2_min_abs(u32 a, u32 b) { u32 d; asm("min.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+DEV u32 mulhi(u32 a, u32 b) { return __umulhi(a, b); }
+DEV u32 prmt(u32 a, u32 b, u32 sel) { return __byte_perm(a, b, sel); }
+#endif
+
 // ------------------------------------------------------------ elements in and out
 DEV u32 load_bits(const void* x, i64 e) {  // element e of x as float32 bits (exact)
 #if XT == 0
@@ -215,6 +280,25 @@ DEV void load_chunk(const void* x, i64 e0, i64 count, bool vec, u32* b) {
     for (int i = 0; i < EPL; ++i) b[i] = e0 + i < count ? load_bits(x, e0 + i) : 0u;
   }
 }
+
+#if PAIRS
+// The lane's chunk as EPL / 2 words of two bfloat16 elements, as they lie in x (zero past
+// count); `vec` as load_chunk's.
+DEV void load_pairs(const void* x, i64 e0, i64 count, bool vec, u32* w) {
+  const unsigned short* h = (const unsigned short*)x + e0;
+  if (vec && e0 + EPL <= count) {
+    for (int q = 0; q < EPL / 8; ++q) {
+      const uint4 t = __ldg((const uint4*)h + q);
+      w[4 * q] = t.x, w[4 * q + 1] = t.y, w[4 * q + 2] = t.z, w[4 * q + 3] = t.w;
+    }
+  } else {
+    for (int k = 0; k < EPL / 2; ++k) {
+      const i64 e = e0 + 2 * k;
+      w[k] = (e < count ? (u32)h[2 * k] : 0u) | (e + 1 < count ? (u32)h[2 * k + 1] << 16 : 0u);
+    }
+  }
+}
+#endif
 
 DEV u32 f2bf(float f) {  // RNE, NaN -> 0x7fff
   u32 u = as_u(f);
@@ -439,7 +523,93 @@ DEV u32 block_max(u32 m, u32* red) {
 #define TENSOR_OFF(K) ((K) * BPB + (K))
 #endif
 
-#if OP == 1
+#if OP == 1 && PAIRS
+// The codes of the two bfloat16 elements of word x, scaled by s2 (2^-e in both halves): each
+// half of the result holds its element's code magnitude in its low CBITS - 1 bits, the
+// sign at bit 15, exponent bits of no use at bits 7-14 and zeros elsewhere. The same codes
+// as elem_code_abs of |x| * 2^-e in float32, by the same rounding done in bfloat16:
+//   y = x 2^-e is exact wherever it is a normal bfloat16 (below that its code is 0 whatever
+//     the rounding: |y| < 2^-126 is far under half the smallest element step);
+//   the binade's exponent field Y = max(that of y, E0), E0 that of the smallest normal
+//     element, gives the addend A: exponent field Y + 7 - MBITS, so that A's ulp is the
+//     binade's element step, and mantissa field (Y - E0) << MBITS, the code's exponent part;
+//   |y| + A, rounded to nearest even, is then A + round(|y| / step) ulps (the sum stays
+//     below twice A's power of two: the mantissa field stays under 2^(MBITS+1) + 24 < 2^7;
+//     and (Y - E0) << MBITS is even, so ties go to the same side): its mantissa field is
+//     the code magnitude. Adding A with y's sign keeps the sign (rounding is symmetric);
+//   |y| is not clamped to qmax first: past it (its binade is qmax's) the sum rounds to the
+//     top code or one past it, and the min with the top code's bits saturates it.
+#define E0 (128 - BIAS)
+#define ADD_C ((u32)((7 - MBITS) << 7) - (u32)(E0 << MBITS))  // A = Y (2^7 + 2^MBITS) + ADD_C
+#define TOP_BITS ((u32)((127 + EMAX + 7 - MBITS) << 7) | ((1u << (CBITS - 1)) - 1u))
+DEV u32 pair_codes(u32 x, u32 s2) {
+  const u32 y = bf2_mul(x, s2);
+  const u32 z = bf2_max_abs(y, (u32)(E0 << 7) * 0x10001u);  // |y|, at least 2^(E0 - 127)
+  const u32 yu = mulhi(z & 0x7f807f80u, 1u << 25);  // Y in each half: (z >> 7) by halves
+  // Per half A is below 2^15 and the 32-bit sum's halves never carry into each other.
+  const u32 a = yu * ((1u << 7) + (1u << MBITS)) + ADD_C * 0x10001u;
+  const u32 t = bf2_add(y, a | (y & 0x80008000u));
+  return bf2_min_abs(t, TOP_BITS * 0x10001u);
+}
+
+// The lane's WPL code words from the pair_codes t[0..EPL/2) of its elements (FORMAT.md:
+// FP4 two to a byte, low nibble first; FP6 four to three bytes, little-endian).
+DEV void pack_pairs(const u32* t, u32* w) {
+#if CBITS == 4
+  u32 p[4];
+  for (int k = 0; k < 4; ++k) {
+    // v: the two magnitudes (bits 0-2, 16-18) and signs (15, 31); byte 0 of
+    // v + (v >> 12) + (v >> 24) is then the pair's byte: its terms there have disjoint
+    // bits, and the high word of v * (2^20 + 2^8) is (v >> 12) + (v >> 24) exactly (the
+    // low words' sum stays below 2^32: v's low 24 bits are below 2^20).
+    const u32 v = t[k] & 0x80078007u;
+    p[k] = v + mulhi(v, 0x00100100u);
+  }
+  w[0] = prmt(prmt(p[0], p[1], 0x0040u), prmt(p[2], p[3], 0x0040u), 0x5410u);
+#else
+  u32 g[4];
+  for (int q = 0; q < 4; ++q) {
+    // Each half's 6-bit code (magnitude, sign at bit 5) in c, pair 2q and 2q + 1 then
+    // regrouped by halves: lo holds elements 4q and 4q + 2, hi 4q + 1 and 4q + 3.
+    u32 c[2];
+    for (int i = 0; i < 2; ++i) {
+      const u32 v = t[2 * q + i];
+      c[i] = (v & 0x001f001fu) | ((v >> 10) & 0x00200020u);
+    }
+    const u32 lo = prmt(c[0], c[1], 0x5410u), hi = prmt(c[0], c[1], 0x7632u);
+    const u32 d = lo + (hi << 6);  // two 12-bit halves: elements 4q, 4q+1 | 4q+2, 4q+3
+    g[q] = d - (d >> 16) * 0xf000u;  // the high half moved down to bit 12: 24 bits
+  }
+  w[0] = g[0] | (g[1] << 24);
+  w[1] = (g[1] >> 8) | (g[2] << 16);
+  w[2] = (g[2] >> 16) | (g[3] << 8);
+#endif
+}
+
+// Chunk j of the payload (lanes of block j / LPB) from its elements' pairs xw (load_pairs).
+// Every lane runs it (the shuffles); a dead one (past the payload) stores nothing.
+DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xw, float s, bool live) {
+  (void)s;
+  u32 m = 0, t[EPL / 2], w[WPL];
+  for (int k = 0; k < EPL / 2; ++k) m = bf2_amax(m, xw[k]);
+  m = bf2_amax(m, prmt(m, 0, 0x1032u));  // and with its halves swapped: both hold the max
+  const u32 amax = group_max(m & 0x7fff0000u);  // as float32 bits
+  if (!live) return;
+  // FORMAT.md: e = floor(log2(amax)) - EMAX, at least -127 (also for a subnormal amax);
+  // at most 125 for a finite amax: the scale byte e + 127 and 2^-e are then direct.
+  u32 sc = umax(amax >> 23, EMAX) - EMAX;
+  const u32 s2 = ((254u - sc) << 7) * 0x10001u;  // 2^-e in both halves (a normal bfloat16)
+  for (int k = 0; k < EPL / 2; ++k) t[k] = pair_codes(xw[k], s2);
+  pack_pairs(t, w);
+  if (amax >= BITS_INF) {  // FORMAT.md: a NaN scale, zero codes
+    for (int q = 0; q < WPL; ++q) w[q] = 0;
+    sc = E8M0_NAN;
+  }
+  store_words(pay + j * (4 * WPL), w, alignment(pay));
+  const unsigned long long ju = (unsigned long long)j;  // j >= 0: no signed division
+  if (ju % LPB == 0) pay[SCALE_OFF(K) + ju / LPB] = (u8)sc;
+}
+#elif OP == 1
 // Chunk j of the payload (lanes of block j / LPB) from its elements xb.
 // Every lane runs it (the shuffles); a dead one (past the payload) stores nothing.
 DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, float s, bool live) {
@@ -685,8 +855,13 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   const float s = 0.0f;
 #endif
   for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step) {
+#if PAIRS
+    u32 xb[UNR][EPL / 2];
+    for (int u = 0; u < UNR; ++u) load_pairs(src, (j0 + 32 * u + lane) * EPL, count, vec, xb[u]);
+#else
     u32 xb[UNR][EPL];
     for (int u = 0; u < UNR; ++u) load_chunk(src, (j0 + 32 * u + lane) * EPL, count, vec, xb[u]);
+#endif
     for (int u = 0; u < UNR; ++u) {
       const i64 j = j0 + 32 * u + lane;
 #if OP == 1

@@ -153,6 +153,30 @@ def test_gpu_whole_range_and_unaligned_payload(cfg: dict, request) -> None:
     _assert_same(got, c.decode(payload, count=x.size, dtype=np.float32), f"seed={seed}")
 
 
+E8M0_CONFIGS = [
+    {"id": "mx", "element": e, "block": b} for e in ("e2m1", "e3m2", "e2m3") for b in (16, 32)
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("cfg", E8M0_CONFIGS, ids=_id)
+def test_gpu_bf16_e8m0_whole_range(cfg: dict, request) -> None:
+    # The bfloat16 encode with E8M0 scales runs on bf16x2 instructions: bfloat16's whole
+    # range (subnormal elements scaled up by 2^127 included) and Gaussian blocks.
+    import cupy as cp
+
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    c = get_compressor(cfg)
+    sweep = magnitude_sweep(rng, c.alignment, BF16).astype(BF16)
+    for x in (sweep, _data(rng, 1 << 16, c.alignment, BF16)):
+        payload = _cpu_encode(cfg, x)
+        d_payload = cp.full(payload.size, POISON_KERNEL, cp.uint8)
+        c.encode(_dev(cp, x), d_payload)
+        np.testing.assert_array_equal(cp.asnumpy(d_payload), payload, err_msg=f"seed={seed}")
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("case", list(_small_cases(16)))

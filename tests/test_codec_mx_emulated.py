@@ -264,12 +264,15 @@ def test_emulated_kernels_match_cpu(build, cfg: dict, dtype: np.dtype, request) 
         roundtrip(emu, x, f"{cfg} {dtype} count={count} seed={seed}")
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=str)
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
-def test_emulated_kernels_whole_range(build, cfg: dict, request) -> None:
+def test_emulated_kernels_whole_range(build, cfg: dict, dtype: np.dtype, request) -> None:
+    # dtype's whole finite range, subnormals and blocks of them included (bfloat16: the
+    # E8M0 encode's bf16x2 arithmetic on scales up to 2^127).
     seed = seed_for(request)
     emu = Emulated(build, cfg)
-    x = magnitude_sweep(np.random.default_rng(seed), emu.codec.alignment, np.float32)
-    roundtrip(emu, x.astype(np.float32), f"seed={seed}")
+    x = magnitude_sweep(np.random.default_rng(seed), emu.codec.alignment, dtype)
+    roundtrip(emu, x.astype(dtype), f"{dtype} seed={seed}")
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=str)
@@ -292,6 +295,24 @@ def test_emulated_kernels_gpu_block_size(build, cfg: dict, request) -> None:
     emu = Emulated(build, cfg, threads=mx_gpu._THREADS)
     x = data(np.random.default_rng(seed), 9000 + 5, emu.codec.alignment, BF16)
     roundtrip(emu, x, f"{cfg} seed={seed}")
+
+
+E8M0_CONFIGS = [
+    {"id": "mx", "element": e, "block": b} for e in ("e2m1", "e3m2", "e2m3") for b in (16, 32)
+]
+
+
+@pytest.mark.parametrize("cfg", E8M0_CONFIGS, ids=_id)
+def test_emulated_bf16_e8m0_every_variant(build, cfg: dict, request) -> None:
+    # The bfloat16 encode with E8M0 scales computes two elements at a time (bf16x2): every
+    # element format and block size, on Gaussian blocks and on bfloat16's whole range.
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    emu = Emulated(build, cfg)
+    x = data(rng, 4097, emu.codec.alignment, BF16)
+    roundtrip(emu, x, f"{cfg} seed={seed}")
+    x = magnitude_sweep(rng, emu.codec.alignment, BF16).astype(BF16)
+    roundtrip(emu, x, f"{cfg} whole range seed={seed}")
 
 
 def _small_cases(b: int) -> dict[str, list[float]]:
