@@ -43,6 +43,12 @@ CASES = [
     ("decode", 128, 0, BF16),
     ("decode", 32, 0, F32),
     ("accumulate", 128, 0, BF16),
+    # kernel 2's transposed whole tiles (two, four and eight lanes a group) and, for
+    # bfloat16 at G = 64, its shuffled ones
+    ("decode", 128, 0, F32),
+    ("decode", 64, 0, F32),
+    ("decode", 64, 0, BF16),
+    ("decode", 256, 0, BF16),
 ]
 # (count, blocks): one element, a partial group, whole tiles, several tiles a warp with a
 # partial last one
@@ -93,6 +99,8 @@ def data(n: int, dtype: np.dtype, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(n).astype(np.float32) * 3
     x[::97] *= 1e4  # some groups with an outlier
+    x[256:384] *= 1e-25  # groups of FORMAT.md's extended range (step 4b), tiny and huge
+    x[512:640] *= 1e20
     return x.astype(dtype)
 
 
