@@ -1273,84 +1273,90 @@ DEV int int8_code(const u32* cw, int r) { return ((int)(cw[r >> 2] << (24 - 8 * 
 #define TACO_T 1
 #define TNR (8 / LPG)   // runs of four offsets a lane holds in each block
 #define TSLOTS (9 * 32)  // a warp's buffer: 32 lanes x 8 chunks of 16 bytes, padded
-DEV void taco_decode_tile_t(const unsigned char* pay, char* ob, i64 ncodes, i64 K, i64 t0,
-                            int lane, uint4* sb) {
+// The warp's whole tiles tile, tile + stride, ... below nfull (payload and output 16-byte
+// aligned); returns the first tile it did not decode.
+DEV i64 taco_decode_tiles_t(const unsigned char* pay, char* ob, i64 ncodes, i64 K, i64 tile,
+                            i64 nfull, i64 stride, int lane, uint4* sb) {
   const int gl = lane / LPG, lig = lane % LPG;  // the lane's group in the tile, index in it
-  // the element of the lane's first run; run (b, r) starts 32 b + 4 LPG r after it
-  const i64 e0 = t0 + gl * GS + 4 * lig;
-  float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
-  taco_load_scales(pay, ncodes, K, (t0 + 32 * lane) >> LOG2_GS, true, s, alpha);
-  const uint4* cp = (const uint4*)(pay + t0);
-  const uint4 c0 = ldg4(cp + lane), c1 = ldg4(cp + 32 + lane);
+  for (; tile < nfull; tile += stride) {
+    const i64 t0 = tile << 10;
+    // the element of the lane's first run; run (b, r) starts 32 b + 4 LPG r after it
+    const i64 e0 = t0 + (gl * GS + 4 * lig);
+    float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
+    taco_load_scales(pay, ncodes, K, (t0 >> LOG2_GS) + 32 * lane / GS, true, s, alpha);
+    const uint4* cp = (const uint4*)(pay + t0);
+    const uint4 c0 = ldg4(cp + lane), c1 = ldg4(cp + 32 + lane);
 #if ACC
-  uint4 acc[LPG * TNR];  // the float32 accumulator at the lane's runs, loaded early
-#pragma unroll
-  for (int b = 0; b < LPG; ++b)
-#pragma unroll
-    for (int r = 0; r < TNR; ++r)
-      acc[b * TNR + r] = *(const uint4*)(ob + 4 * (e0 + 32 * b + 4 * LPG * r));
-#endif
-  // the codes, read coalesced (chunk 32 j + lane), to the lanes that own them (2 lane + j)
-  sb[lane + (lane >> 3)] = c0;
-  sb[36 + lane + (lane >> 3)] = c1;
-  __syncwarp();
-  const uint4 d0 = sb[2 * lane + (lane >> 2)], d1 = sb[2 * lane + (lane >> 2) + 1];
-  __syncwarp();
-  const u32 cw[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
-  float v[32];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) unpack4_fp8(cw[i], v + 4 * i);
-  wht_group<32, 1>(v, 0);  // stages h = 1 .. 16
-  // transpose: the lane's chunk j (elements 4 j ..) to chunk 8 lane + j; then the lane
-  // reads chunk (gl LPG + b) 8 + lig + LPG r, its run (b, r), into u[4 (b TNR + r) ..]
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    sb[9 * lane + j] = make_uint4(as_u(v[4 * j]), as_u(v[4 * j + 1]), as_u(v[4 * j + 2]),
-                                  as_u(v[4 * j + 3]));
-  __syncwarp();
-  float u[32];
-#pragma unroll
-  for (int b = 0; b < LPG; ++b)
-#pragma unroll
-    for (int r = 0; r < TNR; ++r) {
-      const uint4 q = sb[9 * (gl * LPG + b) + lig + LPG * r];
-      float* x = u + 4 * (b * TNR + r);
-      x[0] = as_f(q.x); x[1] = as_f(q.y); x[2] = as_f(q.z); x[3] = as_f(q.w);
-    }
-  __syncwarp();
-  // stages h = 32 t: block b with block b + t (bit t of b clear)
-#pragma unroll
-  for (int t = 1; t < LPG; t <<= 1)
+    uint4 acc[LPG * TNR];  // the float32 accumulator at the lane's runs, loaded early
 #pragma unroll
     for (int b = 0; b < LPG; ++b)
-      if ((b & t) == 0) {
 #pragma unroll
-        for (int i = 0; i < 4 * TNR; ++i) {
-          const float a = u[4 * TNR * b + i], c = u[4 * TNR * (b + t) + i];
-          u[4 * TNR * b + i] = f_add(a, c);
-          u[4 * TNR * (b + t) + i] = f_sub(a, c);
-        }
-      }
-  taco_scale_lane<32>(s, alpha, u);
-#pragma unroll
-  for (int b = 0; b < LPG; ++b)
-#pragma unroll
-    for (int r = 0; r < TNR; ++r) {
-      const i64 e = e0 + 32 * b + 4 * LPG * r;
-      const float* x = u + 4 * (b * TNR + r);
-#if ACC
-      uint4 q = acc[b * TNR + r];
-      q.x = as_u(f_add(as_f(q.x), x[0]));
-      q.y = as_u(f_add(as_f(q.y), x[1]));
-      q.z = as_u(f_add(as_f(q.z), x[2]));
-      q.w = as_u(f_add(as_f(q.w), x[3]));
-      *(uint4*)(ob + 4 * e) = q;
-#elif XT == 0
-      *(uint4*)(ob + 4 * e) = make_uint4(as_u(x[0]), as_u(x[1]), as_u(x[2]), as_u(x[3]));
-#else
-      *(uint2*)(ob + 2 * e) = make_uint2(pack_out2(x[0], x[1]), pack_out2(x[2], x[3]));
+      for (int r = 0; r < TNR; ++r)
+        acc[b * TNR + r] = *(const uint4*)(ob + 4 * (e0 + 32 * b + 4 * LPG * r));
 #endif
-    }
+    // the codes, read coalesced (chunk 32 j + lane), to the lanes that own them (2 lane + j)
+    sb[lane + (lane >> 3)] = c0;
+    sb[36 + lane + (lane >> 3)] = c1;
+    __syncwarp();
+    const uint4 d0 = sb[2 * lane + (lane >> 2)], d1 = sb[2 * lane + (lane >> 2) + 1];
+    __syncwarp();
+    const u32 cw[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) unpack4_fp8(cw[i], v + 4 * i);
+    wht_group<32, 1>(v, 0);  // stages h = 1 .. 16
+    // transpose: the lane's chunk j (elements 4 j ..) to chunk 8 lane + j; then the lane
+    // reads chunk (gl LPG + b) 8 + lig + LPG r, its run (b, r), into u[4 (b TNR + r) ..]
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      sb[9 * lane + j] = make_uint4(as_u(v[4 * j]), as_u(v[4 * j + 1]), as_u(v[4 * j + 2]),
+                                    as_u(v[4 * j + 3]));
+    __syncwarp();
+    float u[32];
+#pragma unroll
+    for (int b = 0; b < LPG; ++b)
+#pragma unroll
+      for (int r = 0; r < TNR; ++r) {
+        const uint4 q = sb[9 * (gl * LPG + b) + lig + LPG * r];
+        float* x = u + 4 * (b * TNR + r);
+        x[0] = as_f(q.x); x[1] = as_f(q.y); x[2] = as_f(q.z); x[3] = as_f(q.w);
+      }
+    __syncwarp();
+    // stages h = 32 t: block b with block b + t (bit t of b clear)
+#pragma unroll
+    for (int t = 1; t < LPG; t <<= 1)
+#pragma unroll
+      for (int b = 0; b < LPG; ++b)
+        if ((b & t) == 0) {
+#pragma unroll
+          for (int i = 0; i < 4 * TNR; ++i) {
+            const float a = u[4 * TNR * b + i], c = u[4 * TNR * (b + t) + i];
+            u[4 * TNR * b + i] = f_add(a, c);
+            u[4 * TNR * (b + t) + i] = f_sub(a, c);
+          }
+        }
+    taco_scale_lane<32>(s, alpha, u);
+#pragma unroll
+    for (int b = 0; b < LPG; ++b)
+#pragma unroll
+      for (int r = 0; r < TNR; ++r) {
+        const i64 e = e0 + 32 * b + 4 * LPG * r;
+        const float* x = u + 4 * (b * TNR + r);
+#if ACC
+        uint4 q = acc[b * TNR + r];
+        q.x = as_u(f_add(as_f(q.x), x[0]));
+        q.y = as_u(f_add(as_f(q.y), x[1]));
+        q.z = as_u(f_add(as_f(q.z), x[2]));
+        q.w = as_u(f_add(as_f(q.w), x[3]));
+        *(uint4*)(ob + 4 * e) = q;
+#elif XT == 0
+        *(uint4*)(ob + 4 * e) = make_uint4(as_u(x[0]), as_u(x[1]), as_u(x[2]), as_u(x[3]));
+#else
+        *(uint2*)(ob + 2 * e) = make_uint2(pack_out2(x[0], x[1]), pack_out2(x[2], x[3]));
+#endif
+      }
+  }
+  return tile;
 }
 #else
 #define TACO_T 0
@@ -1388,17 +1394,18 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   const bool a4 = (((u64)pay + (u64)count) & 3) == 0;
 #endif
   const i64 ntiles = (count + 1023) >> 10;
-  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < ntiles; tile += (i64)gridDim.x * WARPS) {
+  const i64 stride = (i64)gridDim.x * WARPS;
+  i64 tile = (i64)blockIdx.x * WARPS + wib;
+#if TACO_T
+  if (vout && vpay) tile = taco_decode_tiles_t(pay, ob, ncodes, K, tile, count >> 10, stride, lane, sb);
+#endif
+  // the rest: every tile where taco_decode_tiles_t is not compiled, else the partial last
+  // tile and the tiles of unaligned buffers
+  for (; tile < ntiles; tile += stride) {
     const i64 t0 = tile << 10;
     const i64 base = t0 + lane * 32;
     const i64 g = base >> LOG2_GS;
-    const bool staged = STAGE && vout && vpay && (t0 + 1024 <= count);
-#if TACO_T
-    if (staged) {
-      taco_decode_tile_t(pay, ob, ncodes, K, t0, lane, sb);
-      continue;
-    }
-#endif
+    const bool staged = !TACO_T && STAGE && vout && vpay && (t0 + 1024 <= count);
     // per-group scale(s)
 #if OP == 2
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
