@@ -46,6 +46,8 @@
 // squares followed by the xor butterfly across the group's lanes, which is FORMAT.md's
 // pairwise tree. With STAGE=1 the tile is read and written with fully coalesced 16-byte
 // accesses through a per-warp shared-memory buffer (xor-swizzled, no bank conflicts).
+// The taco decode's whole tiles (taco_decode_tiles_t) instead transpose the values between
+// the stages h = 16 and h = 32, so that those across lanes run in registers too.
 //
 // The same file also compiles as plain C++ (no __CUDA_ARCH__) against a small host
 // emulation of the CUDA built-ins, which is how the software paths were checked; on the
@@ -1397,7 +1399,8 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   const i64 stride = (i64)gridDim.x * WARPS;
   i64 tile = (i64)blockIdx.x * WARPS + wib;
 #if TACO_T
-  if (vout && vpay) tile = taco_decode_tiles_t(pay, ob, ncodes, K, tile, count >> 10, stride, lane, sb);
+  if (vout && vpay)
+    tile = taco_decode_tiles_t(pay, ob, ncodes, K, tile, count >> 10, stride, lane, sb);
 #endif
   // the rest: every tile where taco_decode_tiles_t is not compiled, else the partial last
   // tile and the tiles of unaligned buffers

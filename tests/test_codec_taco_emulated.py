@@ -5,9 +5,10 @@ numba kernels, bit for bit.
 
 This checks the kernels' logic where there is no GPU: the lanes' split of a group and
 their shuffles, the tiles copied a tile ahead through the warps' shared buffers and
-written back through them (the swizzled slots), the partial last tile, unaligned buffers
-(the per-lane paths), and warps that loop over several tiles (grids smaller than the
-tiles). The arithmetic is the host branch of the kernels (software FP8 and bfloat16
+written back through them (the swizzled slots), the decode's whole tiles transposed
+through its padded buffer, extended-range groups, the partial last tile, unaligned
+buffers (the per-lane paths), and warps that loop over several tiles (grids smaller than
+the tiles). The arithmetic is the host branch of the kernels (software FP8 and bfloat16
 conversions); the GPU's hardware conversions are checked against it in
 tests/test_codec_gpu.py. Skips without a C++20 compiler.
 """
