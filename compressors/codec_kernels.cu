@@ -46,6 +46,8 @@
 // squares followed by the xor butterfly across the group's lanes, which is FORMAT.md's
 // pairwise tree. With STAGE=1 the tile is read and written with fully coalesced 16-byte
 // accesses through a per-warp shared-memory buffer (xor-swizzled, no bank conflicts).
+// The taco decode's whole tiles (taco_decode_tiles_t) instead transpose the values between
+// the stages h = 16 and h = 32, so that those across lanes run in registers too.
 //
 // The same file also compiles as plain C++ (no __CUDA_ARCH__) against a small host
 // emulation of the CUDA built-ins, which is how the software paths were checked; on the
@@ -679,20 +681,14 @@ DEV void wht_group(float* v, int lig) {
 
 // =============================================================== taco decode
 #if OP == 2 || OP == 8 || OP == 10
-// One lane's N codes cw of a group (spread over L lanes, lig: the lane's index in it)
-// decoded in place of v: FP8 values, the inverse Hadamard when ASH, times the group's
-// s * c / max(alpha, 1e-12) (FORMAT.md), s and alpha 1 where the payload has none. Shared
-// by the decode kernel (2) and the ring hops (8, 10), so they decode bitwise alike.
-template <int N = 32, int L = LPG>
-DEV void taco_dequant_lane(const u32* cw, float s, float alpha, int lig, float* v) {
-#pragma unroll
-  for (int i = 0; i < N / 4; ++i) unpack4_fp8(cw[i], v + 4 * i);
+// N values v of one group after the inverse Hadamard, times the group's
+// s * c / max(alpha, 1e-12) (FORMAT.md; an extended group by its own rule).
+template <int N>
+DEV void taco_scale_lane(float s, float alpha, float* v) {
 #if ASH
-  wht_group<N, L>(v, lig);
   const float c = as_f(CINV_BITS);
 #else
   const float c = as_f(BITS_ONE);
-  (void)lig;
 #endif
   const float kp = f_div(f_mul(s, c), f_max(alpha, as_f(BITS_1EM12)));
 #if ASH
@@ -705,6 +701,22 @@ DEV void taco_dequant_lane(const u32* cw, float s, float alpha, int lig, float* 
 #endif
 #pragma unroll
   for (int r = 0; r < N; ++r) v[r] = f_mul(v[r], kp);
+}
+
+// One lane's N codes cw of a group (spread over L lanes, lig: the lane's index in it)
+// decoded in place of v: FP8 values, the inverse Hadamard when ASH, times the group's
+// s * c / max(alpha, 1e-12) (FORMAT.md), s and alpha 1 where the payload has none. Shared
+// by the decode kernel (2) and the ring hops (8, 10), so they decode bitwise alike.
+template <int N = 32, int L = LPG>
+DEV void taco_dequant_lane(const u32* cw, float s, float alpha, int lig, float* v) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) unpack4_fp8(cw[i], v + 4 * i);
+#if ASH
+  wht_group<N, L>(v, lig);
+#else
+  (void)lig;
+#endif
+  taco_scale_lane<N>(s, alpha, v);
 }
 
 // The decode of codes and scales an encode has just made (taco_encode_lane's codes, sbits,
@@ -1244,6 +1256,114 @@ DEV float int8_float(int q) { return f_sub(as_f(BITS_MAGIC + (u32)q), as_f(BITS_
 DEV int int8_code(const u32* cw, int r) { return ((int)(cw[r >> 2] << (24 - 8 * (r & 3)))) >> 24; }
 #endif
 
+// ======================================== taco decode of a whole tile, transposed (2)
+// Kernel 2's path for whole tiles of 16-byte aligned payload and output when a group
+// spans LPG = 2, 4 or 8 lanes (G = 64, 128, 256; 16-bit outputs from G = 128: see the
+// stores). A lane decodes its 32 consecutive codes and runs the Hadamard stages h < 32 in
+// registers, as taco_dequant_lane does; the warp then transposes the values through shared
+// memory, so that a lane holds, for 32 / LPG offsets j of its group's 32-element blocks,
+// the value at j of every block. The stages h = 32 .. G/2 then pair values within the
+// lane: a + b and a - b, bitwise the shuffled fma(+-1, own, partner) of wht_group (each
+// rounds the exact sum once), in the same order of stages, so that no shuffle is left.
+// A lane's offsets are runs of four, j = 4 lig + 4 LPG r (r < TNR): it stores each run
+// straight to global memory as one 16-byte (float32) or 8-byte (16-bit) piece, and the
+// LPG lanes of a group write 4 LPG consecutive elements at once, whole 32-byte sectors.
+// Shared memory is padded by one 16-byte slot every eight (chunk c at slot c + c / 8):
+// every access of the warp is free of bank conflicts and every address is a per-lane
+// base plus a constant.
+#if OP == 2 && ASH && STAGE && (LPG == 2 || LPG == 4 || LPG == 8) && (EB == 4 || LPG >= 4)
+#define TACO_T 1
+#define TNR (8 / LPG)   // runs of four offsets a lane holds in each block
+#define TSLOTS (9 * 32)  // a warp's buffer: 32 lanes x 8 chunks of 16 bytes, padded
+// The warp's whole tiles tile, tile + stride, ... below nfull (payload and output 16-byte
+// aligned); returns the first tile it did not decode.
+DEV i64 taco_decode_tiles_t(const unsigned char* pay, char* ob, i64 ncodes, i64 K, i64 tile,
+                            i64 nfull, i64 stride, int lane, uint4* sb) {
+  const int gl = lane / LPG, lig = lane % LPG;  // the lane's group in the tile, index in it
+  for (; tile < nfull; tile += stride) {
+    const i64 t0 = tile << 10;
+    // the element of the lane's first run; run (b, r) starts 32 b + 4 LPG r after it
+    const i64 e0 = t0 + (gl * GS + 4 * lig);
+    float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
+    taco_load_scales(pay, ncodes, K, (t0 >> LOG2_GS) + 32 * lane / GS, true, s, alpha);
+    const uint4* cp = (const uint4*)(pay + t0);
+    const uint4 c0 = ldg4(cp + lane), c1 = ldg4(cp + 32 + lane);
+#if ACC
+    uint4 acc[LPG * TNR];  // the float32 accumulator at the lane's runs, loaded early
+#pragma unroll
+    for (int b = 0; b < LPG; ++b)
+#pragma unroll
+      for (int r = 0; r < TNR; ++r)
+        acc[b * TNR + r] = *(const uint4*)(ob + 4 * (e0 + 32 * b + 4 * LPG * r));
+#endif
+    // the codes, read coalesced (chunk 32 j + lane), to the lanes that own them (2 lane + j)
+    sb[lane + (lane >> 3)] = c0;
+    sb[36 + lane + (lane >> 3)] = c1;
+    __syncwarp();
+    const uint4 d0 = sb[2 * lane + (lane >> 2)], d1 = sb[2 * lane + (lane >> 2) + 1];
+    __syncwarp();
+    const u32 cw[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) unpack4_fp8(cw[i], v + 4 * i);
+    wht_group<32, 1>(v, 0);  // stages h = 1 .. 16
+    // transpose: the lane's chunk j (elements 4 j ..) to chunk 8 lane + j; then the lane
+    // reads chunk (gl LPG + b) 8 + lig + LPG r, its run (b, r), into u[4 (b TNR + r) ..]
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      sb[9 * lane + j] = make_uint4(as_u(v[4 * j]), as_u(v[4 * j + 1]), as_u(v[4 * j + 2]),
+                                    as_u(v[4 * j + 3]));
+    __syncwarp();
+    float u[32];
+#pragma unroll
+    for (int b = 0; b < LPG; ++b)
+#pragma unroll
+      for (int r = 0; r < TNR; ++r) {
+        const uint4 q = sb[9 * (gl * LPG + b) + lig + LPG * r];
+        float* x = u + 4 * (b * TNR + r);
+        x[0] = as_f(q.x); x[1] = as_f(q.y); x[2] = as_f(q.z); x[3] = as_f(q.w);
+      }
+    __syncwarp();
+    // stages h = 32 t: block b with block b + t (bit t of b clear)
+#pragma unroll
+    for (int t = 1; t < LPG; t <<= 1)
+#pragma unroll
+      for (int b = 0; b < LPG; ++b)
+        if ((b & t) == 0) {
+#pragma unroll
+          for (int i = 0; i < 4 * TNR; ++i) {
+            const float a = u[4 * TNR * b + i], c = u[4 * TNR * (b + t) + i];
+            u[4 * TNR * b + i] = f_add(a, c);
+            u[4 * TNR * (b + t) + i] = f_sub(a, c);
+          }
+        }
+    taco_scale_lane<32>(s, alpha, u);
+#pragma unroll
+    for (int b = 0; b < LPG; ++b)
+#pragma unroll
+      for (int r = 0; r < TNR; ++r) {
+        const i64 e = e0 + 32 * b + 4 * LPG * r;
+        const float* x = u + 4 * (b * TNR + r);
+#if ACC
+        uint4 q = acc[b * TNR + r];
+        q.x = as_u(f_add(as_f(q.x), x[0]));
+        q.y = as_u(f_add(as_f(q.y), x[1]));
+        q.z = as_u(f_add(as_f(q.z), x[2]));
+        q.w = as_u(f_add(as_f(q.w), x[3]));
+        *(uint4*)(ob + 4 * e) = q;
+#elif XT == 0
+        *(uint4*)(ob + 4 * e) = make_uint4(as_u(x[0]), as_u(x[1]), as_u(x[2]), as_u(x[3]));
+#else
+        *(uint2*)(ob + 2 * e) = make_uint2(pack_out2(x[0], x[1]), pack_out2(x[2], x[3]));
+#endif
+      }
+  }
+  return tile;
+}
+#else
+#define TACO_T 0
+#endif
+
 // ======================================================== fast decode kernel (2, 4)
 #if OP == 2 || OP == 4
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
@@ -1253,14 +1373,19 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 #else
 #define OCPL CPL
 #endif
-  __shared__ uint4 smem[WARPS * 32 * OCPL];
   const unsigned char* pay = (const unsigned char*)src;
   char* ob = (char*)dst;
   const int lane = threadIdx.x & 31;
   const int wib = threadIdx.x >> 5;
   const int lig = lane & (LPG - 1);
   (void)lig;
+#if TACO_T
+  __shared__ uint4 smem[WARPS * TSLOTS];
+  uint4* sb = smem + wib * TSLOTS;
+#else
+  __shared__ uint4 smem[WARPS * 32 * OCPL];
   uint4* sb = smem + wib * 32 * OCPL;
+#endif
   const bool vout = (((u64)ob) & 15) == 0;
   const bool vpay = (((u64)pay) & 15) == 0;
 #if OP == 2
@@ -1271,11 +1396,19 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   const bool a4 = (((u64)pay + (u64)count) & 3) == 0;
 #endif
   const i64 ntiles = (count + 1023) >> 10;
-  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < ntiles; tile += (i64)gridDim.x * WARPS) {
+  const i64 stride = (i64)gridDim.x * WARPS;
+  i64 tile = (i64)blockIdx.x * WARPS + wib;
+#if TACO_T
+  if (vout && vpay)
+    tile = taco_decode_tiles_t(pay, ob, ncodes, K, tile, count >> 10, stride, lane, sb);
+#endif
+  // the rest: every tile where taco_decode_tiles_t is not compiled, else the partial last
+  // tile and the tiles of unaligned buffers
+  for (; tile < ntiles; tile += stride) {
     const i64 t0 = tile << 10;
     const i64 base = t0 + lane * 32;
     const i64 g = base >> LOG2_GS;
-    const bool staged = STAGE && vout && vpay && (t0 + 1024 <= count);
+    const bool staged = !TACO_T && STAGE && vout && vpay && (t0 + 1024 <= count);
     // per-group scale(s)
 #if OP == 2
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);

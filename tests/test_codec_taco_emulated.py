@@ -5,9 +5,10 @@ numba kernels, bit for bit.
 
 This checks the kernels' logic where there is no GPU: the lanes' split of a group and
 their shuffles, the tiles copied a tile ahead through the warps' shared buffers and
-written back through them (the swizzled slots), the partial last tile, unaligned buffers
-(the per-lane paths), and warps that loop over several tiles (grids smaller than the
-tiles). The arithmetic is the host branch of the kernels (software FP8 and bfloat16
+written back through them (the swizzled slots), the decode's whole tiles transposed
+through its padded buffer, extended-range groups, the partial last tile, unaligned
+buffers (the per-lane paths), and warps that loop over several tiles (grids smaller than
+the tiles). The arithmetic is the host branch of the kernels (software FP8 and bfloat16
 conversions); the GPU's hardware conversions are checked against it in
 tests/test_codec_gpu.py. Skips without a C++20 compiler.
 """
@@ -43,6 +44,12 @@ CASES = [
     ("decode", 128, 0, BF16),
     ("decode", 32, 0, F32),
     ("accumulate", 128, 0, BF16),
+    # kernel 2's transposed whole tiles (two, four and eight lanes a group) and, for
+    # bfloat16 at G = 64, its shuffled ones
+    ("decode", 128, 0, F32),
+    ("decode", 64, 0, F32),
+    ("decode", 64, 0, BF16),
+    ("decode", 256, 0, BF16),
 ]
 # (count, blocks): one element, a partial group, whole tiles, several tiles a warp with a
 # partial last one
@@ -93,6 +100,8 @@ def data(n: int, dtype: np.dtype, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(n).astype(np.float32) * 3
     x[::97] *= 1e4  # some groups with an outlier
+    x[256:384] *= 1e-25  # groups of FORMAT.md's extended range (step 4b), tiny and huge
+    x[512:640] *= 1e20
     return x.astype(dtype)
 
 

@@ -25,6 +25,8 @@
 #define __constant__
 struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 struct Dim { unsigned x; };
 thread_local Dim threadIdx;
 Dim blockIdx{0}, gridDim{1};
