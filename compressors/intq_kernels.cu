@@ -63,6 +63,11 @@
 #endif
 
 #define BITS_QMAX_F ((float)IQMAX)
+#define IQB (1u << (BITS - 1))  // the offset of a code's unsigned form u = q + 2^(BITS-1)
+// With BITS 2, 4 or 8 a code word holds ICPW whole codes; ISIGNS has each one's top bit,
+// so that flipping them turns codes q into their unsigned forms u and back.
+#define ICPW (32 / BITS)
+#define ISIGNS ((0xffffffffu / ((1u << BITS) - 1u)) << (BITS - 1))
 #define BITS_2M24 0x33800000u  // 2^-24
 
 // ------------------------------------------------------------------ the key stream
@@ -365,6 +370,89 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
 
 // ======================================================================== decode
 #if IOP == 2
+// The decode's transform acts on integers: codes of magnitude at most 2^(BITS-1), sums of
+// at most HAD of them, all exact in float32 (below 2^24), so the result does not depend on
+// the order of the adds and may be computed in integer arithmetic, two values a register.
+// IPACK: a lane's codes are unpacked straight into pairs of 16-bit fields, one pair a
+// 32-bit word P = lo + 2^16 * hi (mod 2^32, each field signed); adding and subtracting
+// such words adds and subtracts both fields at once (the map is linear), and a field's
+// final value fits 16 bits: |lo|, |hi| <= 2^(BITS-1) * HAD / 2 < 2^15 (the words' stages
+// add up HAD / 2 codes a field). A word's fields are codes r and r + IFH of one code word
+// (r < IFH, the codes of a 16-bit half), extracted together by one shift and one mask; the
+// stage that pairs elements i and i + IFH, the two fields of one word, is done while
+// unpacking them.
+#define IPACK (HAD > 0 && 16 % BITS == 0 && (1 << (BITS - 2)) * HAD < 32768)
+#if IPACK
+#define IFH (16 / BITS)  // codes in a 16-bit half of a code word
+#define INP (NPL / 2)     // packed words of a lane
+#define IBLK (HAD < NPL ? HAD : NPL)  // elements of a Hadamard block in one lane
+// Whether the stage h = IFH lies within a block (else the two fields of a word belong to
+// different blocks and are never combined).
+#define ICOMB (IFH < IBLK)
+// Packed stages in the lane: the block's index bits but the one of IFH.
+#define INST (ilog2(IBLK) - (ICOMB ? 1 : 0))
+
+// The rotated values w (integers) of a lane's NPL codes cw, as packed words p: word
+// j = k * IFH + r holds elements k * ICPW + r (low field) and k * ICPW + r + IFH (high).
+DEV void int_rotate_packed(const u32* cw, int lane, int* p) {
+  // Fields as unsigned u = q + 2^(BITS-1) (the sign bit flipped): no borrow between them.
+  constexpr u32 FIELDS = ((1u << BITS) - 1u) * 0x00010001u;
+#pragma unroll
+  for (int k = 0; k < ICW; ++k) {
+    const u32 f = cw[k] ^ ISIGNS;
+#pragma unroll
+    for (int r = 0; r < IFH; ++r) p[k * IFH + r] = (int)((f >> (BITS * r)) & FIELDS);
+  }
+  // The packed stages, two at a time where there are two (a 4-point transform with
+  // three-input adds), in any order: the sums are exact.
+#pragma unroll
+  for (int s = 0; s < INST; s += 2) {
+    const int t1 = 1 << s;
+    if (s + 1 < INST) {
+      const int t2 = 2 << s;
+#pragma unroll
+      for (int j = 0; j < INP; ++j) {
+        if ((j & t1) == 0 && (j & t2) == 0) {
+          const int a = p[j], b = p[j + t1], c = p[j + t2], e = p[j + t1 + t2];
+          const int sum = a + b, dif = a - b;
+          p[j] = sum + c + e;
+          p[j + t1] = dif + c - e;
+          p[j + t2] = sum - c - e;
+          p[j + t1 + t2] = dif - c + e;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < INP; ++j) {
+        if ((j & t1) == 0) {
+          const int a = p[j], b = p[j + t1];
+          p[j] = a + b;
+          p[j + t1] = a - b;
+        }
+      }
+    }
+  }
+  // The offsets 2^(BITS-1) of the inputs, transformed: 2^INST times each in the first
+  // word of every block of 2^INST words, nothing elsewhere.
+  constexpr u32 OFFSETS = (IQB << INST) * 0x00010001u;
+#pragma unroll
+  for (int j = 0; j < INP; j += 1 << INST) p[j] -= (int)OFFSETS;
+#if HAD > NPL
+  // The stages across the block's lanes: the lane whose bit is clear computes own +
+  // partner, the other partner - own.
+  const int lig = lane & (HLANES - 1);
+#pragma unroll
+  for (int t = 1; t < HLANES; t <<= 1) {
+    const int sgn = (lig & t) ? -1 : 1;
+#pragma unroll
+    for (int j = 0; j < INP; ++j)
+      p[j] = (int)__shfl_xor_sync(FULL_MASK, (u32)p[j], t) + sgn * p[j];
+  }
+#else
+  (void)lane;
+#endif
+}
+#endif
 // A lane's NPL decoded values v at elements [base, base + NPL) of out (those below count),
 // written, or added to a float32 out (ACC); whole: the warp's tile [t0, t0 + ITILE) lies
 // within count and out is 16-byte aligned, so it moves coalesced through sb.
@@ -442,6 +530,20 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     }
     // ---- values: w_i = q_i, the transform (exact), then * D
     float v[NPL];
+#if IPACK
+    {
+      int p[INP];
+      int_rotate_packed(cw, lane, p);
+#pragma unroll
+      for (int j = 0; j < INP; ++j) {
+        const int i = (j / IFH) * ICPW + j % IFH;  // the low field's element
+        const int lo = (int)(short)p[j];          // sign-extended
+        const int hi = (p[j] - lo) >> 16;         // exact: p - lo = 2^16 * hi
+        v[i] = (float)(ICOMB ? lo + hi : lo);     // exact: below 2^24
+        v[i + IFH] = (float)(ICOMB ? lo - hi : hi);
+      }
+    }
+#else
 #pragma unroll
     for (int i = 0; i < NPL; ++i) {
       const int bit = i * BITS;
@@ -449,10 +551,27 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
       if ((bit & 31) + BITS > 32) f |= cw[(bit >> 5) + 1] << (32 - (bit & 31));
       v[i] = (float)(((int)(f << (32 - BITS))) >> (32 - BITS));  // sign-extended, exact
     }
+#endif
 #if HAD
+#if !IPACK
     int_rotate(v, lane);
+#endif
+#if XT != 0 && !ACC
+    // sat is the identity here: the 16-bit output's rounding takes FLT_MAX to Inf too.
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) v[i] = sat_inf(f_mul(v[i], d));
+    for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
+#else
+    // |w_i| <= 2^(BITS-1) * HAD = 2^IWB, so below the threshold no product overflows and
+    // sat is the identity; above it (huge groups, NaN) the lane takes sat.
+    constexpr int IWB = BITS - 1 + ilog2(HAD);
+    if ((as_u(d) & 0x7fffffffu) < ((u32)(254 - IWB) << 23)) {
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) v[i] = sat_inf(f_mul(v[i], d));
+    }
+#endif
 #else
 #pragma unroll
     for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
