@@ -170,6 +170,14 @@ DEV float int_scale(float amax, float m, float& t, bool& tiny) {
   return d;
 }
 
+// Step 6 to nearest (below): the bits of 1.5 * 2^23 + 2^(BITS-1), and the sum of a code
+// word's ICPW copies of 1.5 * 2^23's bits at the fields' places (mod 2^32).
+#define IMAGIC (0x4b400000u + IQB)
+__host__ __device__ constexpr u32 imagic_sum(int f) {
+  return f == 0 ? 0u : (imagic_sum(f - 1) << BITS) + 0x4b400000u;
+}
+#define IMAGIC_SUM imagic_sum(ICPW)
+
 // Step 6: the code of a scaled value y (element e of the payload).
 DEV int int_round(float y, u64 key, i64 e) {
 #if STOCH
@@ -212,10 +220,29 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
     for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], p);
     m = as_f(BITS_ONE);
   }
-  int_rotate(v, lane);
   ab = 0;
+#if HAD <= NPL
+  // Each block within the lane: its two halves' transforms (stages h = 1 .. HAD/4), then
+  // the last stage, whose pair (a, b) becomes a + b and a - b. The larger magnitude of
+  // the two is RN(|a| + |b|) (rounding is monotone and odd), so the absmax takes one add
+  // per pair instead of a compare per value.
+#pragma unroll
+  for (int b = 0; b < NPL; b += HAD) {
+    wht_group<HAD / 2, 1>(v + b, 0);
+    wht_group<HAD / 2, 1>(v + b + HAD / 2, 0);
+#pragma unroll
+    for (int i = b; i < b + HAD / 2; ++i) {
+      const float a = v[i], c = v[i + HAD / 2];
+      v[i] = f_add(a, c);
+      v[i + HAD / 2] = f_sub(a, c);
+      ab = max(ab, as_u(f_add(f_abs(a), f_abs(c))));
+    }
+  }
+#else
+  int_rotate(v, lane);
 #pragma unroll
   for (int i = 0; i < NPL; ++i) ab = max(ab, as_u(v[i]) & 0x7fffffffu);
+#endif
   ab = group_umax<ILPG>(ab);
 #endif
   const float amax = as_f(ab);
@@ -232,6 +259,7 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
 #pragma unroll
     for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], inv);
   }
+#if STOCH
 #pragma unroll
   for (int i = 0; i < NPL; ++i) {
     const u32 f = (u32)int_round(v[i], key, base + i) & ((1u << BITS) - 1u);
@@ -239,6 +267,40 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
     cw[bit >> 5] |= f << (bit & 31);
     if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= f >> (32 - (bit & 31));
   }
+#else
+  (void)key;
+  (void)base;
+  // Step 6, rounding to nearest: y + (1.5 * 2^23 + 2^(BITS-1)) rounds y to an integer r,
+  // half to even as rint does (|y| < 2^22; the constant is even), and leaves the sum's
+  // low bits u = r + 2^(BITS-1). The clamp is never active: in a finite group |y| < Q + 1/2,
+  // since |v_i| <= a and a / T <= Q * (1 + 2^-11) (T = D * M exactly, and D's rounding is
+  // at most 2^-11 of T: a subnormal D's half ulp 2^-150 times M <= 2^11, T > 2^-128; the
+  // tiny path divides, and its D makes a / T round to at most Q), so 1 <= u <= 2^BITS - 1.
+  // A group with NaN or Inf is overwritten below.
+  u32 qb[NPL];
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) qb[i] = as_u(f_add(v[i], as_f(IMAGIC)));
+#if 32 % BITS == 0
+  // A code word's sums y + constant added at their fields' places: the parts 1.5 * 2^23
+  // add up to IMAGIC_SUM, the u (below 2^BITS) never carry into the next field; flipping
+  // the fields' top bits turns the u into the codes q.
+#pragma unroll
+  for (int k = 0; k < ICW; ++k) {
+    u32 acc = 0u;
+#pragma unroll
+    for (int f = ICPW - 1; f >= 0; --f) acc = (acc << BITS) + qb[k * ICPW + f];
+    cw[k] = (acc - IMAGIC_SUM) ^ ISIGNS;
+  }
+#else
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    const u32 f = (qb[i] ^ IQB) & ((1u << BITS) - 1u);  // q in BITS-bit two's complement
+    const int bit = i * BITS;  // constants after unrolling
+    cw[bit >> 5] |= f << (bit & 31);
+    if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= f >> (32 - (bit & 31));
+  }
+#endif
+#endif
   if (bad) {
 #pragma unroll
     for (int j = 0; j < ICW; ++j) cw[j] = 0u;
