@@ -124,26 +124,48 @@ DEV IntPay int_pay(const void* pay, i64 count) {
   return p;
 }
 
+// A lane's slots in its warp's staging buffers, the same in every tile, so computed once
+// before the tile loop (the compiler recomputes the swizzles in every tile otherwise).
+// Of a 16-byte chunk buffer (swz's layout, as staged_transpose and staged_store use it):
+// chunk j * 32 + lane of the tile lies at slot col[j & 1] + 64 * (j >> 1) (swz moves only
+// bits 0-2, by bits 3-5), and where ICH <= 8 the lane's own chunk lane * ICH + c at
+// row ^ c (c < ICH changes none of bits 3-5). Of the code-word buffer (stride ICS a lane):
+// word j * 32 + lane of the tile lies at code_slot(j).
+struct IntSlots {
+  int col[2], row, code;
+};
+
+DEV IntSlots int_slots(int lane) {
+  IntSlots s;
+  s.col[0] = swz(lane);
+  s.col[1] = swz(32 + lane);
+  s.row = swz(lane * ICH);
+  s.code = (lane / ICW) * ICS + lane % ICW;  // word lane (j = 0)
+  return s;
+}
+
+DEV int col_slot(const IntSlots& s, int j) { return s.col[j & 1] + 64 * (j >> 1); }
+
+DEV int code_slot(const IntSlots& s, int lane, int j) {
+  if (32 % ICW == 0) return s.code + j * (32 / ICW) * ICS;  // lane / ICW steps 32 / ICW
+  const int wi = j * 32 + lane;
+  return (wi / ICW) * ICS + wi % ICW;
+}
+
 // A whole tile's code words: word wi of the tile belongs to lane wi / ICW. Moved through
 // the warp's buffer cb (stride ICS per lane) so that global accesses are coalesced.
-DEV void codes_store(u32* g, u32* cb, int lane, const u32* cw) {
+DEV void codes_store(u32* g, u32* cb, const IntSlots& sl, int lane, const u32* cw) {
 #pragma unroll
   for (int j = 0; j < ICW; ++j) cb[lane * ICS + j] = cw[j];
   __syncwarp();
 #pragma unroll
-  for (int j = 0; j < ICW; ++j) {
-    const int wi = j * 32 + lane;
-    g[wi] = cb[(wi / ICW) * ICS + wi % ICW];
-  }
+  for (int j = 0; j < ICW; ++j) g[j * 32 + lane] = cb[code_slot(sl, lane, j)];
   __syncwarp();
 }
 
-DEV void codes_load(const u32* g, u32* cb, int lane, u32* cw) {
+DEV void codes_load(const u32* g, u32* cb, const IntSlots& sl, int lane, u32* cw) {
 #pragma unroll
-  for (int j = 0; j < ICW; ++j) {
-    const int wi = j * 32 + lane;
-    cb[(wi / ICW) * ICS + wi % ICW] = __ldg(g + wi);
-  }
+  for (int j = 0; j < ICW; ++j) cb[code_slot(sl, lane, j)] = __ldg(g + j * 32 + lane);
   __syncwarp();
 #pragma unroll
   for (int j = 0; j < ICW; ++j) cw[j] = cb[lane * ICS + j];
@@ -317,15 +339,19 @@ DEV void lane_load_npl(const char* xb, i64 base, i64 count, bool vin, u32* w) {
 
 // A whole warp tile's elements (32 lanes x ICH chunks, in order) started copying into
 // buffer sb: chunk u of the tile at slot swz(u), so that lane l's chunks are
-// swz(l * ICH + c) (staged_transpose's layout). With cp.async no register holds them.
-DEV void int_fetch_tile(const char* tile_bytes, uint4* sb, int lane) {
+// swz(l * ICH + c) (staged_transpose's layout). With cp.async no register holds them;
+// sa is sb's shared-memory address (smem_addr), taken once.
+DEV void int_fetch_tile(const char* tile_bytes, uint4* sb, u32 sa, const IntSlots& sl,
+                        int lane) {
   const uint4* g = (const uint4*)tile_bytes;
 #pragma unroll
   for (int j = 0; j < ICH; ++j) {
 #if ASYNC7
-    cp_async16(sb + swz(j * 32 + lane), g + j * 32 + lane);
+    (void)sb;
+    cp_async16_to(sa + 16u * (u32)col_slot(sl, j), g + j * 32 + lane);
 #else
-    sb[swz(j * 32 + lane)] = ldg4(g + j * 32 + lane);
+    (void)sa;
+    sb[col_slot(sl, j)] = ldg4(g + j * 32 + lane);
 #endif
   }
 }
@@ -338,8 +364,9 @@ DEV void int_fetch_tile(const char* tile_bytes, uint4* sb, int lane) {
 // 16-byte vectors where a lane's code words are a multiple of 4 and the payload is
 // aligned (lane l's codes follow lane l - 1's: the warp's stores are coalesced), else
 // through the warp's buffer (codes_store).
-DEV void int_store_tile(unsigned char* pay, const IntPay& lay, u32* cb, int lane, bool p16,
-                        i64 t0, i64 base, i64 K, const u32* cw, u32 dbits) {
+DEV void int_store_tile(unsigned char* pay, const IntPay& lay, u32* cb, const IntSlots& sl,
+                        int lane, bool p16, i64 t0, i64 base, i64 K, const u32* cw,
+                        u32 dbits) {
   const i64 coded = lay.coded;
   if (p16 && t0 + ITILE <= coded) {
     uint4* o = (uint4*)(pay + base * BITS / 8);
@@ -347,7 +374,7 @@ DEV void int_store_tile(unsigned char* pay, const IntPay& lay, u32* cb, int lane
     for (int j = 0; j < ICW / 4; ++j)
       o[j] = make_uint4(cw[4 * j], cw[4 * j + 1], cw[4 * j + 2], cw[4 * j + 3]);
   } else if (lay.p4 && t0 + ITILE <= coded) {
-    codes_store((u32*)(pay + t0 * BITS / 8), cb, lane, cw);  // the tile's codes
+    codes_store((u32*)(pay + t0 * BITS / 8), cb, sl, lane, cw);  // the tile's codes
   } else if (base < coded) {
     const i64 end = ((coded < base + NPL ? coded : base + NPL) * BITS + 7) >> 3;
     unsigned char* lp = pay + base * BITS / 8;
@@ -373,11 +400,18 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   const bool p16 = ICW % 4 == 0 && (((u64)pay) & 15) == 0;
   const i64 stride = (i64)gridDim.x * WARPS;
   const i64 first = (i64)blockIdx.x * WARPS + wib;
+  const IntSlots sl = int_slots(lane);
 #if ISTAGE
+  static_assert(ICH <= 8, "a lane's chunks read at row ^ c");
   __shared__ uint4 xbuf[WARPS * 64 * ICH];
   uint4* const wbuf = xbuf + wib * 64 * ICH;  // this warp's two buffers
   auto whole = [&](i64 t) { return vin && t < lay.ntiles && (t + 1) * ITILE <= count; };
-  if (whole(first)) int_fetch_tile(xb + first * ITILE * EB, wbuf, lane);
+#if ASYNC7
+  const u32 wsa = smem_addr(wbuf);
+#else
+  const u32 wsa = 0;
+#endif
+  if (whole(first)) int_fetch_tile(xb + first * ITILE * EB, wbuf, wsa, sl, lane);
 #if ASYNC7
   cp_async_commit();
 #endif
@@ -386,8 +420,11 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     const i64 t0 = tile * ITILE;
     const i64 base = t0 + (i64)lane * NPL;
     uint4* const sb = wbuf + cur * 32 * ICH;
-    if (whole(tile + stride))
-      int_fetch_tile(xb + (tile + stride) * ITILE * EB, wbuf + (cur ^ 1) * 32 * ICH, lane);
+    if (whole(tile + stride)) {
+      const int nxt = (cur ^ 1) * 32 * ICH;  // the other buffer
+      int_fetch_tile(xb + (tile + stride) * ITILE * EB, wbuf + nxt, wsa + 16u * (u32)nxt, sl,
+                     lane);
+    }
 #if ASYNC7
     cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
     cp_async_wait1();   // all but the newest group: this tile is in
@@ -397,7 +434,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     if (whole(tile)) {
 #pragma unroll
       for (int c = 0; c < ICH; ++c) {
-        const uint4 q = sb[swz(lane * ICH + c)];
+        const uint4 q = sb[sl.row ^ c];
         w[4 * c] = q.x;
         w[4 * c + 1] = q.y;
         w[4 * c + 2] = q.z;
@@ -409,7 +446,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     __syncwarp();  // the buffer is refilled next iteration
     u32 cw[ICW], dbits;
     int_encode_lane(w, lane, base, key, cw, dbits);
-    int_store_tile(pay, lay, cb, lane, p16, t0, base, K, cw, dbits);
+    int_store_tile(pay, lay, cb, sl, lane, p16, t0, base, K, cw, dbits);
   }
 #else
   u32 wn[IHV * NW];
@@ -424,7 +461,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
       lane_load_npl(xb, (tile + stride) * ITILE + (i64)lane * NPL, count, vin, wn);
     u32 cw[ICW], dbits;
     int_encode_lane(w, lane, base, key, cw, dbits);
-    int_store_tile(pay, lay, cb, lane, p16, t0, base, K, cw, dbits);
+    int_store_tile(pay, lay, cb, sl, lane, p16, t0, base, K, cw, dbits);
   }
 #endif
 }
@@ -519,7 +556,7 @@ DEV void int_rotate_packed(const u32* cw, int lane, int* p) {
 // written, or added to a float32 out (ACC); whole: the warp's tile [t0, t0 + ITILE) lies
 // within count and out is 16-byte aligned, so it moves coalesced through sb.
 DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool vout,
-                        uint4* sb, int lane, const float* v) {
+                        uint4* sb, const IntSlots& sl, int lane, const float* v) {
 #if ACC
   if (whole) {
     // Plain loads (not __ldg): this kernel writes these addresses.
@@ -543,7 +580,20 @@ DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool 
     u32 ow[IHV * NW];
 #pragma unroll
     for (int hv = 0; hv < IHV; ++hv) pack_out32(v + 32 * hv, ow + hv * NW);
+#if ICH <= 8
+    // staged_store at this lane's slots
+    uint4* g = (uint4*)(ob + t0 * EB);
+#pragma unroll
+    for (int j = 0; j < ICH; ++j)
+      sb[sl.row ^ j] = make_uint4(ow[4 * j], ow[4 * j + 1], ow[4 * j + 2], ow[4 * j + 3]);
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < ICH; ++j) g[j * 32 + lane] = sb[col_slot(sl, j)];
+    __syncwarp();
+#else
+    (void)sl;
     staged_store<ICH>((uint4*)(ob + t0 * EB), sb, lane, ow);
+#endif
   } else if (base < count) {
 #pragma unroll
     for (int hv = 0; hv < IHV; ++hv) store_out32(ob, base + 32 * hv, count, vout, v + 32 * hv);
@@ -572,6 +622,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   u32* cb = cbuf + wib * 32 * ICS;
   const IntPay lay = int_pay(pay, count);
   const bool vout = (((u64)ob) & 15) == 0;
+  const IntSlots sl = int_slots(lane);
   for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < lay.ntiles;
        tile += (i64)gridDim.x * WARPS) {
     const i64 t0 = tile * ITILE;
@@ -581,7 +632,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     // ---- codes
     u32 cw[ICW];
     if (lay.p4 && t0 + ITILE <= lay.coded) {
-      codes_load((const u32*)(pay + t0 * BITS / 8), cb, lane, cw);
+      codes_load((const u32*)(pay + t0 * BITS / 8), cb, sl, lane, cw);
     } else {
       const i64 b0 = base * BITS / 8;
 #pragma unroll
@@ -639,7 +690,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
 #endif
     // ---- output
-    int_store_lane(ob, t0, base, count, vout && t0 + ITILE <= count, vout, sb, lane, v);
+    int_store_lane(ob, t0, base, count, vout && t0 + ITILE <= count, vout, sb, sl, lane, v);
   }
 }
 #endif
