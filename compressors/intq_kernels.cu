@@ -63,6 +63,11 @@
 #endif
 
 #define BITS_QMAX_F ((float)IQMAX)
+#define IQB (1u << (BITS - 1))  // the offset of a code's unsigned form u = q + 2^(BITS-1)
+// With BITS 2, 4 or 8 a code word holds ICPW whole codes; ISIGNS has each one's top bit,
+// so that flipping them turns codes q into their unsigned forms u and back.
+#define ICPW (32 / BITS)
+#define ISIGNS ((0xffffffffu / ((1u << BITS) - 1u)) << (BITS - 1))
 #define BITS_2M24 0x33800000u  // 2^-24
 
 // ------------------------------------------------------------------ the key stream
@@ -119,26 +124,48 @@ DEV IntPay int_pay(const void* pay, i64 count) {
   return p;
 }
 
+// A lane's slots in its warp's staging buffers, the same in every tile, so computed once
+// before the tile loop (the compiler recomputes the swizzles in every tile otherwise).
+// Of a 16-byte chunk buffer (swz's layout, as staged_transpose and staged_store use it):
+// chunk j * 32 + lane of the tile lies at slot col[j & 1] + 64 * (j >> 1) (swz moves only
+// bits 0-2, by bits 3-5), and where ICH <= 8 the lane's own chunk lane * ICH + c at
+// row ^ c (c < ICH changes none of bits 3-5). Of the code-word buffer (stride ICS a lane):
+// word j * 32 + lane of the tile lies at code_slot(j).
+struct IntSlots {
+  int col[2], row, code;
+};
+
+DEV IntSlots int_slots(int lane) {
+  IntSlots s;
+  s.col[0] = swz(lane);
+  s.col[1] = swz(32 + lane);
+  s.row = swz(lane * ICH);
+  s.code = (lane / ICW) * ICS + lane % ICW;  // word lane (j = 0)
+  return s;
+}
+
+DEV int col_slot(const IntSlots& s, int j) { return s.col[j & 1] + 64 * (j >> 1); }
+
+DEV int code_slot(const IntSlots& s, int lane, int j) {
+  if (32 % ICW == 0) return s.code + j * (32 / ICW) * ICS;  // lane / ICW steps 32 / ICW
+  const int wi = j * 32 + lane;
+  return (wi / ICW) * ICS + wi % ICW;
+}
+
 // A whole tile's code words: word wi of the tile belongs to lane wi / ICW. Moved through
 // the warp's buffer cb (stride ICS per lane) so that global accesses are coalesced.
-DEV void codes_store(u32* g, u32* cb, int lane, const u32* cw) {
+DEV void codes_store(u32* g, u32* cb, const IntSlots& sl, int lane, const u32* cw) {
 #pragma unroll
   for (int j = 0; j < ICW; ++j) cb[lane * ICS + j] = cw[j];
   __syncwarp();
 #pragma unroll
-  for (int j = 0; j < ICW; ++j) {
-    const int wi = j * 32 + lane;
-    g[wi] = cb[(wi / ICW) * ICS + wi % ICW];
-  }
+  for (int j = 0; j < ICW; ++j) g[j * 32 + lane] = cb[code_slot(sl, lane, j)];
   __syncwarp();
 }
 
-DEV void codes_load(const u32* g, u32* cb, int lane, u32* cw) {
+DEV void codes_load(const u32* g, u32* cb, const IntSlots& sl, int lane, u32* cw) {
 #pragma unroll
-  for (int j = 0; j < ICW; ++j) {
-    const int wi = j * 32 + lane;
-    cb[(wi / ICW) * ICS + wi % ICW] = __ldg(g + wi);
-  }
+  for (int j = 0; j < ICW; ++j) cb[code_slot(sl, lane, j)] = __ldg(g + j * 32 + lane);
   __syncwarp();
 #pragma unroll
   for (int j = 0; j < ICW; ++j) cw[j] = cb[lane * ICS + j];
@@ -164,6 +191,14 @@ DEV float int_scale(float amax, float m, float& t, bool& tiny) {
   }
   return d;
 }
+
+// Step 6 to nearest (below): the bits of 1.5 * 2^23 + 2^(BITS-1), and the sum of a code
+// word's ICPW copies of 1.5 * 2^23's bits at the fields' places (mod 2^32).
+#define IMAGIC (0x4b400000u + IQB)
+__host__ __device__ constexpr u32 imagic_sum(int f) {
+  return f == 0 ? 0u : (imagic_sum(f - 1) << BITS) + 0x4b400000u;
+}
+#define IMAGIC_SUM imagic_sum(ICPW)
 
 // Step 6: the code of a scaled value y (element e of the payload).
 DEV int int_round(float y, u64 key, i64 e) {
@@ -207,10 +242,29 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
     for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], p);
     m = as_f(BITS_ONE);
   }
-  int_rotate(v, lane);
   ab = 0;
+#if HAD <= NPL
+  // Each block within the lane: its two halves' transforms (stages h = 1 .. HAD/4), then
+  // the last stage, whose pair (a, b) becomes a + b and a - b. The larger magnitude of
+  // the two is RN(|a| + |b|) (rounding is monotone and odd), so the absmax takes one add
+  // per pair instead of a compare per value.
+#pragma unroll
+  for (int b = 0; b < NPL; b += HAD) {
+    wht_group<HAD / 2, 1>(v + b, 0);
+    wht_group<HAD / 2, 1>(v + b + HAD / 2, 0);
+#pragma unroll
+    for (int i = b; i < b + HAD / 2; ++i) {
+      const float a = v[i], c = v[i + HAD / 2];
+      v[i] = f_add(a, c);
+      v[i + HAD / 2] = f_sub(a, c);
+      ab = max(ab, as_u(f_add(f_abs(a), f_abs(c))));
+    }
+  }
+#else
+  int_rotate(v, lane);
 #pragma unroll
   for (int i = 0; i < NPL; ++i) ab = max(ab, as_u(v[i]) & 0x7fffffffu);
+#endif
   ab = group_umax<ILPG>(ab);
 #endif
   const float amax = as_f(ab);
@@ -227,6 +281,7 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
 #pragma unroll
     for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], inv);
   }
+#if STOCH
 #pragma unroll
   for (int i = 0; i < NPL; ++i) {
     const u32 f = (u32)int_round(v[i], key, base + i) & ((1u << BITS) - 1u);
@@ -234,6 +289,40 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
     cw[bit >> 5] |= f << (bit & 31);
     if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= f >> (32 - (bit & 31));
   }
+#else
+  (void)key;
+  (void)base;
+  // Step 6, rounding to nearest: y + (1.5 * 2^23 + 2^(BITS-1)) rounds y to an integer r,
+  // half to even as rint does (|y| < 2^22; the constant is even), and leaves the sum's
+  // low bits u = r + 2^(BITS-1). The clamp is never active: in a finite group |y| < Q + 1/2,
+  // since |v_i| <= a and a / T <= Q * (1 + 2^-11) (T = D * M exactly, and D's rounding is
+  // at most 2^-11 of T: a subnormal D's half ulp 2^-150 times M <= 2^11, T > 2^-128; the
+  // tiny path divides, and its D makes a / T round to at most Q), so 1 <= u <= 2^BITS - 1.
+  // A group with NaN or Inf is overwritten below.
+  u32 qb[NPL];
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) qb[i] = as_u(f_add(v[i], as_f(IMAGIC)));
+#if 32 % BITS == 0
+  // A code word's sums y + constant added at their fields' places: the parts 1.5 * 2^23
+  // add up to IMAGIC_SUM, the u (below 2^BITS) never carry into the next field; flipping
+  // the fields' top bits turns the u into the codes q.
+#pragma unroll
+  for (int k = 0; k < ICW; ++k) {
+    u32 acc = 0u;
+#pragma unroll
+    for (int f = ICPW - 1; f >= 0; --f) acc = (acc << BITS) + qb[k * ICPW + f];
+    cw[k] = (acc - IMAGIC_SUM) ^ ISIGNS;
+  }
+#else
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    const u32 f = (qb[i] ^ IQB) & ((1u << BITS) - 1u);  // q in BITS-bit two's complement
+    const int bit = i * BITS;  // constants after unrolling
+    cw[bit >> 5] |= f << (bit & 31);
+    if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= f >> (32 - (bit & 31));
+  }
+#endif
+#endif
   if (bad) {
 #pragma unroll
     for (int j = 0; j < ICW; ++j) cw[j] = 0u;
@@ -250,15 +339,19 @@ DEV void lane_load_npl(const char* xb, i64 base, i64 count, bool vin, u32* w) {
 
 // A whole warp tile's elements (32 lanes x ICH chunks, in order) started copying into
 // buffer sb: chunk u of the tile at slot swz(u), so that lane l's chunks are
-// swz(l * ICH + c) (staged_transpose's layout). With cp.async no register holds them.
-DEV void int_fetch_tile(const char* tile_bytes, uint4* sb, int lane) {
+// swz(l * ICH + c) (staged_transpose's layout). With cp.async no register holds them;
+// sa is sb's shared-memory address (smem_addr), taken once.
+DEV void int_fetch_tile(const char* tile_bytes, uint4* sb, u32 sa, const IntSlots& sl,
+                        int lane) {
   const uint4* g = (const uint4*)tile_bytes;
 #pragma unroll
   for (int j = 0; j < ICH; ++j) {
 #if ASYNC7
-    cp_async16(sb + swz(j * 32 + lane), g + j * 32 + lane);
+    (void)sb;
+    cp_async16_to(sa + 16u * (u32)col_slot(sl, j), g + j * 32 + lane);
 #else
-    sb[swz(j * 32 + lane)] = ldg4(g + j * 32 + lane);
+    (void)sa;
+    sb[col_slot(sl, j)] = ldg4(g + j * 32 + lane);
 #endif
   }
 }
@@ -271,8 +364,9 @@ DEV void int_fetch_tile(const char* tile_bytes, uint4* sb, int lane) {
 // 16-byte vectors where a lane's code words are a multiple of 4 and the payload is
 // aligned (lane l's codes follow lane l - 1's: the warp's stores are coalesced), else
 // through the warp's buffer (codes_store).
-DEV void int_store_tile(unsigned char* pay, const IntPay& lay, u32* cb, int lane, bool p16,
-                        i64 t0, i64 base, i64 K, const u32* cw, u32 dbits) {
+DEV void int_store_tile(unsigned char* pay, const IntPay& lay, u32* cb, const IntSlots& sl,
+                        int lane, bool p16, i64 t0, i64 base, i64 K, const u32* cw,
+                        u32 dbits) {
   const i64 coded = lay.coded;
   if (p16 && t0 + ITILE <= coded) {
     uint4* o = (uint4*)(pay + base * BITS / 8);
@@ -280,7 +374,7 @@ DEV void int_store_tile(unsigned char* pay, const IntPay& lay, u32* cb, int lane
     for (int j = 0; j < ICW / 4; ++j)
       o[j] = make_uint4(cw[4 * j], cw[4 * j + 1], cw[4 * j + 2], cw[4 * j + 3]);
   } else if (lay.p4 && t0 + ITILE <= coded) {
-    codes_store((u32*)(pay + t0 * BITS / 8), cb, lane, cw);  // the tile's codes
+    codes_store((u32*)(pay + t0 * BITS / 8), cb, sl, lane, cw);  // the tile's codes
   } else if (base < coded) {
     const i64 end = ((coded < base + NPL ? coded : base + NPL) * BITS + 7) >> 3;
     unsigned char* lp = pay + base * BITS / 8;
@@ -306,11 +400,18 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   const bool p16 = ICW % 4 == 0 && (((u64)pay) & 15) == 0;
   const i64 stride = (i64)gridDim.x * WARPS;
   const i64 first = (i64)blockIdx.x * WARPS + wib;
+  const IntSlots sl = int_slots(lane);
 #if ISTAGE
+  static_assert(ICH <= 8, "a lane's chunks read at row ^ c");
   __shared__ uint4 xbuf[WARPS * 64 * ICH];
   uint4* const wbuf = xbuf + wib * 64 * ICH;  // this warp's two buffers
   auto whole = [&](i64 t) { return vin && t < lay.ntiles && (t + 1) * ITILE <= count; };
-  if (whole(first)) int_fetch_tile(xb + first * ITILE * EB, wbuf, lane);
+#if ASYNC7
+  const u32 wsa = smem_addr(wbuf);
+#else
+  const u32 wsa = 0;
+#endif
+  if (whole(first)) int_fetch_tile(xb + first * ITILE * EB, wbuf, wsa, sl, lane);
 #if ASYNC7
   cp_async_commit();
 #endif
@@ -319,8 +420,11 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     const i64 t0 = tile * ITILE;
     const i64 base = t0 + (i64)lane * NPL;
     uint4* const sb = wbuf + cur * 32 * ICH;
-    if (whole(tile + stride))
-      int_fetch_tile(xb + (tile + stride) * ITILE * EB, wbuf + (cur ^ 1) * 32 * ICH, lane);
+    if (whole(tile + stride)) {
+      const int nxt = (cur ^ 1) * 32 * ICH;  // the other buffer
+      int_fetch_tile(xb + (tile + stride) * ITILE * EB, wbuf + nxt, wsa + 16u * (u32)nxt, sl,
+                     lane);
+    }
 #if ASYNC7
     cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
     cp_async_wait1();   // all but the newest group: this tile is in
@@ -330,7 +434,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     if (whole(tile)) {
 #pragma unroll
       for (int c = 0; c < ICH; ++c) {
-        const uint4 q = sb[swz(lane * ICH + c)];
+        const uint4 q = sb[sl.row ^ c];
         w[4 * c] = q.x;
         w[4 * c + 1] = q.y;
         w[4 * c + 2] = q.z;
@@ -342,7 +446,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     __syncwarp();  // the buffer is refilled next iteration
     u32 cw[ICW], dbits;
     int_encode_lane(w, lane, base, key, cw, dbits);
-    int_store_tile(pay, lay, cb, lane, p16, t0, base, K, cw, dbits);
+    int_store_tile(pay, lay, cb, sl, lane, p16, t0, base, K, cw, dbits);
   }
 #else
   u32 wn[IHV * NW];
@@ -357,7 +461,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
       lane_load_npl(xb, (tile + stride) * ITILE + (i64)lane * NPL, count, vin, wn);
     u32 cw[ICW], dbits;
     int_encode_lane(w, lane, base, key, cw, dbits);
-    int_store_tile(pay, lay, cb, lane, p16, t0, base, K, cw, dbits);
+    int_store_tile(pay, lay, cb, sl, lane, p16, t0, base, K, cw, dbits);
   }
 #endif
 }
@@ -365,11 +469,94 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
 
 // ======================================================================== decode
 #if IOP == 2
+// The decode's transform acts on integers: codes of magnitude at most 2^(BITS-1), sums of
+// at most HAD of them, all exact in float32 (below 2^24), so the result does not depend on
+// the order of the adds and may be computed in integer arithmetic, two values a register.
+// IPACK: a lane's codes are unpacked straight into pairs of 16-bit fields, one pair a
+// 32-bit word P = lo + 2^16 * hi (mod 2^32, each field signed); adding and subtracting
+// such words adds and subtracts both fields at once (the map is linear), and a field's
+// final value fits 16 bits: |lo|, |hi| <= 2^(BITS-1) * HAD / 2 < 2^15 (the words' stages
+// add up HAD / 2 codes a field). A word's fields are codes r and r + IFH of one code word
+// (r < IFH, the codes of a 16-bit half), extracted together by one shift and one mask; the
+// stage that pairs elements i and i + IFH, the two fields of one word, is done while
+// unpacking them.
+#define IPACK (HAD > 0 && 16 % BITS == 0 && (1 << (BITS - 2)) * HAD < 32768)
+#if IPACK
+#define IFH (16 / BITS)  // codes in a 16-bit half of a code word
+#define INP (NPL / 2)     // packed words of a lane
+#define IBLK (HAD < NPL ? HAD : NPL)  // elements of a Hadamard block in one lane
+// Whether the stage h = IFH lies within a block (else the two fields of a word belong to
+// different blocks and are never combined).
+#define ICOMB (IFH < IBLK)
+// Packed stages in the lane: the block's index bits but the one of IFH.
+#define INST (ilog2(IBLK) - (ICOMB ? 1 : 0))
+
+// The rotated values w (integers) of a lane's NPL codes cw, as packed words p: word
+// j = k * IFH + r holds elements k * ICPW + r (low field) and k * ICPW + r + IFH (high).
+DEV void int_rotate_packed(const u32* cw, int lane, int* p) {
+  // Fields as unsigned u = q + 2^(BITS-1) (the sign bit flipped): no borrow between them.
+  constexpr u32 FIELDS = ((1u << BITS) - 1u) * 0x00010001u;
+#pragma unroll
+  for (int k = 0; k < ICW; ++k) {
+    const u32 f = cw[k] ^ ISIGNS;
+#pragma unroll
+    for (int r = 0; r < IFH; ++r) p[k * IFH + r] = (int)((f >> (BITS * r)) & FIELDS);
+  }
+  // The packed stages, two at a time where there are two (a 4-point transform with
+  // three-input adds), in any order: the sums are exact.
+#pragma unroll
+  for (int s = 0; s < INST; s += 2) {
+    const int t1 = 1 << s;
+    if (s + 1 < INST) {
+      const int t2 = 2 << s;
+#pragma unroll
+      for (int j = 0; j < INP; ++j) {
+        if ((j & t1) == 0 && (j & t2) == 0) {
+          const int a = p[j], b = p[j + t1], c = p[j + t2], e = p[j + t1 + t2];
+          const int sum = a + b, dif = a - b;
+          p[j] = sum + c + e;
+          p[j + t1] = dif + c - e;
+          p[j + t2] = sum - c - e;
+          p[j + t1 + t2] = dif - c + e;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < INP; ++j) {
+        if ((j & t1) == 0) {
+          const int a = p[j], b = p[j + t1];
+          p[j] = a + b;
+          p[j + t1] = a - b;
+        }
+      }
+    }
+  }
+  // The offsets 2^(BITS-1) of the inputs, transformed: 2^INST times each in the first
+  // word of every block of 2^INST words, nothing elsewhere.
+  constexpr u32 OFFSETS = (IQB << INST) * 0x00010001u;
+#pragma unroll
+  for (int j = 0; j < INP; j += 1 << INST) p[j] -= (int)OFFSETS;
+#if HAD > NPL
+  // The stages across the block's lanes: the lane whose bit is clear computes own +
+  // partner, the other partner - own.
+  const int lig = lane & (HLANES - 1);
+#pragma unroll
+  for (int t = 1; t < HLANES; t <<= 1) {
+    const int sgn = (lig & t) ? -1 : 1;
+#pragma unroll
+    for (int j = 0; j < INP; ++j)
+      p[j] = (int)__shfl_xor_sync(FULL_MASK, (u32)p[j], t) + sgn * p[j];
+  }
+#else
+  (void)lane;
+#endif
+}
+#endif
 // A lane's NPL decoded values v at elements [base, base + NPL) of out (those below count),
 // written, or added to a float32 out (ACC); whole: the warp's tile [t0, t0 + ITILE) lies
 // within count and out is 16-byte aligned, so it moves coalesced through sb.
 DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool vout,
-                        uint4* sb, int lane, const float* v) {
+                        uint4* sb, const IntSlots& sl, int lane, const float* v) {
 #if ACC
   if (whole) {
     // Plain loads (not __ldg): this kernel writes these addresses.
@@ -393,7 +580,20 @@ DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool 
     u32 ow[IHV * NW];
 #pragma unroll
     for (int hv = 0; hv < IHV; ++hv) pack_out32(v + 32 * hv, ow + hv * NW);
+#if ICH <= 8
+    // staged_store at this lane's slots
+    uint4* g = (uint4*)(ob + t0 * EB);
+#pragma unroll
+    for (int j = 0; j < ICH; ++j)
+      sb[sl.row ^ j] = make_uint4(ow[4 * j], ow[4 * j + 1], ow[4 * j + 2], ow[4 * j + 3]);
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < ICH; ++j) g[j * 32 + lane] = sb[col_slot(sl, j)];
+    __syncwarp();
+#else
+    (void)sl;
     staged_store<ICH>((uint4*)(ob + t0 * EB), sb, lane, ow);
+#endif
   } else if (base < count) {
 #pragma unroll
     for (int hv = 0; hv < IHV; ++hv) store_out32(ob, base + 32 * hv, count, vout, v + 32 * hv);
@@ -422,6 +622,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   u32* cb = cbuf + wib * 32 * ICS;
   const IntPay lay = int_pay(pay, count);
   const bool vout = (((u64)ob) & 15) == 0;
+  const IntSlots sl = int_slots(lane);
   for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < lay.ntiles;
        tile += (i64)gridDim.x * WARPS) {
     const i64 t0 = tile * ITILE;
@@ -431,7 +632,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     // ---- codes
     u32 cw[ICW];
     if (lay.p4 && t0 + ITILE <= lay.coded) {
-      codes_load((const u32*)(pay + t0 * BITS / 8), cb, lane, cw);
+      codes_load((const u32*)(pay + t0 * BITS / 8), cb, sl, lane, cw);
     } else {
       const i64 b0 = base * BITS / 8;
 #pragma unroll
@@ -442,6 +643,20 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     }
     // ---- values: w_i = q_i, the transform (exact), then * D
     float v[NPL];
+#if IPACK
+    {
+      int p[INP];
+      int_rotate_packed(cw, lane, p);
+#pragma unroll
+      for (int j = 0; j < INP; ++j) {
+        const int i = (j / IFH) * ICPW + j % IFH;  // the low field's element
+        const int lo = (int)(short)p[j];          // sign-extended
+        const int hi = (p[j] - lo) >> 16;         // exact: p - lo = 2^16 * hi
+        v[i] = (float)(ICOMB ? lo + hi : lo);     // exact: below 2^24
+        v[i + IFH] = (float)(ICOMB ? lo - hi : hi);
+      }
+    }
+#else
 #pragma unroll
     for (int i = 0; i < NPL; ++i) {
       const int bit = i * BITS;
@@ -449,16 +664,33 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
       if ((bit & 31) + BITS > 32) f |= cw[(bit >> 5) + 1] << (32 - (bit & 31));
       v[i] = (float)(((int)(f << (32 - BITS))) >> (32 - BITS));  // sign-extended, exact
     }
+#endif
 #if HAD
+#if !IPACK
     int_rotate(v, lane);
+#endif
+#if XT != 0 && !ACC
+    // sat is the identity here: the 16-bit output's rounding takes FLT_MAX to Inf too.
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) v[i] = sat_inf(f_mul(v[i], d));
+    for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
+#else
+    // |w_i| <= 2^(BITS-1) * HAD = 2^IWB, so below the threshold no product overflows and
+    // sat is the identity; above it (huge groups, NaN) the lane takes sat.
+    constexpr int IWB = BITS - 1 + ilog2(HAD);
+    if ((as_u(d) & 0x7fffffffu) < ((u32)(254 - IWB) << 23)) {
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) v[i] = sat_inf(f_mul(v[i], d));
+    }
+#endif
 #else
 #pragma unroll
     for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], d);
 #endif
     // ---- output
-    int_store_lane(ob, t0, base, count, vout && t0 + ITILE <= count, vout, sb, lane, v);
+    int_store_lane(ob, t0, base, count, vout && t0 + ITILE <= count, vout, sb, sl, lane, v);
   }
 }
 #endif

@@ -40,6 +40,8 @@ VARIANTS += [
     (4, 2048, 0, False),
     (4, 2048, 64, True),
     (8, 2048, 2048, False),
+    (8, 256, 256, False),
+    (2, 128, 8, False),
 ]
 NARROW = [(4, 128, 0, False), (8, 128, 0, True), (4, 128, 32, False), (6, 32, 0, True)]
 
@@ -141,6 +143,46 @@ def test_whole_range(variant: tuple, dtype: np.dtype, request) -> None:
     d_out = cupy.empty(x.size, cupy.float32)
     intq_gpu.int_decode(dev, d_out, accumulate=False, **opts)
     _assert_same(cupy.asnumpy(d_out), out, f"seed={seed}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "variant", [(4, 128, 32, False), (8, 256, 256, False), (5, 128, 32, False)], ids=_vid
+)
+def test_decode_any_payload(variant: tuple, dtype: np.dtype) -> None:
+    # Random code bytes (every code, -2^(bits-1) included: the first group all of it) under
+    # scales at the decode's edges: products past FLT_MAX (sat), NaN, ±Inf, zeros,
+    # subnormals, negative scales.
+    b, g, h, _ = variant
+    opts = {"bits": b, "group_size": g, "hadamard": h}
+    rng = np.random.default_rng(b)
+    count = 100003
+    layout = int_layout(count, b, g, h)
+    payload = rng.integers(0, 256, layout.nbytes, dtype=np.uint8)
+    low = np.packbits(np.tile([0] * (b - 1) + [1], g), bitorder="little")
+    payload[: low.size] = low
+    wbits = b - 1 + h.bit_length() - 1  # |w| <= 2^wbits
+    edge = [2.0 ** (127 - wbits + k) for k in range(-2, 3)]
+    special = [np.finfo(np.float32).max, np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.0]
+    choices = np.array([*edge, *special, 1.0, 2.0**-100], np.float32)
+    with np.errstate(over="ignore"):  # FLT_MAX * [1, 2): some +-Inf
+        scales = (rng.choice(choices, layout.groups) * rng.uniform(1, 2, layout.groups)).astype(
+            np.float32
+        )
+    payload[layout.scale_offset :] = scales.view(np.uint8)
+    out = np.empty(count, dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        intq_cpu.int_decode(payload, out, accumulate=False, **opts)
+    d_out = to_dev(np.zeros(count, dtype))
+    intq_gpu.int_decode(cupy.asarray(payload), d_out, accumulate=False, **opts)
+    _assert_same(to_host(d_out), out, str(dtype))
+    base = rng.standard_normal(count).astype(np.float32)
+    acc = base.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        intq_cpu.int_decode(payload, acc, accumulate=True, **opts)
+    d_acc = cupy.asarray(base)
+    intq_gpu.int_decode(cupy.asarray(payload), d_acc, accumulate=True, **opts)
+    _assert_same(cupy.asnumpy(d_acc), acc, f"{dtype} accumulate")
 
 
 @pytest.mark.parametrize(

@@ -34,13 +34,23 @@ SOURCES = [
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, BF16: 2}
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 # (bits, group_size, hadamard, stochastic, dtype): a lane's 32 and 64 elements, rotations
-# within and across lanes, both roundings, the three element types.
+# within and across lanes, both roundings, the three element types. Rounding to nearest
+# packs codes word by word where BITS divides 32 (2, 4, 8), field by field elsewhere; the
+# decode's rotation runs on packed integers for BITS 2, 4, 8 (within a lane, across lanes,
+# and with the two fields of a word in different blocks: 2 bits, H = 8), in float32
+# otherwise.
 VARIANTS = [
     (4, 128, 32, True, BF16),
-    (3, 64, 0, False, np.dtype(np.float32)),
-    (6, 32, 8, True, np.dtype(np.float16)),
-    (5, 2048, 128, True, np.dtype(np.float32)),
+    (4, 128, 32, False, BF16),
+    (3, 64, 0, False, F32),
+    (6, 32, 8, True, F16),
+    (5, 2048, 128, True, F32),
+    (2, 256, 8, False, F32),
+    (8, 256, 256, False, BF16),
+    (4, 2048, 2048, False, F32),
+    (7, 1024, 512, False, F16),
 ]
 
 
@@ -90,8 +100,10 @@ def test_cuda_source_matches_numba(variant: tuple, source: Path) -> None:
     npl = 64 if g > 1024 else 32
     opts = {"bits": bits, "group_size": g, "hadamard": h}
     rng = np.random.default_rng(bits)
+    # ISTAGE as intq_gpu launches it: whole tiles staged through shared memory at 32 a lane.
     enc = _build(source, {"IOP": 1, "BITS": bits, "GS": g, "HAD": h, "XT": XT[dtype],
-                          "STOCH": int(stochastic), "NPL": npl})  # fmt: skip
+                          "STOCH": int(stochastic), "NPL": npl,
+                          "ISTAGE": int(npl == 32)})  # fmt: skip
     dec = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": XT[dtype], "NPL": npl})
     acc = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": 0, "ACC": 1, "NPL": npl})
     sweep = magnitude_sweep(rng, g, dtype).astype(dtype)
@@ -116,3 +128,42 @@ def test_cuda_source_matches_numba(variant: tuple, source: Path) -> None:
         intq_cpu.int_decode(expect, summed, accumulate=True, **opts)
         z = _run(acc, expect, count, layout.groups, 0, 4 * count, init=base).view(np.float32)
         _same(z, summed)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"b{v[0]}-g{v[1]}-h{v[2]}-{v[4]}")
+def test_cuda_decode_matches_numba_on_any_payload(variant: tuple, source: Path) -> None:
+    """Random code bytes (every code value, -2^(bits-1) included) under scales that reach
+    the decode's edges: products at and past FLT_MAX (sat, around the threshold below
+    which the kernel skips it), NaN, ±Inf, zeros, subnormals and negative scales."""
+    bits, g, h, _, dtype = variant
+    npl = 64 if g > 1024 else 32
+    opts = {"bits": bits, "group_size": g, "hadamard": h}
+    rng = np.random.default_rng(100 + bits)
+    dec = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": XT[dtype], "NPL": npl})
+    acc = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": 0, "ACC": 1, "NPL": npl})
+    count = 3 * 32 * npl + 37
+    layout = int_layout(count, bits, g, h)
+    payload = rng.integers(0, 256, layout.nbytes, dtype=np.uint8)
+    # The first group's codes all -2^(bits-1): rotated values at the packed fields' limits.
+    low = np.packbits(np.tile([0] * (bits - 1) + [1], g), bitorder="little")
+    payload[: low.size] = low
+    wbits = bits - 1 + max(h, 1).bit_length() - 1  # |w| <= 2^wbits
+    edge = [2.0 ** (127 - wbits + k) for k in range(-2, 3)]
+    special = [np.finfo(np.float32).max, np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.0]
+    choices = np.array([*edge, *special, 1.0, 2.0**-100], np.float32)
+    with np.errstate(over="ignore"):  # FLT_MAX * [1, 2): some +-Inf
+        scales = (rng.choice(choices, layout.groups) * rng.uniform(1, 2, layout.groups)).astype(
+            np.float32
+        )
+    payload[layout.scale_offset :] = scales.view(np.uint8)
+    out = np.empty(count, dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        intq_cpu.int_decode(payload, out, accumulate=False, **opts)
+    y = _run(dec, payload, count, layout.groups, 0, count * dtype.itemsize).view(dtype)
+    _same(y, out)
+    base = rng.standard_normal(count).astype(np.float32)
+    summed = base.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        intq_cpu.int_decode(payload, summed, accumulate=True, **opts)
+    z = _run(acc, payload, count, layout.groups, 0, 4 * count, init=base).view(np.float32)
+    _same(z, summed)
