@@ -75,6 +75,18 @@
 #define UNR 1
 #endif
 
+// The E4M3 encode's launch bound: RESIDENT CUDA blocks an SM must hold at once (mx_gpu
+// passes it and sizes the grid to one wave of them; 8 of 256 threads: 32 registers). The
+// other kernels leave registers to ptxas.
+#ifndef RESIDENT
+#define RESIDENT 8
+#endif
+#if OP == 1 && SC
+#define MINB RESIDENT
+#else
+#define MINB 1
+#endif
+
 #if THREADS % 32 != 0
 #error "THREADS must be a multiple of 32"
 #endif
@@ -108,8 +120,15 @@ typedef long long i64;
 #define CBITS (1 + EBITS + MBITS)  // bits per code: 4 or 6
 #define BPB (BS * CBITS / 8)       // code bytes per block (group)
 
+// The E4M3 encode of a 16-bit x keeps the loaded words (two elements each: fewer
+// registers) and takes each element out of its word where it is used; with FP4 a lane
+// takes 16 elements (a whole NVFP4 block), so the block's scale arithmetic is done once.
+#define E4M3_WORDS (OP == 1 && XT != 0 && SC == 1)
+
 #if OP == 4 || OP == 5
 #define EPL 32  // elements per lane: one run of 32 of the energy
+#elif E4M3_WORDS
+#define EPL 16
 #else
 #define EPL (CBITS == 4 ? 8 : 16)
 #endif
@@ -308,7 +327,7 @@ DEV void load_chunk(const void* x, i64 e0, i64 count, bool vec, u32* b) {
   }
 }
 
-#if PAIRS
+#if PAIRS || E4M3_WORDS
 // The lane's chunk as EPL / 2 words of two bfloat16 elements, as they lie in x (zero past
 // count); `vec` as load_chunk's.
 DEV void load_pairs(const void* x, i64 e0, i64 count, bool vec, u32* w) {
@@ -489,16 +508,16 @@ DEV u32 to_code(u32 bits, int eb, int mb, int bias, u32 qmax_bits) {
 // code, no sign; any format of mb <= 3 mantissa bits and qmax below 2^24 steps.
 DEV u32 code_magic(u32 a, u32 qmax_bits, u32 e0, u32 mb) {
   const u32 ac = a < qmax_bits ? a : qmax_bits;
-  const u32 ex = umax(ac >> 23, e0);         // the binade's biased exponent
-  const u32 magic = (ex + (23 - mb)) << 23;  // 2^23 times its code step
-  const u32 q = as_u(f_add(as_f(ac), as_f(magic))) - magic;
-  return q + ((ex - e0) << mb);
+  const u32 ex = umax(ac >> 23, e0);  // the binade's biased exponent
+  const u32 f = as_u(f_add(as_f(ac), as_f((ex + (23 - mb)) << 23)));  // + 2^23 code steps
+  // (f - that addend's bits) + ((ex - e0) << mb), as one multiply-add and a constant
+  return f + ex * ((1u << mb) - (1u << 23)) - (((23 - mb) << 23) + (e0 << mb));
 }
 
 // The element code of |v| (`a`), with the sign of `bits`.
 DEV u32 elem_code_abs(u32 a, u32 bits) {
-  const u32 code = code_magic(a, QMAX_BITS, 128 - BIAS, MBITS);
-  return code | ((bits >> (31 - EBITS - MBITS)) & (1u << (EBITS + MBITS)));
+  const u32 code = code_magic(a, QMAX_BITS, 128 - BIAS, MBITS);  // below the sign bit: + is |
+  return code + ((bits >> (31 - EBITS - MBITS)) & (1u << (EBITS + MBITS)));
 }
 
 // The E4M3 code of v >= 0 (to_code(v, 4, 3, 7, 448): saturating RNE, subnormals kept).
@@ -692,11 +711,28 @@ DEV float div_markstein(float a, float nb, float y) {
   return f_fma(f_fma(nb, q1, a), y, q1);
 }
 
+#if E4M3_WORDS
+// xb: the lane's EPL / 2 words of two 16-bit elements, the first in the low half. Both
+// formats order their magnitudes as integers, NaN and Inf above every finite one.
+DEV u32 chunk_amax(const u32* xb) {  // as float32 bits; NaN and Inf at or above BITS_INF
+  u32 m = 0;
+  for (int k = 0; k < EPL / 2; ++k) m = __vmaxu2(m, xb[k] & 0x7fff7fffu);
+  return half_bits(umax(m & 0xffffu, m >> 16));
+}
+DEV u32 elem_bits(const u32* xb, int i) {  // element i as float32 bits
+  return half_bits(i & 1 ? xb[i >> 1] >> 16 : xb[i >> 1] & 0xffffu);
+}
+#else
+// xb: the lane's EPL elements as float32 bits.
+DEV u32 chunk_amax(const u32* xb) { return lane_amax(xb); }
+DEV u32 elem_bits(const u32* xb, int i) { return xb[i]; }
+#endif
+
 // Chunk j of the payload (lanes of block j / LPB) from its elements xb; g: from S.
 // Every lane runs it (the shuffles); a dead one (past the payload) stores nothing.
 DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, const E4m3Payload& g, bool live) {
   u32 c[EPL], w[WPL];
-  const u32 amax = group_max(lane_amax(xb));
+  const u32 amax = group_max(chunk_amax(xb));
   if (!live) return;
   // FORMAT.md: sb = e4m3((amax / S) / qmax), d = value(sb) * S (garbage for a bad block)
   const float t = f_of(d_mul(d_of(as_f(amax)), g.ys));
@@ -706,12 +742,16 @@ DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, const E4m3Payload& g, 
   const double yd = recip(dp);
   if (g.fast) {
     const float y = f_of(yd), nb = -dp;
-    for (int i = 0; i < EPL; ++i)
-      c[i] = elem_code_abs(as_u(div_markstein(as_f(xb[i] & 0x7fffffffu), nb, y)), xb[i]);
+    for (int i = 0; i < EPL; ++i) {
+      const u32 b = elem_bits(xb, i);
+      c[i] = elem_code_abs(as_u(div_markstein(as_f(b & 0x7fffffffu), nb, y)), b);
+    }
   } else {
     const double y = d_mul(yd, d_of(g.p));  // 1 / d: exact scaling
-    for (int i = 0; i < EPL; ++i)
-      c[i] = elem_code_abs(as_u(f_of(d_mul(d_of(as_f(xb[i] & 0x7fffffffu)), y))), xb[i]);
+    for (int i = 0; i < EPL; ++i) {
+      const u32 b = elem_bits(xb, i);
+      c[i] = elem_code_abs(as_u(f_of(d_mul(d_of(as_f(b & 0x7fffffffu)), y))), b);
+    }
   }
   pack_words(c, w);
   if (amax >= BITS_INF || sc == 0) {  // FORMAT.md: zero codes; a NaN scale for a bad block
@@ -950,7 +990,7 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   if (threadIdx.x == 0) st32((u8*)dst + 4 * blockIdx.x, m);  // partial b, in the code area
 }
 #elif OP == 1 || OP == 4
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   u8* pay = (u8*)dst;
   const i64 n = K * LPB, step = (i64)gridDim.x * THREADS * UNR;
@@ -962,13 +1002,14 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   const float s = 0.0f;
 #endif
   for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step) {
-#if PAIRS
+#if PAIRS || E4M3_WORDS
     u32 xb[UNR][EPL / 2];
     for (int u = 0; u < UNR; ++u) load_pairs(src, (j0 + 32 * u + lane) * EPL, count, vec, xb[u]);
 #else
     u32 xb[UNR][EPL];
     for (int u = 0; u < UNR; ++u) load_chunk(src, (j0 + 32 * u + lane) * EPL, count, vec, xb[u]);
 #endif
+#pragma unroll  // xb[u] in registers, not local memory (the E4M3 body is long)
     for (int u = 0; u < UNR; ++u) {
       const i64 j = j0 + 32 * u + lane;
 #if OP == 1
