@@ -671,10 +671,11 @@ DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xw, float s, bool live) {
 //     q' = RN(q + (a - b q) y), with y = RN(1 / b) and q within an ulp of a / b, is the
 //     rounded quotient (the remainder a - b q is exact: one fma); it is applied twice from
 //     q = RN(a y), whose error may exceed an ulp by a little, so that the second starts
-//     within one. That holds where nothing underflows: b in [2^-96, 2^96] and a / b above
-//     2^-4 (the elements a / b below that get code 0 whatever their last bits: a code
-//     step starts at 0.25 and the quotient, though inexact, stays far below it), which
-//     S in [2^-87, 2^87] ensures (b = value(sb) S, value(sb) in [2^-9, 448]).
+//     within one. That holds where nothing underflows: b in [2^-96, 2^100] and a / b at
+//     least 2^-7 (b q's bits then lie on multiples of 2^-149, so a - b q is a float; the
+//     elements a / b below 2^-7 get code 0 whatever their last bits: every format's first
+//     code boundary is 2^-5 or more, and the quotient, though inexact, stays far below
+//     it), which S in [2^-87, 2^87] ensures (b = value(sb) S, value(sb) in [2^-9, 448]).
 //   * everything else (amax / S, that / qmax; an S outside that range: x / d): in double,
 //     from a reciprocal within 2^-52 of 1 / b (recip) and one mul.rn.f64, then rounded to
 //     float32. A quotient of float32 numbers lies at least 2^-49 of its size away from any

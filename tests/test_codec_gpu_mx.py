@@ -177,9 +177,9 @@ def test_gpu_bf16_e8m0_whole_range(cfg: dict, request) -> None:
         np.testing.assert_array_equal(cp.asnumpy(d_payload), payload, err_msg=f"seed={seed}")
 
 
-# The payload's largest value: S in the E4M3 encode's float32 range, then below and above
-# it (x / d in double there), and S at its floor 2^-126.
-EDGE_TOPS = [3.0, 1.5e3, 2.0**-100, 2.0**110, 1e-38]
+# The payload's largest value: S in the E4M3 encode's float32 range (2.0**-73 and 2.0**98:
+# at its ends), then below and above it (x / d in double there), and S at its floor 2^-126.
+EDGE_TOPS = [3.0, 1.5e3, 2.0**-73, 2.0**98, 2.0**-100, 2.0**110, 1e-38]
 EDGE_TOPS_F16 = [3.0, 1.5e3, 2.0**-10]
 
 

@@ -370,9 +370,10 @@ def test_emulated_e4m3_partials(build, cfg: dict, where: str, request) -> None:
         np.testing.assert_array_equal(got, want, err_msg=f"{cfg} {blocks} blocks seed={seed}")
 
 
-# The payload's largest value: S in the float32 encode's range, then below and above it
-# (x / d in double there), and S at its floor 2^-126 (float16: its own range).
-EDGE_TOPS = [3.0, 1.5e3, 2.0**-100, 2.0**110, 1e-38]
+# The payload's largest value: S in the float32 encode's range (2.0**-73 and 2.0**98: at
+# its ends), then below and above it (x / d in double there), and S at its floor 2^-126
+# (float16: its own range).
+EDGE_TOPS = [3.0, 1.5e3, 2.0**-73, 2.0**98, 2.0**-100, 2.0**110, 1e-38]
 EDGE_TOPS_F16 = [3.0, 1.5e3, 2.0**-10]
 EDGE_CASES = [(cfg, d) for cfg in E4M3_CONFIGS for d in (np.dtype(np.float32), BF16)] + [
     (E4M3_CONFIGS[0], np.dtype(np.float16))
