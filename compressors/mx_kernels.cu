@@ -82,9 +82,9 @@
 #define RESIDENT 8
 #endif
 #if OP == 1 && SC
-#define MINB RESIDENT
+#define ENC_BOUNDS __launch_bounds__(THREADS, RESIDENT)
 #else
-#define MINB 1
+#define ENC_BOUNDS __launch_bounds__(THREADS)  // (a minimum of 1 would change ptxas' choices)
 #endif
 
 #if THREADS % 32 != 0
@@ -991,7 +991,7 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   if (threadIdx.x == 0) st32((u8*)dst + 4 * blockIdx.x, m);  // partial b, in the code area
 }
 #elif OP == 1 || OP == 4
-extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+extern "C" __global__ void ENC_BOUNDS
 coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   u8* pay = (u8*)dst;
   const i64 n = K * LPB, step = (i64)gridDim.x * THREADS * UNR;
