@@ -9,10 +9,11 @@ arrays' device. ``scale="e4m3"`` encodes in three launches: per CUDA block the l
 finite ``|x|`` into the payload's code area, then from those the per-payload scale ``S``
 into the payload's S slot, then the blocks (which overwrite the code area and read ``S``);
 an empty payload gets ``S`` by the second launch alone. Everything else is one launch
-(none for an empty payload). A lane (thread) owns a chunk of 8 (FP4) or 16 (FP6) elements of
-mx, 32 of taco_fp; a block (group) is a few neighbouring lanes of one warp, which combine
-by shuffles; the grid is at most ``_BLOCKS_PER_SM`` CUDA blocks per SM, grid-stride
-(``grid_size``; the kernels' layout is described in ``mx_kernels.cu``).
+(none for an empty payload). A lane (thread) owns a chunk of 8 (FP4) or 16 (FP6, and the
+E4M3 encode of a 16-bit x) elements of mx, 32 of taco_fp; a block (group) is a few
+neighbouring lanes of one warp, which combine by shuffles; the grid is at most
+``resident_blocks`` CUDA blocks per SM, grid-stride (``grid_size``; the kernels' layout
+is described in ``mx_kernels.cu``).
 
 The kernels allocate nothing per call and never synchronise with the host: every launch
 reads ``x`` or the payload and writes only the payload or ``out``, in stream order on the
@@ -51,6 +52,7 @@ __all__ = [
     "mx_decode",
     "mx_encode",
     "partial_grid",
+    "resident_blocks",
     "taco_fp_decode",
     "taco_fp_encode",
 ]
@@ -174,21 +176,38 @@ def _inv_sqrt_bits(g: int) -> str:
 # ---------------------------------------------------------------------- launch
 def chunks_and_unroll(defs: dict[str, Any]) -> tuple[int, int]:
     """The elements per lane (chunk) of variant ``defs`` (mx_kernels.cu's EPL: 8 or 16
-    for mx, 32 for taco_fp) and its chunks per lane per loop step (UNR: 2 where a chunk is
-    a single 16-byte load of a 16-bit x, so that each lane has 32 bytes in flight)."""
+    for mx, 16 for every E4M3 encode of a 16-bit x, 32 for taco_fp) and its chunks per
+    lane per loop step (UNR: 2 where a chunk is a single 16-byte load of a 16-bit x, so
+    that each lane has 32 bytes in flight)."""
     if defs["OP"] in (_OP_TFP_ENC, _OP_TFP_DEC):
         return 32, 1
     epl = 8 if defs["ELEM"] == _ELEM["e2m1"] else 16
+    if _e4m3_encode(defs) and defs["XT"] != 0:
+        epl = 16  # the 16-bit E4M3 encode: a lane per NVFP4 block (mx_kernels.cu)
     loads = defs["OP"] in (_OP_MX_ENC, _OP_MX_PARTS)
     return epl, 2 if loads and epl == 8 and defs["XT"] != 0 else 1
 
 
+def _e4m3_encode(defs: dict[str, Any]) -> bool:
+    return defs["OP"] == _OP_MX_ENC and bool(defs["SC"])
+
+
+def resident_blocks(defs: dict[str, Any]) -> int:
+    """CUDA blocks of ``_THREADS`` per SM that the grid of variant ``defs`` is capped at
+    (one wave, grid-stride): ``_BLOCKS_PER_SM``; the E4M3 encode is also compiled to fit
+    them (mx_kernels.cu's RESIDENT, its launch bound): 8 (32 registers), but 5 (48) for
+    the float32 FP6 encode, whose lanes hold 16 float32 elements."""
+    if _e4m3_encode(defs) and defs["XT"] == 0 and defs["ELEM"] != _ELEM["e2m1"]:
+        return 5
+    return _BLOCKS_PER_SM
+
+
 def grid_size(defs: dict[str, Any], k: int, sms: int, threads: int = _THREADS) -> int:
     """CUDA blocks of ``threads`` for variant ``defs`` over ``k`` >= 1 blocks (groups) on
-    ``sms`` multiprocessors: a lane per chunk, at most ``_BLOCKS_PER_SM`` per SM."""
+    ``sms`` multiprocessors: a lane per chunk, at most ``resident_blocks`` per SM."""
     epl, unr = chunks_and_unroll(defs)
     lanes = k * defs["BS"] // epl
-    return max(1, min(-(-lanes // (threads * unr)), sms * _BLOCKS_PER_SM))
+    return max(1, min(-(-lanes // (threads * unr)), sms * resident_blocks(defs)))
 
 
 def partial_grid(defs: dict[str, Any], k: int, sms: int, threads: int = _THREADS) -> int:
@@ -203,9 +222,10 @@ def _launch(
     """``coccl_mx(src, dst, count, k)`` of variant ``defs`` on ``blocks`` CUDA blocks of
     ``_THREADS`` threads, on the current stream."""
     unr = defs.get("UNR", chunks_and_unroll(defs)[1])
-    kern = compile_function(
-        _SOURCE_PATH, {**defs, "THREADS": _THREADS, "UNR": unr}, name="coccl_mx"
-    )
+    defs = {**defs, "THREADS": _THREADS, "UNR": unr}
+    if _e4m3_encode(defs):
+        defs["RESIDENT"] = resident_blocks(defs)
+    kern = compile_function(_SOURCE_PATH, defs, name="coccl_mx")
     kern((blocks,), (_THREADS,), (src, dst, np.int64(count), np.int64(k)))
     _last_kernel[0] = kern
 

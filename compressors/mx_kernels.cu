@@ -38,9 +38,11 @@
 // consecutive bytes; an mx decode whose lane writes more than 16 bytes stores a warp's
 // whole span through shared memory (store_span; a decode-accumulate also loads it so).
 //
-// Arithmetic: IEEE float32, RNE, no FMA and no flush of subnormals: CuPy compiles with
-// -ftz=true, so every float operation is inline PTX without .ftz, and comparisons of
-// non-negative floats are done on their bits. Compiled with -DMX_HOST after
+// Arithmetic: IEEE float32, RNE, no contraction into FMA and no flush of subnormals: CuPy
+// compiles with -ftz=true, so every float operation is inline PTX without .ftz, and
+// comparisons of non-negative floats are done on their bits. (The E4M3 encode computes
+// FORMAT.md's quotients without a division: explicit fma.rn for exact remainders, and
+// double, both argued to round to the same float32 where they are used.) Compiled with -DMX_HOST after
 // tests/cuda_emulation/emu.h (plain C++, g++ -ffp-contract=off, a thread per CUDA thread),
 // the same source runs on the host: tests/test_codec_mx_emulated.py checks it there
 // against the numba kernels.
@@ -73,6 +75,18 @@
 #define UNR 1
 #endif
 
+// The E4M3 encode's launch bound: RESIDENT CUDA blocks an SM must hold at once (mx_gpu
+// passes it and sizes the grid to one wave of them; 8 of 256 threads: 32 registers). The
+// other kernels leave registers to ptxas.
+#ifndef RESIDENT
+#define RESIDENT 8
+#endif
+#if OP == 1 && SC
+#define ENC_BOUNDS __launch_bounds__(THREADS, RESIDENT)
+#else
+#define ENC_BOUNDS __launch_bounds__(THREADS)  // (a minimum of 1 would change ptxas' choices)
+#endif
+
 #if THREADS % 32 != 0
 #error "THREADS must be a multiple of 32"
 #endif
@@ -86,25 +100,35 @@ typedef long long i64;
 #define MBITS 1
 #define BIAS 1
 #define QMAX_BITS 0x40c00000u  // 6
+#define QMAX_VAL 6.0
 #define EMAX 2
 #elif ELEM == 1
 #define EBITS 3
 #define MBITS 2
 #define BIAS 3
 #define QMAX_BITS 0x41e00000u  // 28
+#define QMAX_VAL 28.0
 #define EMAX 4
 #else
 #define EBITS 2
 #define MBITS 3
 #define BIAS 1
 #define QMAX_BITS 0x40f00000u  // 7.5
+#define QMAX_VAL 7.5
 #define EMAX 2
 #endif
 #define CBITS (1 + EBITS + MBITS)  // bits per code: 4 or 6
 #define BPB (BS * CBITS / 8)       // code bytes per block (group)
 
+// The E4M3 encode of a 16-bit x keeps the loaded words (two elements each: fewer
+// registers) and takes each element out of its word where it is used; with FP4 a lane
+// takes 16 elements (a whole NVFP4 block), so the block's scale arithmetic is done once.
+#define E4M3_WORDS (OP == 1 && XT != 0 && SC == 1)
+
 #if OP == 4 || OP == 5
 #define EPL 32  // elements per lane: one run of 32 of the energy
+#elif E4M3_WORDS
+#define EPL 16
 #else
 #define EPL (CBITS == 4 ? 8 : 16)
 #endif
@@ -142,6 +166,12 @@ DEV float f_sub(float a, float b) { return a - b; }
 DEV float f_mul(float a, float b) { return a * b; }
 DEV float f_div(float a, float b) { return a / b; }
 DEV float f_sqrt(float a) { return sqrtf(a); }
+DEV float f_fma(float a, float b, float c) { return fmaf(a, b, c); }
+DEV double d_of(float f) { return (double)f; }
+DEV float f_of(double d) { return (float)d; }
+DEV double d_mul(double a, double b) { return a * b; }
+DEV double d_fma(double a, double b, double c) { return fma(a, b, c); }
+DEV float rcp_approx(float a) { return 1.0f / a; }  // an approximation within 1 ulp
 DEV float h2f(u32 h) {  // exact float16 -> float32
   u32 sign = (h & 0x8000u) << 16, a = h & 0x7fffu;
   if (a >= 0x7c00u) return as_f(sign | 0x7f800000u | ((a & 0x3ffu) << 13));
@@ -164,6 +194,22 @@ DEV float f_sub(float a, float b) { float d; asm("sub.rn.f32 %0, %1, %2;" : "=f"
 DEV float f_mul(float a, float b) { float d; asm("mul.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
 DEV float f_div(float a, float b) { float d; asm("div.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
 DEV float f_sqrt(float a) { float d; asm("sqrt.rn.f32 %0, %1;" : "=f"(d) : "f"(a)); return d; }
+DEV float f_fma(float a, float b, float c) {
+  float d;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+  return d;
+}
+// float <-> double without .ftz (CuPy's -ftz=true would flush subnormals in a plain cast)
+DEV double d_of(float f) { double d; asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(f)); return d; }
+DEV float f_of(double d) { float f; asm("cvt.rn.f32.f64 %0, %1;" : "=f"(f) : "d"(d)); return f; }
+DEV double d_mul(double a, double b) { double d; asm("mul.rn.f64 %0, %1, %2;" : "=d"(d) : "d"(a), "d"(b)); return d; }
+DEV double d_fma(double a, double b, double c) {
+  double d;
+  asm("fma.rn.f64 %0, %1, %2, %3;" : "=d"(d) : "d"(a), "d"(b), "d"(c));
+  return d;
+}
+// Within an ulp of 1 / a where a and 1 / a are normal floats (the only use; .ftz: one MUFU)
+DEV float rcp_approx(float a) { float d; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(d) : "f"(a)); return d; }
 DEV float h2f(u32 h) {
   float f;
   unsigned short s = (unsigned short)h;
@@ -281,7 +327,7 @@ DEV void load_chunk(const void* x, i64 e0, i64 count, bool vec, u32* b) {
   }
 }
 
-#if PAIRS
+#if PAIRS || E4M3_WORDS
 // The lane's chunk as EPL / 2 words of two bfloat16 elements, as they lie in x (zero past
 // count); `vec` as load_chunk's.
 DEV void load_pairs(const void* x, i64 e0, i64 count, bool vec, u32* w) {
@@ -457,16 +503,25 @@ DEV u32 to_code(u32 bits, int eb, int mb, int bias, u32 qmax_bits) {
 // input; the integer pipe is what limits an encode): |v| (`a`, clamped to qmax) is rounded
 // to its binade's code step by the float add of 2^23 steps (add.rn without .ftz: nearest,
 // ties to even, subnormals kept), whose low bits are then round(|v| / step); below the
-// smallest normal binade the step is the subnormals'. A round up into the next binade
-// carries into the code's exponent field. `bits` gives the sign.
-DEV u32 elem_code_abs(u32 a, u32 bits) {
-  const u32 ac = a < QMAX_BITS ? a : QMAX_BITS;
-  const u32 ex = umax(ac >> 23, (u32)(128 - BIAS));  // the binade's biased exponent
-  const u32 magic = (ex + (23 - MBITS)) << 23;        // 2^23 times its code step
-  const u32 q = as_u(f_add(as_f(ac), as_f(magic))) - magic;
-  const u32 code = q + ((ex - (128 - BIAS)) << MBITS);
-  return code | ((bits >> (31 - EBITS - MBITS)) & (1u << (EBITS + MBITS)));
+// smallest normal binade (biased exponent e0 = 128 - bias) the step is the subnormals'. A
+// round up into the next binade carries into the code's exponent field. The magnitude's
+// code, no sign; any format of mb <= 3 mantissa bits and qmax below 2^24 steps.
+DEV u32 code_magic(u32 a, u32 qmax_bits, u32 e0, u32 mb) {
+  const u32 ac = a < qmax_bits ? a : qmax_bits;
+  const u32 ex = umax(ac >> 23, e0);  // the binade's biased exponent
+  const u32 f = as_u(f_add(as_f(ac), as_f((ex + (23 - mb)) << 23)));  // + 2^23 code steps
+  // (f - that addend's bits) + ((ex - e0) << mb), as one multiply-add and a constant
+  return f + ex * ((1u << mb) - (1u << 23)) - (((23 - mb) << 23) + (e0 << mb));
 }
+
+// The element code of |v| (`a`), with the sign of `bits`.
+DEV u32 elem_code_abs(u32 a, u32 bits) {
+  const u32 code = code_magic(a, QMAX_BITS, 128 - BIAS, MBITS);  // below the sign bit: + is |
+  return code + ((bits >> (31 - EBITS - MBITS)) & (1u << (EBITS + MBITS)));
+}
+
+// The E4M3 code of v >= 0 (to_code(v, 4, 3, 7, 448): saturating RNE, subnormals kept).
+DEV u32 e4m3_code(float v) { return code_magic(as_u(v), BITS_448, 121, 3); }
 
 DEV u32 elem_code(u32 bits) { return elem_code_abs(bits & 0x7fffffffu, bits); }
 
@@ -609,6 +664,105 @@ DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xw, float s, bool live) {
   const unsigned long long ju = (unsigned long long)j;  // j >= 0: no signed division
   if (ju % LPB == 0) pay[SCALE_OFF(K) + ju / LPB] = (u8)sc;
 }
+#elif OP == 1 && SC
+// FORMAT.md's E4M3 encode divides twice per block and once per element; here every
+// quotient is the same float32 (round to nearest even), without a division instruction:
+//   * q = a / b for a whole block's b (the elements' x / d): Markstein's correction
+//     q' = RN(q + (a - b q) y), with y = RN(1 / b) and q within an ulp of a / b, is the
+//     rounded quotient (the remainder a - b q is exact: one fma); it is applied twice from
+//     q = RN(a y), whose error may exceed an ulp by a little, so that the second starts
+//     within one. That holds where nothing underflows: b in [2^-96, 2^100] and a / b at
+//     least 2^-7 (b q's bits then lie on multiples of 2^-149, so a - b q is a float; the
+//     elements a / b below 2^-7 get code 0 whatever their last bits: every format's first
+//     code boundary is 2^-5 or more, and the quotient, though inexact, stays far below
+//     it), which S in [2^-87, 2^87] ensures (b = value(sb) S, value(sb) in [2^-9, 448]).
+//   * everything else (amax / S, that / qmax; an S outside that range: x / d): in double,
+//     from a reciprocal within 2^-52 of 1 / b (recip) and one mul.rn.f64, then rounded to
+//     float32. A quotient of float32 numbers lies at least 2^-49 of its size away from any
+//     float32 rounding boundary (a midpoint: b * mid has at most 49 significant bits and
+//     a - b * mid is not 0), so a double within 2^-51 of it rounds to the same float32
+//     (with subnormal results too: the boundaries are then coarser).
+struct E4m3Payload {
+  float s;    // S
+  double ys;  // 1 / S within 2^-52 (recip)
+  float p;    // 1, or for S outside [2^-87, 2^87] the power of two that puts S p in [1, 2)
+  bool fast;  // S within it: x / d by Markstein's correction in float32
+};
+
+// 1 / b as a double within 2^-52 of it, for b and 1 / b normal floats: the hardware's
+// approximation (within an ulp: 2^-23; the emulation's is 1 / b rounded), then two Newton
+// steps y (2 - b y) in double, each squaring the error (2^-46, then below 2^-52).
+DEV double recip(float b) {
+  const double bd = d_of(b);
+  double y = d_of(rcp_approx(b));
+  for (int k = 0; k < 2; ++k) y = d_fma(y, d_fma(-bd, y, 1.0), y);
+  return y;
+}
+
+DEV E4m3Payload e4m3_payload(float s) {  // s: S, a normal float (the S launch's)
+  const u32 es = as_u(s) >> 23;             // S's biased exponent, 1..244
+  const bool fast = es >= 127 - 87 && es <= 127 + 87;
+  return {s, recip(s), fast ? 1.0f : as_f((254u - es) << 23), fast};
+}
+
+// RN(a / b) for a >= 0 from y = RN(1 / b) and nb = -b (see above for where it holds).
+DEV float div_markstein(float a, float nb, float y) {
+  const float q0 = f_mul(a, y);
+  const float q1 = f_fma(f_fma(nb, q0, a), y, q0);
+  return f_fma(f_fma(nb, q1, a), y, q1);
+}
+
+#if E4M3_WORDS
+// xb: the lane's EPL / 2 words of two 16-bit elements, the first in the low half. Both
+// formats order their magnitudes as integers, NaN and Inf above every finite one.
+DEV u32 chunk_amax(const u32* xb) {  // as float32 bits; NaN and Inf at or above BITS_INF
+  u32 m = 0;
+  for (int k = 0; k < EPL / 2; ++k) m = __vmaxu2(m, xb[k] & 0x7fff7fffu);
+  return half_bits(umax(m & 0xffffu, m >> 16));
+}
+DEV u32 elem_bits(const u32* xb, int i) {  // element i as float32 bits
+  return half_bits(i & 1 ? xb[i >> 1] >> 16 : xb[i >> 1] & 0xffffu);
+}
+#else
+// xb: the lane's EPL elements as float32 bits.
+DEV u32 chunk_amax(const u32* xb) { return lane_amax(xb); }
+DEV u32 elem_bits(const u32* xb, int i) { return xb[i]; }
+#endif
+
+// Chunk j of the payload (lanes of block j / LPB) from its elements xb; g: from S.
+// Every lane runs it (the shuffles); a dead one (past the payload) stores nothing.
+DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, const E4m3Payload& g, bool live) {
+  u32 c[EPL], w[WPL];
+  const u32 amax = group_max(chunk_amax(xb));
+  if (!live) return;
+  // FORMAT.md: sb = e4m3((amax / S) / qmax), d = value(sb) * S (garbage for a bad block)
+  const float t = f_of(d_mul(d_of(as_f(amax)), g.ys));
+  u32 sc = e4m3_code(f_of(d_mul(d_of(t), 1.0 / QMAX_VAL)));
+  const float den = f_mul(f_mul(as_f(sc << 20), as_f(0x7b800000u)), g.s);  // value * 2^120
+  const float dp = f_mul(den, g.p);  // exact: a normal float
+  const double yd = recip(dp);
+  if (g.fast) {
+    const float y = f_of(yd), nb = -dp;
+    for (int i = 0; i < EPL; ++i) {
+      const u32 b = elem_bits(xb, i);
+      c[i] = elem_code_abs(as_u(div_markstein(as_f(b & 0x7fffffffu), nb, y)), b);
+    }
+  } else {
+    const double y = d_mul(yd, d_of(g.p));  // 1 / d: exact scaling
+    for (int i = 0; i < EPL; ++i) {
+      const u32 b = elem_bits(xb, i);
+      c[i] = elem_code_abs(as_u(f_of(d_mul(d_of(as_f(b & 0x7fffffffu)), y))), b);
+    }
+  }
+  pack_words(c, w);
+  if (amax >= BITS_INF || sc == 0) {  // FORMAT.md: zero codes; a NaN scale for a bad block
+    for (int q = 0; q < WPL; ++q) w[q] = 0;
+    if (amax >= BITS_INF) sc = E4M3_NAN;
+  }
+  store_words(pay + j * (4 * WPL), w, alignment(pay));
+  const unsigned long long ju = (unsigned long long)j;  // j >= 0: no signed division
+  if (ju % LPB == 0) pay[SCALE_OFF(K) + ju / LPB] = (u8)sc;
+}
 #elif OP == 1
 // Chunk j of the payload (lanes of block j / LPB) from its elements xb.
 // Every lane runs it (the shuffles); a dead one (past the payload) stores nothing.
@@ -620,20 +774,14 @@ DEV void chunk_body(u8* pay, i64 K, i64 j, const u32* xb, float s, bool live) {
   u32 sc;
   if (amax >= BITS_INF) {  // FORMAT.md: a NaN scale, zero codes
     for (int i = 0; i < EPL; ++i) c[i] = 0;
-    sc = SC ? E4M3_NAN : E8M0_NAN;
+    sc = E8M0_NAN;
   } else {
-#if SC
-    sc = to_code(as_u(f_div(f_div(as_f(amax), s), as_f(QMAX_BITS))), 4, 3, 7, BITS_448);
-    const float den = f_mul(e4m3_value(sc), s);
-    for (int i = 0; i < EPL; ++i) c[i] = sc == 0 ? 0u : elem_code(as_u(f_div(as_f(xb[i]), den)));
-#else
     int e = amax == 0 ? -127 : floor_log2_bits(amax) - EMAX;
     e = e < -127 ? -127 : (e > 127 ? 127 : e);
     const float inv = pow2(-e);
     for (int i = 0; i < EPL; ++i)  // |x| * 2^-e is |x * 2^-e|: the abs taken once
       c[i] = elem_code_abs(as_u(f_mul(as_f(xb[i] & 0x7fffffffu), inv)), xb[i]);
     sc = (u32)(e + 127);
-#endif
   }
   pack_words(c, w);
   store_words(pay + j * (4 * WPL), w, alignment(pay));
@@ -843,25 +991,26 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   if (threadIdx.x == 0) st32((u8*)dst + 4 * blockIdx.x, m);  // partial b, in the code area
 }
 #elif OP == 1 || OP == 4
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void ENC_BOUNDS
 coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   u8* pay = (u8*)dst;
   const i64 n = K * LPB, step = (i64)gridDim.x * THREADS * UNR;
   const int lane = (int)(threadIdx.x & 31);
   const bool vec = aligned(src, 16);
 #if OP == 1 && SC
-  const float s = as_f(ld32(pay + TENSOR_OFF(K)));  // S, written by OP 6 before this launch
+  const E4m3Payload s = e4m3_payload(as_f(ld32(pay + TENSOR_OFF(K))));  // S: OP 6 wrote it
 #else
   const float s = 0.0f;
 #endif
   for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step) {
-#if PAIRS
+#if PAIRS || E4M3_WORDS
     u32 xb[UNR][EPL / 2];
     for (int u = 0; u < UNR; ++u) load_pairs(src, (j0 + 32 * u + lane) * EPL, count, vec, xb[u]);
 #else
     u32 xb[UNR][EPL];
     for (int u = 0; u < UNR; ++u) load_chunk(src, (j0 + 32 * u + lane) * EPL, count, vec, xb[u]);
 #endif
+#pragma unroll  // xb[u] in registers, not local memory (the E4M3 body is long)
     for (int u = 0; u < UNR; ++u) {
       const i64 j = j0 + 32 * u + lane;
 #if OP == 1

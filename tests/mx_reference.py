@@ -137,3 +137,43 @@ def taco_fp_codes_ref(x: np.ndarray, element: str, g: int) -> tuple[np.ndarray, 
     with np.errstate(invalid="ignore", divide="ignore"):
         u = np.where(amax[:, None] > 0, y / amax[:, None] * QMAX[element], 0.0)
     return u, bad
+
+
+def quotient_edges(
+    rng: np.random.Generator, element: str, block: int, top: float, dtype, blocks: int = 64
+) -> np.ndarray:
+    """x of ``dtype`` (as float64) for an E4M3-scaled mx encode whose element quotients
+    ``x / d`` (FORMAT.md: ``d = value(sb) * S`` of the block) lie a few ulps of x around every
+    rounding boundary of ``element`` (the midpoints between its codes, and qmax): where the
+    last bit of the float32 quotient decides the code. Block 0 holds the payload's largest
+    value ``top`` (so ``S = top / (448 qmax)``, at least 2^-126); then ``blocks`` groups of
+    blocks, each with its own largest value (``top`` times 2^-15 .. 1, so many divisors d
+    and E4M3 subnormal scales) and the edge values of that block's d, random signs."""
+    dtype = np.dtype(dtype)
+    bits = np.dtype(f"u{dtype.itemsize}")
+    f32 = np.float32
+    qmax = QMAX[element]
+    s = max(f32(top) / f32(448.0 * qmax), f32(2.0**-126))
+    codes = np.arange(1 << BITS[element], dtype=np.uint8)
+    values = np.unique(np.abs(codes.view(ELEMENT_DTYPES[element]).astype(f32)))
+    edges = np.concatenate([(values[:-1] + values[1:]) / f32(2), [f32(qmax)]]).astype(f32)
+
+    def near(v: np.ndarray) -> np.ndarray:  # v in dtype, and 2 steps of dtype either side
+        u = np.asarray(v, np.float64).astype(dtype).view(bits).astype(np.int64)
+        u = (u[:, None] + np.arange(-2, 3)[None, :]).ravel()
+        return u.clip(0, np.iinfo(bits).max).astype(bits).view(dtype).astype(np.float64)
+
+    out = [np.array([top] + [0.0] * (block - 1))]
+    with np.errstate(over="ignore", under="ignore"):
+        for amax in (top * 2.0 ** -rng.uniform(0, 15, blocks)).astype(dtype).astype(np.float64):
+            ratio = f32(f32(amax) / s) / f32(qmax)
+            sb = np.clip(ratio, 0, 448).astype(ml_dtypes.float8_e4m3fn).astype(f32)
+            if sb == 0:
+                continue
+            x = near(edges * (sb * s))
+            x = x[(x > 0) & (x <= amax)]
+            rng.shuffle(x)
+            for i in range(0, x.size, block - 1):
+                part = x[i : i + block - 1] * rng.choice([-1.0, 1.0], min(block - 1, x.size - i))
+                out.append(np.concatenate([[amax], part, np.zeros(block - 1 - part.size)]))
+    return np.concatenate(out).astype(dtype).astype(np.float64)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from mx_reference import mx_encode_ref
+from mx_reference import mx_encode_ref, quotient_edges
 
 from coccl.compressors import get_compressor
 
@@ -175,6 +175,34 @@ def test_gpu_bf16_e8m0_whole_range(cfg: dict, request) -> None:
         d_payload = cp.full(payload.size, POISON_KERNEL, cp.uint8)
         c.encode(_dev(cp, x), d_payload)
         np.testing.assert_array_equal(cp.asnumpy(d_payload), payload, err_msg=f"seed={seed}")
+
+
+# The payload's largest value: S in the E4M3 encode's float32 range (2.0**-73 and 2.0**98:
+# at its ends), then below and above it (x / d in double there), and S at its floor 2^-126.
+EDGE_TOPS = [3.0, 1.5e3, 2.0**-73, 2.0**98, 2.0**-100, 2.0**110, 1e-38]
+EDGE_TOPS_F16 = [3.0, 1.5e3, 2.0**-10]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cfg", E4M3_CONFIGS, ids=_id)
+def test_gpu_e4m3_quotient_edges(cfg: dict, dtype: np.dtype, request) -> None:
+    # The E4M3 encode's quotients without a division: reciprocals from the hardware's
+    # rcp.approx refined in double (the emulation's approximation is the rounded 1 / b),
+    # elements a few ulps around every code boundary times each block's divisor d, many d.
+    import cupy as cp
+
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    c = get_compressor(cfg)
+    for top in EDGE_TOPS if dtype != np.float16 else EDGE_TOPS_F16:
+        x = quotient_edges(rng, cfg["element"], cfg["block"], top, dtype, 512).astype(dtype)
+        payload = _cpu_encode(cfg, x)
+        d_payload = cp.full(payload.size, POISON_KERNEL, cp.uint8)
+        c.encode(_dev(cp, x), d_payload)
+        got = cp.asnumpy(d_payload)
+        np.testing.assert_array_equal(got, payload, err_msg=f"top={top} seed={seed}")
 
 
 @pytest.mark.gpu

@@ -23,7 +23,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from mx_reference import mx_encode_ref
+from mx_reference import mx_encode_ref, quotient_edges
 
 from coccl.compressors import get_compressor, minifloat, mx_gpu
 from coccl.compressors.gpu_build import ELEMENT_TYPES
@@ -368,3 +368,27 @@ def test_emulated_e4m3_partials(build, cfg: dict, where: str, request) -> None:
         emu = Emulated(build, cfg, blocks=blocks)
         got = emu.encode(x, np.full(want.size, POISON_KERNEL, np.uint8))
         np.testing.assert_array_equal(got, want, err_msg=f"{cfg} {blocks} blocks seed={seed}")
+
+
+# The payload's largest value: S in the float32 encode's range (2.0**-73 and 2.0**98: at
+# its ends), then below and above it (x / d in double there), and S at its floor 2^-126
+# (float16: its own range).
+EDGE_TOPS = [3.0, 1.5e3, 2.0**-73, 2.0**98, 2.0**-100, 2.0**110, 1e-38]
+EDGE_TOPS_F16 = [3.0, 1.5e3, 2.0**-10]
+EDGE_CASES = [(cfg, d) for cfg in E4M3_CONFIGS for d in (np.dtype(np.float32), BF16)] + [
+    (E4M3_CONFIGS[0], np.dtype(np.float16))
+]
+
+
+@pytest.mark.parametrize("cfg, dtype", EDGE_CASES, ids=_case_id)
+def test_emulated_e4m3_quotient_edges(build, cfg: dict, dtype: np.dtype, request) -> None:
+    # Elements whose quotient x / d lies within a few ulps of a code's rounding boundary,
+    # for many block divisors d: the E4M3 encode's quotients must be the rounded ones.
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    emu = Emulated(build, cfg)
+    for top in EDGE_TOPS if dtype != np.float16 else EDGE_TOPS_F16:
+        x = quotient_edges(rng, cfg["element"], cfg["block"], top, dtype).astype(dtype)
+        want = cpu_encode(emu.codec, x)
+        got = emu.encode(x, np.full(want.size, POISON_KERNEL, np.uint8))
+        np.testing.assert_array_equal(got, want, err_msg=f"{cfg} {dtype} top={top} seed={seed}")
