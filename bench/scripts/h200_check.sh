@@ -487,19 +487,22 @@ kernels22)
   # NVFP4 (E4M3-scaled) encode without divisions, taco's decode with its cross-lane
   # Hadamard stages transposed through shared memory, the int kernels with a Hadamard.
   # First their throughput beside a copy of the same bytes (so that figures come back
-  # whatever the tests do), then their GPU tests, bitwise the CPU's. Budget: ~480 s.
+  # whatever the tests do; mx in one report, taco and int in another), then their GPU
+  # tests, bitwise the CPU's. Budget: ~560 s.
   step "kernels: TP sizes"
-  timeout 170 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
-    --compressor mx,mx:element=e2m3,mx:element=e2m1,block=16,scale=e4m3,taco,int:bits=4,hadamard=32 \
-    -d bfloat16,float32 -n 15 -c 0 --json "$JSONDIR/kernels22.json" 2>&1 \
-    | tee "$OUT/kernels22_log.txt" | tail -70
-  step "pytest gpu: mx, int"
-  timeout 130 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py -k "not float16" \
-    2>&1 | tee "$OUT/pytest_k22_mx.txt" | tail -4
-  timeout 80 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py 2>&1 \
+  for k in "mx mx,mx:element=e2m3,mx:element=e2m1,block=16,scale=e4m3" \
+           "taco_int taco,int:bits=4,hadamard=32"; do
+    set -- $k
+    timeout 110 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+      --compressor $2 -d bfloat16,float32 -n 15 -c 0 --json "$JSONDIR/kernels22-$1.json" 2>&1 \
+      | tee -a "$OUT/kernels22_log.txt" | tail -50
+  done
+  step "pytest gpu: mx, int, taco decode"
+  timeout 190 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
+    | tee "$OUT/pytest_k22_mx.txt" | tail -4
+  timeout 70 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py 2>&1 \
     | tee "$OUT/pytest_k22_int.txt" | tail -4
-  step "pytest gpu: taco decode"
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
     -k "taco_bitwise_vs_cpu or taco_whole_range or taco_unaligned or codec_classes_gpu" 2>&1 \
     | tee "$OUT/pytest_k22_taco.txt" | tail -4 ;;
 *)
