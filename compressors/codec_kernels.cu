@@ -1257,21 +1257,23 @@ DEV int int8_code(const u32* cw, int r) { return ((int)(cw[r >> 2] << (24 - 8 * 
 #endif
 
 // ======================================== taco decode of a whole tile, transposed (2)
-// Kernel 2's path for whole tiles of 16-byte aligned payload and output when a group
-// spans LPG = 2, 4 or 8 lanes (G = 64, 128, 256; 16-bit outputs from G = 128: see the
-// stores). A lane decodes its 32 consecutive codes and runs the Hadamard stages h < 32 in
+// Kernel 2's path for whole tiles of 16-byte aligned payload and a 16-bit output (not
+// accumulated) when a group spans LPG = 4 or 8 lanes (G = 128, 256: a group's store then
+// fills whole 32-byte sectors). A lane decodes its 32 consecutive codes and runs the Hadamard stages h < 32 in
 // registers, as taco_dequant_lane does; the warp then transposes the values through shared
 // memory, so that a lane holds, for 32 / LPG offsets j of its group's 32-element blocks,
 // the value at j of every block. The stages h = 32 .. G/2 then pair values within the
 // lane: a + b and a - b, bitwise the shuffled fma(+-1, own, partner) of wht_group (each
 // rounds the exact sum once), in the same order of stages, so that no shuffle is left.
 // A lane's offsets are runs of four, j = 4 lig + 4 LPG r (r < TNR): it stores each run
-// straight to global memory as one 16-byte (float32) or 8-byte (16-bit) piece, and the
-// LPG lanes of a group write 4 LPG consecutive elements at once, whole 32-byte sectors.
+// straight to global memory as one 8-byte piece, and the LPG lanes of a group write 4 LPG
+// consecutive elements at once, whole 32-byte sectors. (Float32 outputs and the
+// accumulating decode keep the staged path: their scattered 16-byte stores were slower
+// at large counts.)
 // Shared memory is padded by one 16-byte slot every eight (chunk c at slot c + c / 8):
 // every access of the warp is free of bank conflicts and every address is a per-lane
 // base plus a constant.
-#if OP == 2 && ASH && STAGE && (LPG == 2 || LPG == 4 || LPG == 8) && (EB == 4 || LPG >= 4)
+#if OP == 2 && ASH && STAGE && (LPG == 4 || LPG == 8) && EB == 2 && !ACC
 #define TACO_T 1
 #define TNR (8 / LPG)   // runs of four offsets a lane holds in each block
 #define TSLOTS (9 * 32)  // a warp's buffer: 32 lanes x 8 chunks of 16 bytes, padded
@@ -1288,14 +1290,6 @@ DEV i64 taco_decode_tiles_t(const unsigned char* pay, char* ob, i64 ncodes, i64 
     taco_load_scales(pay, ncodes, K, (t0 >> LOG2_GS) + 32 * lane / GS, true, s, alpha);
     const uint4* cp = (const uint4*)(pay + t0);
     const uint4 c0 = ldg4(cp + lane), c1 = ldg4(cp + 32 + lane);
-#if ACC
-    uint4 acc[LPG * TNR];  // the float32 accumulator at the lane's runs, loaded early
-#pragma unroll
-    for (int b = 0; b < LPG; ++b)
-#pragma unroll
-      for (int r = 0; r < TNR; ++r)
-        acc[b * TNR + r] = *(const uint4*)(ob + 4 * (e0 + 32 * b + 4 * LPG * r));
-#endif
     // the codes, read coalesced (chunk 32 j + lane), to the lanes that own them (2 lane + j)
     sb[lane + (lane >> 3)] = c0;
     sb[36 + lane + (lane >> 3)] = c1;
@@ -1344,18 +1338,7 @@ DEV i64 taco_decode_tiles_t(const unsigned char* pay, char* ob, i64 ncodes, i64 
       for (int r = 0; r < TNR; ++r) {
         const i64 e = e0 + 32 * b + 4 * LPG * r;
         const float* x = u + 4 * (b * TNR + r);
-#if ACC
-        uint4 q = acc[b * TNR + r];
-        q.x = as_u(f_add(as_f(q.x), x[0]));
-        q.y = as_u(f_add(as_f(q.y), x[1]));
-        q.z = as_u(f_add(as_f(q.z), x[2]));
-        q.w = as_u(f_add(as_f(q.w), x[3]));
-        *(uint4*)(ob + 4 * e) = q;
-#elif XT == 0
-        *(uint4*)(ob + 4 * e) = make_uint4(as_u(x[0]), as_u(x[1]), as_u(x[2]), as_u(x[3]));
-#else
         *(uint2*)(ob + 2 * e) = make_uint2(pack_out2(x[0], x[1]), pack_out2(x[2], x[3]));
-#endif
       }
   }
   return tile;

@@ -44,8 +44,8 @@ CASES = [
     ("decode", 128, 0, BF16),
     ("decode", 32, 0, F32),
     ("accumulate", 128, 0, BF16),
-    # kernel 2's transposed whole tiles (two, four and eight lanes a group) and, for
-    # bfloat16 at G = 64, its shuffled ones
+    # kernel 2's transposed whole tiles (16-bit outputs at four and eight lanes a group)
+    # and its shuffled ones (float32 outputs; bfloat16 at G = 64)
     ("decode", 128, 0, F32),
     ("decode", 64, 0, F32),
     ("decode", 64, 0, BF16),
