@@ -395,3 +395,24 @@ def chunked_roundtrip(codec, x, elems):
         part = x[a : a + elems]
         out[a : a + part.size] = codec.decode(codec.encode(part), count=part.size, dtype=x.dtype)
     return out
+
+
+def int_edge_payload(
+    rng: np.random.Generator, count: int, bits: int, group_size: int, hadamard: int
+) -> np.ndarray:
+    """An ``int`` payload of random code bytes (every code; the first group all
+    -2^(bits-1), the rotated values at the packed fields' limits) under scales at the
+    decode's edges: products at and past FLT_MAX, NaN, ±Inf, zeros, subnormals and
+    negative scales."""
+    layout = int_layout(count, bits, group_size, hadamard)
+    payload = rng.integers(0, 256, layout.nbytes, dtype=np.uint8)
+    low = np.packbits(np.tile([0] * (bits - 1) + [1], group_size), bitorder="little")
+    payload[: low.size] = low
+    wbits = bits - 1 + max(hadamard, 1).bit_length() - 1  # |w| <= 2^wbits
+    edge = [2.0 ** (127 - wbits + k) for k in range(-2, 3)]
+    special = [np.finfo(np.float32).max, np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.0]
+    choices = np.array([*edge, *special, 1.0, 2.0**-100], np.float32)
+    with np.errstate(over="ignore"):  # FLT_MAX * [1, 2): some +-Inf
+        scales = rng.choice(choices, layout.groups) * rng.uniform(1, 2, layout.groups)
+        payload[layout.scale_offset :] = scales.astype(np.float32).view(np.uint8)
+    return payload

@@ -21,7 +21,12 @@ from coccl.compressors import get_compressor, intq_cpu, intq_gpu  # noqa: E402
 from coccl.compressors.intq import stream_key  # noqa: E402
 from coccl.compressors.layout import int_layout  # noqa: E402
 
-from codec_reference import grouped_gaussian, magnitude_sweep, seed_for  # noqa: E402
+from codec_reference import (  # noqa: E402
+    grouped_gaussian,
+    int_edge_payload,
+    magnitude_sweep,
+    seed_for,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -157,19 +162,7 @@ def test_decode_any_payload(variant: tuple, dtype: np.dtype) -> None:
     opts = {"bits": b, "group_size": g, "hadamard": h}
     rng = np.random.default_rng(b)
     count = 100003
-    layout = int_layout(count, b, g, h)
-    payload = rng.integers(0, 256, layout.nbytes, dtype=np.uint8)
-    low = np.packbits(np.tile([0] * (b - 1) + [1], g), bitorder="little")
-    payload[: low.size] = low
-    wbits = b - 1 + h.bit_length() - 1  # |w| <= 2^wbits
-    edge = [2.0 ** (127 - wbits + k) for k in range(-2, 3)]
-    special = [np.finfo(np.float32).max, np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.0]
-    choices = np.array([*edge, *special, 1.0, 2.0**-100], np.float32)
-    with np.errstate(over="ignore"):  # FLT_MAX * [1, 2): some +-Inf
-        scales = (rng.choice(choices, layout.groups) * rng.uniform(1, 2, layout.groups)).astype(
-            np.float32
-        )
-    payload[layout.scale_offset :] = scales.view(np.uint8)
+    payload = int_edge_payload(rng, count, b, g, h)
     out = np.empty(count, dtype)
     with np.errstate(over="ignore", invalid="ignore"):
         intq_cpu.int_decode(payload, out, accumulate=False, **opts)

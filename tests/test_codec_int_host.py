@@ -21,7 +21,7 @@ from coccl.compressors import intq_cpu
 from coccl.compressors.intq import stream_key
 from coccl.compressors.layout import int_layout
 
-from codec_reference import grouped_gaussian, magnitude_sweep
+from codec_reference import grouped_gaussian, int_edge_payload, magnitude_sweep
 
 GXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++")
@@ -143,19 +143,7 @@ def test_cuda_decode_matches_numba_on_any_payload(variant: tuple, source: Path) 
     acc = _build(source, {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "XT": 0, "ACC": 1, "NPL": npl})
     count = 3 * 32 * npl + 37
     layout = int_layout(count, bits, g, h)
-    payload = rng.integers(0, 256, layout.nbytes, dtype=np.uint8)
-    # The first group's codes all -2^(bits-1): rotated values at the packed fields' limits.
-    low = np.packbits(np.tile([0] * (bits - 1) + [1], g), bitorder="little")
-    payload[: low.size] = low
-    wbits = bits - 1 + max(h, 1).bit_length() - 1  # |w| <= 2^wbits
-    edge = [2.0 ** (127 - wbits + k) for k in range(-2, 3)]
-    special = [np.finfo(np.float32).max, np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.0]
-    choices = np.array([*edge, *special, 1.0, 2.0**-100], np.float32)
-    with np.errstate(over="ignore"):  # FLT_MAX * [1, 2): some +-Inf
-        scales = (rng.choice(choices, layout.groups) * rng.uniform(1, 2, layout.groups)).astype(
-            np.float32
-        )
-    payload[layout.scale_offset :] = scales.view(np.uint8)
+    payload = int_edge_payload(rng, count, bits, g, h)
     out = np.empty(count, dtype)
     with np.errstate(over="ignore", invalid="ignore"):
         intq_cpu.int_decode(payload, out, accumulate=False, **opts)
