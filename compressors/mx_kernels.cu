@@ -328,7 +328,7 @@ DEV void load_chunk(const void* x, i64 e0, i64 count, bool vec, u32* b) {
 }
 
 #if PAIRS || E4M3_WORDS
-// The lane's chunk as EPL / 2 words of two bfloat16 elements, as they lie in x (zero past
+// The lane's chunk as EPL / 2 words of two 16-bit elements, as they lie in x (zero past
 // count); `vec` as load_chunk's.
 DEV void load_pairs(const void* x, i64 e0, i64 count, bool vec, u32* w) {
   const unsigned short* h = (const unsigned short*)x + e0;
@@ -479,33 +479,15 @@ DEV u32 group_max(u32 v) {
 }
 
 // ------------------------------------------------------------ minifloat conversions
-// Saturating RNE of float32 bits to a code with eb exponent and mb mantissa bits (FORMAT.md;
-// minifloat.bits_to_code): the normal range rounds the mantissa, the subnormal range the
-// 24-bit significand shifted right by 151 - bias - mb - e (capped at 31).
-DEV u32 to_code(u32 bits, int eb, int mb, int bias, u32 qmax_bits) {
-  const int nb = eb + mb;
-  const u32 sign = (bits >> (31 - nb)) & (1u << nb);
-  const u32 a = bits & 0x7fffffffu;
-  const u32 ac = a < qmax_bits ? a : qmax_bits;
-  const u32 shift = 23u - (u32)mb;
-  const u32 half = (1u << (shift - 1u)) - 1u;
-  const u32 normal = ((ac + half + ((ac >> shift) & 1u)) >> shift) - ((u32)(127 - bias) << mb);
-  const u32 e = ac >> 23;
-  const u32 m = (ac & 0x7fffffu) | 0x800000u;
-  u32 sshift = (u32)(151 - bias - mb) - e;
-  sshift = sshift < 31u ? sshift : 31u;
-  const u32 shalf = ((1u << sshift) >> 1) - 1u;
-  const u32 sub = (m + shalf + ((m >> sshift) & 1u)) >> sshift;
-  return (ac >= ((u32)(128 - bias) << 23) ? normal : sub) | sign;
-}
-
-// to_code for the element format in fewer integer operations (the same code for every
-// input; the integer pipe is what limits an encode): |v| (`a`, clamped to qmax) is rounded
-// to its binade's code step by the float add of 2^23 steps (add.rn without .ftz: nearest,
-// ties to even, subnormals kept), whose low bits are then round(|v| / step); below the
-// smallest normal binade (biased exponent e0 = 128 - bias) the step is the subnormals'. A
-// round up into the next binade carries into the code's exponent field. The magnitude's
-// code, no sign; any format of mb <= 3 mantissa bits and qmax below 2^24 steps.
+// Saturating RNE of float32 bits to a minifloat code (FORMAT.md; minifloat.bits_to_code) in
+// few integer operations (the integer pipe is what limits an encode; the emulation test
+// compares it with the direct rounding, tests/cuda_emulation/mx_launch.cpp's to_code):
+// |v| (`a`, clamped to qmax) is rounded to its binade's code step by the float add of
+// 2^23 steps (add.rn without .ftz: nearest, ties to even, subnormals kept), whose low
+// bits are then round(|v| / step); below the smallest normal binade (biased exponent
+// e0 = 128 - bias) the step is the subnormals'. A round up into the next binade carries
+// into the code's exponent field. The magnitude's code, no sign; any format of mb <= 3
+// mantissa bits and qmax below 2^24 steps.
 DEV u32 code_magic(u32 a, u32 qmax_bits, u32 e0, u32 mb) {
   const u32 ac = a < qmax_bits ? a : qmax_bits;
   const u32 ex = umax(ac >> 23, e0);  // the binade's biased exponent
@@ -520,7 +502,7 @@ DEV u32 elem_code_abs(u32 a, u32 bits) {
   return code + ((bits >> (31 - EBITS - MBITS)) & (1u << (EBITS + MBITS)));
 }
 
-// The E4M3 code of v >= 0 (to_code(v, 4, 3, 7, 448): saturating RNE, subnormals kept).
+// The E4M3 code of v >= 0 (saturating RNE, subnormals kept).
 DEV u32 e4m3_code(float v) { return code_magic(as_u(v), BITS_448, 121, 3); }
 
 DEV u32 elem_code(u32 bits) { return elem_code_abs(bits & 0x7fffffffu, bits); }
