@@ -36,8 +36,15 @@ __all__ = ["int_decode", "int_encode"]
 _HERE = Path(__file__).parent
 _SOURCES = (_HERE / "codec_kernels.cu", _HERE / "intq_kernels.cu")
 _BLOCKS_PER_SM = 16  # the grid is at most this many blocks per SM (grid-stride loops)
-# Resident threads per SM that __launch_bounds__ sizes the registers for, per kind.
-_RESIDENT = {"encode": 768, "decode": 768, "accumulate": 512}
+# Resident threads per SM that __launch_bounds__ sizes the registers for, per kind, at 32
+# elements a lane: 1024 (64 registers) keeps four blocks of 256 threads on an SM for the
+# decode (its next tile's codes held in registers) and the 16-bit staged encode, whose
+# 4M-element tiles then fit one wave; the float32 staged encode's 128-thread blocks are
+# held to six an SM by their shared memory, so it keeps 768; so do 6 and 7 bits (codes
+# that straddle words: 64 registers spill in some of their variants). 64 elements a lane:
+# at most 768 (as 32 elements at 384: twice the registers a thread).
+_RESIDENT = {"encode": 1024, "decode": 1024, "accumulate": 512}
+_RESIDENT_768 = 768
 # The encode of 32 elements per lane copies whole tiles into shared memory ahead (ISTAGE,
 # cp.async): lane-strided loads straight from memory held float32 well under the copy
 # bandwidth. Its two buffers a warp (2 x 32 lanes x 32 elements) fit 48 KiB in 256
@@ -125,8 +132,11 @@ def _launch(
             npl = 64 if defs["GS"] > 1024 else 32  # a group lies in at most 32 lanes
             threads = 128 if npl == 64 else 256  # the staging buffers fit 48 KiB
             stage = int(kind == "encode" and npl == 32 and _ENCODE_STAGE)
+            resident = _RESIDENT[kind]
             if stage and defs["XT"] == 0:
                 threads = 128
+            if npl == 64 or defs["BITS"] in (6, 7) or (stage and defs["XT"] == 0):
+                resident = min(resident, _RESIDENT_768)
             full = {
                 **defs,
                 "OP": 0,
@@ -134,7 +144,7 @@ def _launch(
                 "ISTAGE": stage,
                 "THREADS": threads,
                 # 64 elements per lane need twice the registers: half the threads.
-                "MIN_BLOCKS": max(1, _RESIDENT[kind] * 32 // npl // threads),
+                "MIN_BLOCKS": max(1, resident * 32 // npl // threads),
             }
             kern = compile_function(_SOURCES, full, "coccl_int")
             cached = (kern, threads, threads // 32, sm_count(cp) * _BLOCKS_PER_SM, npl)

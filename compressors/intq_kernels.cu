@@ -163,9 +163,11 @@ DEV void codes_store(u32* g, u32* cb, const IntSlots& sl, int lane, const u32* c
   __syncwarp();
 }
 
-DEV void codes_load(const u32* g, u32* cb, const IntSlots& sl, int lane, u32* cw) {
+// The decode's side: raw[j] is word j * 32 + lane of the tile (coalesced loads, made a
+// tile ahead by int_fetch), cw the lane's own words.
+DEV void codes_load(const u32* raw, u32* cb, const IntSlots& sl, int lane, u32* cw) {
 #pragma unroll
-  for (int j = 0; j < ICW; ++j) cb[code_slot(sl, lane, j)] = __ldg(g + j * 32 + lane);
+  for (int j = 0; j < ICW; ++j) cb[code_slot(sl, lane, j)] = raw[j];
   __syncwarp();
 #pragma unroll
   for (int j = 0; j < ICW; ++j) cw[j] = cb[lane * ICS + j];
@@ -601,6 +603,24 @@ DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool 
 #endif
 }
 
+// What the decode loads of a tile before its work: the scale d of lane's group and,
+// where the tile's codes are whole words (whole: the payload aligned and the tile within
+// the coded elements), the tile's code words j * 32 + lane in raw. Issued one tile ahead,
+// so that a warp's next loads are in flight while it transforms and stores this tile.
+DEV bool int_fetch(const unsigned char* pay, const IntPay& lay, i64 K, i64 tile, int lane,
+                   u32* raw, float& d) {
+  const i64 t0 = tile * ITILE;
+  const i64 g = (t0 + (i64)lane * NPL) / GS;
+  d = g < K ? as_f(ld32(pay + lay.cbytes + 4 * g, lay.a4)) : 0.0f;
+  const bool whole = lay.p4 && t0 + ITILE <= lay.coded;
+  if (whole) {
+    const u32* gp = (const u32*)(pay + t0 * BITS / 8);
+#pragma unroll
+    for (int j = 0; j < ICW; ++j) raw[j] = __ldg(gp + j * 32 + lane);
+  }
+  return whole;
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K, u64 key) {
   (void)key;
@@ -623,16 +643,24 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   const IntPay lay = int_pay(pay, count);
   const bool vout = (((u64)ob) & 15) == 0;
   const IntSlots sl = int_slots(lane);
-  for (i64 tile = (i64)blockIdx.x * WARPS + wib; tile < lay.ntiles;
-       tile += (i64)gridDim.x * WARPS) {
+  const i64 stride = (i64)gridDim.x * WARPS;
+  const i64 first = (i64)blockIdx.x * WARPS + wib;
+  u32 nraw[ICW] = {};  // the next tile's loads (int_fetch)
+  float nd = 0.0f;
+  bool nwhole = first < lay.ntiles && int_fetch(pay, lay, K, first, lane, nraw, nd);
+  for (i64 tile = first; tile < lay.ntiles; tile += stride) {
     const i64 t0 = tile * ITILE;
     const i64 base = t0 + (i64)lane * NPL;
-    const i64 g = base / GS;
-    const float d = g < K ? as_f(ld32(pay + lay.cbytes + 4 * g, lay.a4)) : 0.0f;
+    const float d = nd;
+    const bool cwhole = nwhole;
+    u32 raw[ICW];
+#pragma unroll
+    for (int j = 0; j < ICW; ++j) raw[j] = nraw[j];
+    if (tile + stride < lay.ntiles) nwhole = int_fetch(pay, lay, K, tile + stride, lane, nraw, nd);
     // ---- codes
     u32 cw[ICW];
-    if (lay.p4 && t0 + ITILE <= lay.coded) {
-      codes_load((const u32*)(pay + t0 * BITS / 8), cb, sl, lane, cw);
+    if (cwhole) {
+      codes_load(raw, cb, sl, lane, cw);
     } else {
       const i64 b0 = base * BITS / 8;
 #pragma unroll
