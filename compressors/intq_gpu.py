@@ -50,6 +50,12 @@ _RESIDENT_768 = 768
 # bandwidth. Its two buffers a warp (2 x 32 lanes x 32 elements) fit 48 KiB in 256
 # threads of 16-bit elements or 128 of float32.
 _ENCODE_STAGE = 1
+# The staged encode's grid: one wave of the blocks an SM holds (MIN_BLOCKS: the registers
+# are sized for them and their shared memory fits), grid-stride, so that a warp encodes
+# several tiles with the next one's copy in flight while it computes this one. At
+# _BLOCKS_PER_SM a warp gets one tile up to 16M elements, and cp.async nothing to overlap.
+# False: _BLOCKS_PER_SM, as the other kernels.
+_ENCODE_ONE_WAVE = True
 
 # (device, kind, defines) -> (kernel, threads, warps per block, largest grid, elements per lane)
 _launches: dict[tuple, tuple[Any, int, int, int, int]] = {}
@@ -147,7 +153,8 @@ def _launch(
                 "MIN_BLOCKS": max(1, resident * 32 // npl // threads),
             }
             kern = compile_function(_SOURCES, full, "coccl_int")
-            cached = (kern, threads, threads // 32, sm_count(cp) * _BLOCKS_PER_SM, npl)
+            per_sm = full["MIN_BLOCKS"] if stage and _ENCODE_ONE_WAVE else _BLOCKS_PER_SM
+            cached = (kern, threads, threads // 32, sm_count(cp) * per_sm, npl)
             _launches[key_t] = cached
         kern, threads, per_block, grid_cap, npl = cached
         warps = -(-coded // (32 * npl))

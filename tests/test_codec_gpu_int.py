@@ -178,6 +178,38 @@ def test_decode_any_payload(variant: tuple, dtype: np.dtype) -> None:
     _assert_same(cupy.asnumpy(d_acc), acc, f"{dtype} accumulate")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "variant",
+    [(4, 128, 32, False), (8, 128, 0, True), (3, 64, 0, False), (4, 2048, 64, True)],
+    ids=_vid,
+)
+def test_warps_loop_over_tiles(variant: tuple, dtype: np.dtype, monkeypatch, request) -> None:
+    # The grid as if the GPU had one multiprocessor: every warp runs several tiles, so the
+    # encode's next tile is copied while one computes (two buffers a warp) and the decode's
+    # next codes and scale are loaded one tile ahead, a partial tile last.
+    monkeypatch.setattr(intq_gpu, "sm_count", lambda cp: 1)
+    monkeypatch.setattr(intq_gpu, "_launches", {})
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    x = grouped_gaussian(rng, 200003, variant[1], -4, 4).astype(dtype)
+    x[rng.integers(x.size)] = np.nan
+    cpu, dev, opts = _both(x, variant, stream_key(seed, 3))
+    msg = f"{_vid(variant)} {dtype} seed={seed}"
+    np.testing.assert_array_equal(cupy.asnumpy(dev), cpu, err_msg=msg)
+    out = np.empty(x.size, dtype)
+    intq_cpu.int_decode(cpu, out, accumulate=False, **opts)
+    d_out = to_dev(np.zeros(x.size, dtype))
+    intq_gpu.int_decode(dev, d_out, accumulate=False, **opts)
+    _assert_same(to_host(d_out), out, msg)
+    base = rng.standard_normal(x.size).astype(np.float32)
+    acc = base.copy()
+    intq_cpu.int_decode(cpu, acc, accumulate=True, **opts)
+    d_acc = cupy.asarray(base)
+    intq_gpu.int_decode(dev, d_acc, accumulate=True, **opts)
+    _assert_same(cupy.asnumpy(d_acc), acc, f"{msg} accumulate")
+
+
 @pytest.mark.parametrize(
     "cfg",
     [
