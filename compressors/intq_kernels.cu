@@ -217,35 +217,12 @@ DEV int int_round(float y, u64 key, i64 e) {
   return min(max(r, -IQMAX), IQMAX);
 }
 
-// One lane's NPL raw elements w (type XT; element base is its first) -> its ICW code
-// words and the group's scale bits (the same in all the group's lanes).
-DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32& dbits) {
-  u32 mb = 0;
-#pragma unroll
-  for (int hv = 0; hv < IHV; ++hv) mb = max(mb, raw_absmax(w + hv * NW));
-  mb = group_umax<ILPG>(mb);
-  float v[NPL];
-#pragma unroll
-  for (int hv = 0; hv < IHV; ++hv)
-#pragma unroll
-    for (int r = 0; r < 32; ++r) v[32 * hv + r] = elem_f32(w + hv * NW, r);
-#pragma unroll
-  for (int j = 0; j < ICW; ++j) cw[j] = 0u;
-  // A group with NaN or ±Inf runs the same steps (every lane of the warp must reach the
-  // shuffles) and is overwritten at the end (step 7).
-  const bool bad = mb >= INF_BITS;
-  float m = as_f(BITS_ONE);
-  u32 ab = as_u(raw_to_f32(mb));
-#if HAD
-  m = (float)HAD;
-  if ((int)(ab >> 23) + ilog2(HAD) > 253) {  // the transform could overflow
-    const float p = as_f((u32)(127 - ilog2(HAD)) << 23);
-#pragma unroll
-    for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], p);
-    m = as_f(BITS_ONE);
-  }
-  ab = 0;
+// The rotation of a lane's NPL values v in place (step 2), and the absmax of the group's
+// rotated values (as bits) returned.
+DEV u32 int_rotate_absmax(float* v, int lane) {
+  u32 ab = 0;
 #if HAD <= NPL
+  (void)lane;
   // Each block within the lane: its two halves' transforms (stages h = 1 .. HAD/4), then
   // the last stage, whose pair (a, b) becomes a + b and a - b. The larger magnitude of
   // the two is RN(|a| + |b|) (rounding is monotone and odd), so the absmax takes one add
@@ -267,8 +244,81 @@ DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32
 #pragma unroll
   for (int i = 0; i < NPL; ++i) ab = max(ab, as_u(v[i]) & 0x7fffffffu);
 #endif
-  ab = group_umax<ILPG>(ab);
+  return group_umax<ILPG>(ab);
+}
+
+// One lane's NPL raw elements -> float32 values v, the group's multiplier m (FORMAT.md's
+// M) and absmax bits ab (after the rotation, if any), and whether the group holds NaN or
+// ±Inf (bad). From the raw absmax: step 2's prescale where the transform could overflow.
+DEV void int_prepare(const u32* w, int lane, float* v, float& m, u32& ab, bool& bad) {
+  u32 mb = 0;
+#pragma unroll
+  for (int hv = 0; hv < IHV; ++hv) mb = max(mb, raw_absmax(w + hv * NW));
+  mb = group_umax<ILPG>(mb);
+#pragma unroll
+  for (int hv = 0; hv < IHV; ++hv)
+#pragma unroll
+    for (int r = 0; r < 32; ++r) v[32 * hv + r] = elem_f32(w + hv * NW, r);
+  // A group with NaN or ±Inf runs the same steps (every lane of the warp must reach the
+  // shuffles) and is overwritten at the end (step 7).
+  bad = mb >= INF_BITS;
+  m = as_f(BITS_ONE);
+  ab = as_u(raw_to_f32(mb));
+#if HAD
+  m = (float)HAD;
+  if ((int)(ab >> 23) + ilog2(HAD) > 253) {  // the transform could overflow
+    const float p = as_f((u32)(127 - ilog2(HAD)) << 23);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = f_mul(v[i], p);
+    m = as_f(BITS_ONE);
+  }
+  ab = int_rotate_absmax(v, lane);
+#else
+  (void)lane;
 #endif
+}
+
+#if HAD
+// Below these absmax bits after the rotation (2^(126 - log2 HAD)) the group is finite and
+// its raw absmax a below 2^(127 - log2 HAD), where int_prepare neither prescales nor marks
+// it bad: the exact transform's largest magnitude is at least a (its 2-norm is
+// sqrt(HAD) times the block's), and the float32 one's is within a relative 2^-13 of it
+// (log2 HAD stages of rounding, sqrt(HAD) from the 2-norm to the largest), so a group
+// that int_prepare would prescale reaches this bound; NaN and ±Inf propagate to it.
+#define IAB_FAST ((u32)(253 - ilog2(HAD)) << 23)
+#endif
+
+// One lane's NPL raw elements w (type XT; element base is its first) -> its ICW code
+// words and the group's scale bits (the same in all the group's lanes). With a rotation,
+// the raw absmax is skipped: the values are rotated first, and only where some group of
+// the warp reaches IAB_FAST (huge values, NaN, ±Inf: rare) does the warp take
+// int_prepare's steps again, on its elements read again by reload(w).
+template <class Reload>
+DEV void int_encode_lane(const u32* w, int lane, i64 base, u64 key, u32* cw, u32& dbits,
+                         Reload reload) {
+  float v[NPL];
+  float m;
+  u32 ab;
+  bool bad;
+#if HAD
+#pragma unroll
+  for (int hv = 0; hv < IHV; ++hv)
+#pragma unroll
+    for (int r = 0; r < 32; ++r) v[32 * hv + r] = elem_f32(w + hv * NW, r);
+  m = (float)HAD;
+  bad = false;
+  ab = int_rotate_absmax(v, lane);
+  if (__any_sync(FULL_MASK, ab >= IAB_FAST)) {  // warp-uniform: int_prepare shuffles
+    u32 w2[IHV * NW];
+    reload(w2);
+    int_prepare(w2, lane, v, m, ab, bad);
+  }
+#else
+  (void)reload;
+  int_prepare(w, lane, v, m, ab, bad);
+#endif
+#pragma unroll
+  for (int j = 0; j < ICW; ++j) cw[j] = 0u;
   const float amax = as_f(ab);
   float t;
   bool tiny;
@@ -447,7 +497,23 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     }
     __syncwarp();  // the buffer is refilled next iteration
     u32 cw[ICW], dbits;
-    int_encode_lane(w, lane, base, key, cw, dbits);
+    // The rare second read (int_encode_lane): this tile's buffer is refilled only in the
+    // next iteration, after the warp's __syncwarp that ends the read.
+    int_encode_lane(w, lane, base, key, cw, dbits, [&](u32* w2) {
+      if (whole(tile)) {
+#pragma unroll
+        for (int c = 0; c < ICH; ++c) {
+          const uint4 q = sb[sl.row ^ c];
+          w2[4 * c] = q.x;
+          w2[4 * c + 1] = q.y;
+          w2[4 * c + 2] = q.z;
+          w2[4 * c + 3] = q.w;
+        }
+        __syncwarp();
+      } else {
+        lane_load_npl(xb, base, count, vin, w2);
+      }
+    });
     int_store_tile(pay, lay, cb, sl, lane, p16, t0, base, K, cw, dbits);
   }
 #else
@@ -462,7 +528,8 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     if (tile + stride < lay.ntiles)
       lane_load_npl(xb, (tile + stride) * ITILE + (i64)lane * NPL, count, vin, wn);
     u32 cw[ICW], dbits;
-    int_encode_lane(w, lane, base, key, cw, dbits);
+    int_encode_lane(w, lane, base, key, cw, dbits,
+                    [&](u32* w2) { lane_load_npl(xb, base, count, vin, w2); });
     int_store_tile(pay, lay, cb, sl, lane, p16, t0, base, K, cw, dbits);
   }
 #endif

@@ -155,3 +155,49 @@ def test_cuda_decode_matches_numba_on_any_payload(variant: tuple, source: Path) 
         intq_cpu.int_decode(payload, summed, accumulate=True, **opts)
     z = _run(acc, payload, count, layout.groups, 0, 4 * count, init=base).view(np.float32)
     _same(z, summed)
+
+
+@pytest.mark.parametrize(
+    "variant", [v for v in VARIANTS if v[2]], ids=lambda v: f"b{v[0]}-g{v[1]}-h{v[2]}-{v[4]}"
+)
+def test_cuda_encode_rare_groups_match_numba(variant: tuple, source: Path) -> None:
+    """With a rotation the encode rotates before it knows the raw absmax, and takes the
+    raw-absmax steps again only for a warp with a group at or past its bound: groups of
+    NaN, ±Inf, and magnitudes around the bound and the prescale's threshold, in whole
+    tiles and in the partial last one."""
+    bits, g, h, stochastic, dtype = variant
+    npl = 64 if g > 1024 else 32
+    opts = {"bits": bits, "group_size": g, "hadamard": h}
+    rng = np.random.default_rng(200 + bits)
+    enc = _build(source, {"IOP": 1, "BITS": bits, "GS": g, "HAD": h, "XT": XT[dtype],
+                          "STOCH": int(stochastic), "NPL": npl,
+                          "ISTAGE": int(npl == 32)})  # fmt: skip
+    count = 3 * 32 * npl + 37
+    x = grouped_gaussian(rng, count, g, -2, 2).astype(np.float64)
+    k = -(-count // g)
+    lb = int(np.log2(h))
+    fmax = float(ml_dtypes.finfo(dtype).max)
+    # Group j (of a few picked, the last one too): NaN, +Inf, -Inf, or a group scaled to
+    # 2^(e) for e around 126 - log2 H (the bound) and 127 - log2 H (the prescale), where
+    # the dtype reaches them.
+    specials = [np.nan, np.inf, -np.inf]
+    for e in (125, 126, 127, 128):
+        if 2.0 ** (e - lb) * 1.5 < fmax:
+            specials += [2.0 ** (e - lb), -(2.0 ** (e - lb)) * 1.5]
+    n = min(k, len(specials))
+    picked = [*rng.choice(k - 1, size=n - 1, replace=False), k - 1]
+    for j, s in zip(picked, specials[:n], strict=True):
+        lo, hi = j * g, min(count, j * g + g)
+        if np.isfinite(s):
+            z = x[lo:hi]
+            x[lo:hi] = z / np.abs(z).max() * s
+        else:
+            x[lo + rng.integers(hi - lo)] = s
+    x = x.astype(dtype)
+    layout = int_layout(count, bits, g, h)
+    key = stream_key(count, 9)
+    expect = np.empty(layout.nbytes, np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):
+        intq_cpu.int_encode(x, expect, stochastic=stochastic, key=key, **opts)
+    got = _run(enc, x, count, layout.groups, key, layout.nbytes)
+    np.testing.assert_array_equal(got, expect)

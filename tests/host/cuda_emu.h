@@ -45,3 +45,12 @@ inline unsigned __shfl_xor_sync(unsigned, unsigned v, int t) {
 inline float __shfl_xor_sync(unsigned m, float v, int t) {
   return __uint_as_float(__shfl_xor_sync(m, __float_as_uint(v), t));
 }
+inline int __any_sync(unsigned, int pred) {
+  int l = threadIdx.x & 31;
+  g_slot[l] = pred != 0;
+  g_bar->arrive_and_wait();
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r |= g_slot[i];
+  g_bar->arrive_and_wait();
+  return r != 0;
+}
