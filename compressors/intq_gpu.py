@@ -56,6 +56,9 @@ _ENCODE_STAGE = 1
 # _BLOCKS_PER_SM a warp gets one tile up to 16M elements, and cp.async nothing to overlap.
 # False: _BLOCKS_PER_SM, as the other kernels.
 _ENCODE_ONE_WAVE = True
+# The same for the decodes (their next tile's codes loaded one tile ahead): off, not yet
+# measured against _BLOCKS_PER_SM.
+_DECODE_ONE_WAVE = False
 
 # (device, kind, defines) -> (kernel, threads, warps per block, largest grid, elements per lane)
 _launches: dict[tuple, tuple[Any, int, int, int, int]] = {}
@@ -153,7 +156,10 @@ def _launch(
                 "MIN_BLOCKS": max(1, resident * 32 // npl // threads),
             }
             kern = compile_function(_SOURCES, full, "coccl_int")
-            per_sm = full["MIN_BLOCKS"] if stage and _ENCODE_ONE_WAVE else _BLOCKS_PER_SM
+            one_wave = _ENCODE_ONE_WAVE if kind == "encode" else _DECODE_ONE_WAVE
+            per_sm = (
+                full["MIN_BLOCKS"] if one_wave and (stage or kind != "encode") else _BLOCKS_PER_SM
+            )
             cached = (kern, threads, threads // 32, sm_count(cp) * per_sm, npl)
             _launches[key_t] = cached
         kern, threads, per_block, grid_cap, npl = cached
