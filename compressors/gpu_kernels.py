@@ -86,8 +86,8 @@ _TUNING: dict[str, Any] = {
     "encode_epl": 64,
     "hop_epl": 64,
     "hop_epl_from": 1 << 22,
-    "epl_threads": 128,
-    "epl_resident": 512,
+    "epl_threads": {"encode": 128, "decode": 128, "accumulate": 128, "hop": 128},
+    "epl_resident": {"encode": 512, "decode": 512, "accumulate": 512, "hop": 512},
 }
 _KINDS = ("encode", "decode", "accumulate", "hop")
 
@@ -117,7 +117,7 @@ def taco_encode(
     if count == 0:
         return
     G = defs["GS"]
-    epl = _elements_per_lane(G, "encode_epl", x.dtype.itemsize)
+    epl = _elements_per_lane(G, "encode_epl", "encode", x.dtype.itemsize)
     if epl >= 32:
         defs.update(OP=_OP_TACO_ENC_EPL, EPL=epl)
         _launch(cp, defs, "encode", (x, payload), count, K, warps=-(-K * G // (32 * epl)))
@@ -180,7 +180,7 @@ def taco_reduce_encode(
     if count == 0:
         return
     G = defs["GS"]
-    epl = _elements_per_lane(G, "hop_epl", own.dtype.itemsize + 1)  # elements and codes
+    epl = _elements_per_lane(G, "hop_epl", "hop", own.dtype.itemsize + 1)  # elements, codes
     if epl >= 32 and count >= int(_TUNING["hop_epl_from"]):
         defs.update(OP=_OP_TACO_HOP_EPL, EPL=epl)
         _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // (32 * epl)))
@@ -188,12 +188,14 @@ def taco_reduce_encode(
         _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // _TILE))
 
 
-def _elements_per_lane(G: int, key: str, tile_bytes: int) -> int:
-    """The elements per lane of an EPL kernel (tuning ``key``; 0: the 32-per-lane kernel):
-    at most G, and the warps' two shared-memory buffers (2 x threads x elements per lane x
-    ``tile_bytes`` bytes per element) must fit the 48 KiB a block gets by default."""
+def _elements_per_lane(G: int, key: str, kind: str, tile_bytes: int) -> int:
+    """The elements per lane of an EPL kernel (tuning ``key``; 0: the 32-per-lane kernel)
+    of kernel kind ``kind``: at most G, and the warps' two shared-memory buffers (2 x
+    threads x elements per lane x ``tile_bytes`` bytes per element) must fit the 48 KiB a
+    block gets by default."""
     epl = min(G, int(_TUNING[key]))
-    while epl >= 32 and 2 * int(_TUNING["epl_threads"]) * epl * tile_bytes > 48 * 1024:
+    threads = int(_TUNING["epl_threads"][kind])
+    while epl >= 32 and 2 * threads * epl * tile_bytes > 48 * 1024:
         epl //= 2
     return epl
 
@@ -371,8 +373,8 @@ def _inv_sqrt_bits(G: int) -> str:
 def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
     out = dict(defs)
     if defs["OP"] in _EPL_OPS:
-        threads = int(_TUNING["epl_threads"])
-        out["MIN_BLOCKS"] = max(1, int(_TUNING["epl_resident"]) // threads)
+        threads = int(_TUNING["epl_threads"][kind])
+        out["MIN_BLOCKS"] = max(1, int(_TUNING["epl_resident"][kind]) // threads)
     else:
         threads = int(_TUNING["threads"])
         out["STAGE"] = int(_TUNING["stage"][kind])
@@ -424,7 +426,8 @@ def _launch_here(
 
 
 # ------------------------------------------------------------------- tuning hooks
-_PER_KIND = ("stage", "prefetch", "resident")  # keys holding one value per kernel kind
+# keys holding one value per kernel kind (epl_*: only encode and hop have EPL kernels)
+_PER_KIND = ("stage", "prefetch", "resident", "epl_threads", "epl_resident")
 _FLAGS = ("stage", "prefetch", "sw_cvt", "raw_check")  # 0/1 switches
 
 
@@ -459,7 +462,10 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             EPL hop measured faster from 4M bfloat16 elements, slower at 1M:
             bench/NOTES.md, session 18).
         epl_threads, epl_resident: threads per block and resident threads per SM of
-            those kernels.
+            those kernels; per kind (encode, hop). Blocks of 64 threads let the hop keep a
+            whole group of 128 a lane (``hop_epl=128``, bfloat16) or 64 float32 elements a
+            lane within the 48 KiB: no shuffles in a 128-group's transforms, or one stage
+            of them instead of two.
 
     The per-kind keys (kinds: encode, decode, accumulate = decode-accumulate, hop = the
     fused ring hop) take one value for every kind, or a dict that changes only the kinds
