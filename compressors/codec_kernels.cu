@@ -592,13 +592,36 @@ DEV u32 ld32(const unsigned char* p, bool aligned) {
   return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
 
+// A function the compiler keeps out of line: a rare path that would otherwise be inlined
+// as instructions predicated off (which every warp still issues).
+#if defined(__CUDA_ARCH__)
+#define COLD __device__ __noinline__
+#else
+#define COLD inline
+#endif
+
+// The words at unaligned addresses ps (low half) and pa (high half), byte by byte (a
+// payload's scales when it is not 4-byte aligned); returned by value, as a call's
+// reference arguments would live in local memory.
+COLD u64 ld32x2_bytes(const unsigned char* ps, const unsigned char* pa) {
+  return (u64)ld32(ps, false) | ((u64)ld32(pa, false) << 32);
+}
+
 // Group g's scales in a taco payload of K groups whose codes end at byte ncodes
 // (FORMAT.md: every group's s, then every group's alpha, each there only when DUAL / ASH);
 // a4: the scales are 4-byte aligned. Loading leaves s and alpha as they are where absent.
 DEV void taco_load_scales(const unsigned char* pay, i64 ncodes, i64 K, i64 g, bool a4, float& s,
                           float& alpha) {
-  if (DUAL) s = as_f(ld32(pay + ncodes + 4 * g, a4));
-  if (ASH) alpha = as_f(ld32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4));
+  const unsigned char* ps = pay + ncodes + 4 * g;
+  const unsigned char* pa = ps + (DUAL ? 4 * K : 0);
+  if (a4) {
+    if (DUAL) s = as_f(__ldg((const u32*)ps));
+    if (ASH) alpha = as_f(__ldg((const u32*)pa));
+  } else {
+    const u64 w = ld32x2_bytes(ps, pa);
+    if (DUAL) s = as_f((u32)w);
+    if (ASH) alpha = as_f((u32)(w >> 32));
+  }
 }
 
 DEV void taco_store_scales(unsigned char* pay, i64 ncodes, i64 K, i64 g, bool a4, u32 sbits,
@@ -1015,37 +1038,83 @@ DEV int tile_slot7(int j, int lane) {
   return slot7<CH>(j * (32 / CH) + lane / CH, lane & (CH - 1));
 }
 
-// Start copying a warp's tile at `tile_bytes` (32 lanes' CH chunks each, in order) into
-// buffer sb, chunk c of lane l at slot7<CH>(l, c). The copies take 32-bit shared
-// addresses from the buffer's, computed once, not a generic pointer per chunk.
+// tile_slot7's period in j: tile_slot7(j + P, lane) = tile_slot7(j, lane) + 32 P (the
+// swizzle f repeats every 8 lanes, 8 lanes are P * 32 / CH chunks apart). So a tile walk
+// needs P addresses a tile; its other chunks are those plus constant offsets.
 template <int CH>
-DEV void tile_fetch7(const char* tile_bytes, uint4* sb, int lane) {
-  const uint4* g = (const uint4*)tile_bytes + lane;
+__host__ __device__ constexpr int period7() {
+  return CH >= 8 ? CH / 4 : 1;
+}
+
+// The EPL kernels' buffers are addressed by 32-bit shared-memory addresses on the GPU
+// (what ld/st.shared and cp.async take; a generic pointer costs a conversion per access)
+// and by plain addresses in the host emulation. A buffer of CH chunks a lane starts on a
+// multiple of 16 * CH bytes (EPL_SMEM_ALIGN), so lane l's chunk c lies at the xor
+// (buf + 16 * slot7(l, 0)) ^ (16 * c): one logic operation a chunk.
+#define EPL_SMEM_ALIGN 512  // 16 bytes x the most chunks a lane holds (32: 128 float32)
 #if ASYNC7
-  const u32 s0 = smem_addr(sb);
+typedef u32 saddr;
+DEV saddr saddr_of(const uint4* p) { return smem_addr(p); }
+DEV uint4 lds16(saddr a) {
+  uint4 q;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "r"(a) : "memory");
+  return q;
+}
+DEV void sts16(saddr a, const uint4& q) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+               ::"r"(a), "r"(q.x), "r"(q.y), "r"(q.z), "r"(q.w) : "memory");
+}
+#else
+typedef u64 saddr;
+DEV saddr saddr_of(const uint4* p) { return (u64)p; }
+DEV uint4 lds16(saddr a) { return *(const uint4*)a; }
+DEV void sts16(saddr a, const uint4& q) { *(uint4*)a = q; }
 #endif
+
+// Lane `lane`'s row of a buffer at shared address buf (CH chunks a lane): its chunk c is
+// at lane_row7(...) ^ (16 * c).
+template <int CH>
+DEV saddr lane_row7(saddr buf, int lane) {
+  return buf + (saddr)(16 * slot7<CH>(lane, 0));
+}
+
+// Start copying a warp's tile at `tile_bytes` (32 lanes' CH chunks each, in order) into
+// the buffer at buf, chunk c of lane l at slot7<CH>(l, c).
+template <int CH>
+DEV void tile_fetch7(const char* tile_bytes, saddr buf, int lane) {
+  const uint4* g = (const uint4*)tile_bytes + lane;
+  constexpr int P = period7<CH>();
+  saddr at[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) at[p] = buf + (saddr)(16 * tile_slot7<CH>(p, lane));
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
-    const int slot = tile_slot7<CH>(j, lane);
+    const saddr d = at[j % P] + (saddr)(16 * 32 * (j - j % P));
 #if ASYNC7
-    cp_async16_to(s0 + 16u * (u32)slot, g + j * 32);
+    cp_async16_to(d, g + j * 32);
 #else
-    sb[slot] = ldg4(g + j * 32);
+    sts16(d, ldg4(g + j * 32));
 #endif
   }
 }
 
-// The lanes' words (CH chunks each, lane l's chunk c at slot7<CH>(l, c) of sb) written as
-// a warp's tile at `tile_bytes` with coalesced 16-byte stores.
+// The lanes' words (CH chunks each, lane l's chunk c at slot7<CH>(l, c) of the buffer at
+// buf) written as a warp's tile at `tile_bytes` with coalesced 16-byte stores.
 template <int CH>
-DEV void tile_store7(char* tile_bytes, uint4* sb, int lane, const u32* w) {
+DEV void tile_store7(char* tile_bytes, saddr buf, int lane, const u32* w) {
+  const saddr row = lane_row7<CH>(buf, lane);
 #pragma unroll
   for (int c = 0; c < CH; ++c)
-    sb[slot7<CH>(lane, c)] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+    sts16(row ^ (saddr)(16 * c), make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]));
   __syncwarp();
   uint4* g = (uint4*)tile_bytes + lane;
+  constexpr int P = period7<CH>();
+  saddr at[P];
 #pragma unroll
-  for (int j = 0; j < CH; ++j) g[j * 32] = sb[tile_slot7<CH>(j, lane)];
+  for (int p = 0; p < P; ++p) at[p] = buf + (saddr)(16 * tile_slot7<CH>(p, lane));
+#pragma unroll
+  for (int j = 0; j < CH; ++j) g[j * 32] = lds16(at[j % P] + (saddr)(16 * 32 * (j - j % P)));
   __syncwarp();
 }
 
@@ -1066,12 +1135,13 @@ DEV void lane_store_codes7(unsigned char* cp, const u32* codes, bool v16) {
 #if OP == 7
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K) {
-  __shared__ uint4 smem[2 * WARPS * 32 * CH7];
+  alignas(EPL_SMEM_ALIGN) __shared__ uint4 smem[2 * WARPS * 32 * CH7];
   const char* xb = (const char*)src;
   unsigned char* pay = (unsigned char*)dst;
   const int lane = threadIdx.x & 31;
   const int lig = lane & (L7 - 1);
-  uint4* const wbuf = smem + (threadIdx.x >> 5) * 64 * CH7;  // this warp's two buffers
+  const saddr wbuf = saddr_of(smem + (threadIdx.x >> 5) * 64 * CH7);  // two buffers a warp
+  const saddr bufb = 16 * 32 * CH7;                                   // bytes of one
   const bool vin = (((u64)xb) & 15) == 0;
   const bool vpay = (((u64)pay) & 15) == 0;
   const bool a4 = (((u64)pay) & 3) == 0;
@@ -1079,7 +1149,9 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   const i64 ntiles = (ncodes + 32 * EPL - 1) / (32 * EPL);
   const i64 stride = (i64)gridDim.x * WARPS;
   // A tile whose elements all exist is fetched whole (warp-uniform); others load per lane.
-  auto fetched = [&](i64 t) { return vin && t < ntiles && (t + 1) * 32 * EPL <= count; };
+  // Those are the tiles below nwhole: (t + 1) * 32 * EPL <= count, and t < ntiles.
+  const i64 nwhole = vin ? min(count / (32 * EPL), ntiles) : 0;
+  auto fetched = [&](i64 t) { return t < nwhole; };
   i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   int cur = 0;
   if (fetched(tile)) tile_fetch7<CH7>(xb + tile * 32 * EPL * EB, wbuf, lane);
@@ -1091,9 +1163,9 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   for (; tile < ntiles; tile += stride, cur ^= 1) {
     const i64 t0 = tile * 32 * EPL;
     const i64 base = t0 + lane * EPL;
-    uint4* const sb = wbuf + cur * 32 * CH7;
+    const saddr sb = wbuf + (cur ? bufb : 0);
     if (fetched(tile + stride))
-      tile_fetch7<CH7>(xb + (tile + stride) * 32 * EPL * EB, wbuf + (cur ^ 1) * 32 * CH7, lane);
+      tile_fetch7<CH7>(xb + (tile + stride) * 32 * EPL * EB, wbuf + (cur ? 0 : bufb), lane);
 #if ASYNC7
     cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
     cp_async_wait1();   // all but the newest group: this tile is in
@@ -1101,9 +1173,10 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     __syncwarp();
     float v[EPL];
     if (fetched(tile)) {
+      const saddr row = lane_row7<CH7>(sb, lane);
 #pragma unroll
       for (int c = 0; c < CH7; ++c) {
-        const uint4 q = sb[slot7<CH7>(lane, c)];
+        const uint4 q = lds16(row ^ (saddr)(16 * c));
         const u32 w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int r = 0; r < 16 / EB; ++r) v[c * (16 / EB) + r] = elem_f32(w, r);
@@ -1140,7 +1213,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 #if OP == 10
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HOP_PARAMS) {
   // Per warp two buffers, each a tile's elements (32 * CH7 chunks) then its codes (32 * CC7).
-  __shared__ uint4 smem[2 * WARPS * 32 * (CH7 + CC7)];
+  alignas(EPL_SMEM_ALIGN) __shared__ uint4 smem[2 * WARPS * 32 * (CH7 + CC7)];
   const int lane = threadIdx.x & 31;
   const int lig = lane & (L7 - 1);
   const HopIo io = hop_io(own, src, dst, HOP_DEC_ARG);
@@ -1148,18 +1221,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
   const unsigned char* pin = io.pin;
   unsigned char* pout = io.pout;
   const bool vin = io.vin, vpi = io.vpi, vpo = io.vpo;
-  uint4* const wbuf = smem + (threadIdx.x >> 5) * 2 * 32 * (CH7 + CC7);
+  const saddr wbuf = saddr_of(smem + (threadIdx.x >> 5) * 2 * 32 * (CH7 + CC7));
+  const saddr bufb = 16 * 32 * (CH7 + CC7);  // bytes of one of the warp's two buffers
   const bool a4i = (((u64)pin) & 3) == 0;
   const bool a4o = (((u64)pout) & 3) == 0;
   const i64 ncodes = K << LOG2_GS;  // a multiple of EPL: a lane's codes are all in or all out
   const i64 ntiles = (ncodes + 32 * EPL - 1) / (32 * EPL);
   const i64 stride = (i64)gridDim.x * WARPS;
   // A tile whose elements all exist, in aligned buffers, is fetched whole (warp-uniform);
-  // others load per lane.
-  auto fetched = [&](i64 t) { return vin && vpi && t < ntiles && (t + 1) * 32 * EPL <= count; };
-  auto fetch = [&](i64 t, uint4* b) {
+  // others load per lane. Those are the tiles below nwhole: (t + 1) * 32 * EPL <= count,
+  // and t < ntiles.
+  const i64 nwhole = vin && vpi ? min(count / (32 * EPL), ntiles) : 0;
+  auto fetched = [&](i64 t) { return t < nwhole; };
+  auto fetch = [&](i64 t, saddr b) {
     tile_fetch7<CH7>(xb + t * 32 * EPL * EB, b, lane);
-    tile_fetch7<CC7>((const char*)pin + t * 32 * EPL, b + 32 * CH7, lane);
+    tile_fetch7<CC7>((const char*)pin + t * 32 * EPL, b + 16 * 32 * CH7, lane);
   };
   i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   int cur = 0;
@@ -1175,9 +1251,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     const i64 g = base >> LOG2_GS;
     const bool live = base < ncodes;
     const bool whole = fetched(tile);
-    uint4* const sb = wbuf + cur * 32 * (CH7 + CC7);  // the tile's elements
-    uint4* const sc = sb + 32 * CH7;                   // its codes
-    if (fetched(tile + stride)) fetch(tile + stride, wbuf + (cur ^ 1) * 32 * (CH7 + CC7));
+    const saddr sb = wbuf + (cur ? bufb : 0);  // the tile's elements
+    const saddr sc = sb + 16 * 32 * CH7;        // its codes
+    if (fetched(tile + stride)) fetch(tile + stride, wbuf + (cur ? 0 : bufb));
 #if ASYNC7
     cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
     cp_async_wait1();   // all but the newest group: this tile is in
@@ -1187,9 +1263,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     if (live) taco_load_scales(pin, ncodes, K, g, a4i, s, alpha);
     u32 cw[EPL / 4];
     if (whole) {
+      const saddr row = lane_row7<CC7>(sc, lane);
 #pragma unroll
       for (int j = 0; j < CC7; ++j) {
-        const uint4 q = sc[slot7<CC7>(lane, j)];
+        const uint4 q = lds16(row ^ (saddr)(16 * j));
         cw[4 * j] = q.x, cw[4 * j + 1] = q.y, cw[4 * j + 2] = q.z, cw[4 * j + 3] = q.w;
       }
     } else if (live) {
@@ -1202,9 +1279,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     float v[EPL];
     taco_dequant_lane<EPL, L7>(cw, s, alpha, lig, v);
     if (whole) {
+      const saddr row = lane_row7<CH7>(sb, lane);
 #pragma unroll
       for (int c = 0; c < CH7; ++c) {
-        const uint4 q = sb[slot7<CH7>(lane, c)];
+        const uint4 q = lds16(row ^ (saddr)(16 * c));
         const u32 w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int r = 0; r < 16 / EB; ++r) {
