@@ -78,7 +78,7 @@ _EPL_OPS = (_OP_TACO_ENC_EPL, _OP_TACO_HOP_EPL)
 _TUNING: dict[str, Any] = {
     "threads": 256,
     "stage": {"encode": 0, "decode": 1, "accumulate": 1, "hop": 1},
-    "prefetch": {"encode": 1, "decode": 0, "accumulate": 0, "hop": 0},
+    "prefetch": {"encode": 1, "decode": 1, "accumulate": 0, "hop": 0},
     "resident": {"encode": 768, "decode": 1024, "accumulate": 512, "hop": 512},
     "blocks_per_sm": 16,
     "sw_cvt": 0,
@@ -448,7 +448,8 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             in 32..1024).
         stage: 1 stages global accesses through shared memory (fully coalesced), 0 lets
             each lane access its own 32 elements; per kernel kind.
-        prefetch: 1 loads the next tile while computing this one (encode); per kind.
+        prefetch: 1 loads the next tile while computing this one (the 32-per-lane
+            encode; the decodes' codes and scales); per kind.
         resident: threads per SM the register budget is sized for
             (``__launch_bounds__`` min blocks = resident // threads); per kind.
         blocks_per_sm: the grid is at most this many blocks per SM.
