@@ -474,6 +474,7 @@ DEV void cp_async16_to(u32 d, const uint4* src) {
 DEV void cp_async16(uint4* dst, const uint4* src) { cp_async16_to(smem_addr(dst), src); }
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 DEV void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+DEV void cp_async_wait2() { asm volatile("cp.async.wait_group 2;" ::: "memory"); }
 #else
 #define ASYNC7 0
 #endif
@@ -1206,14 +1207,18 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // ========================== taco ring hop, EPL elements per lane (10)
 // Kernel 8's hop (with DEC, its decoded output too) in kernel 7's layout: each lane holds
 // EPL consecutive elements (a group over L7 = G / EPL lanes: fewer shuffles, the group's
-// scalars paid by fewer lanes); a warp's tile of 32 * EPL elements and their codes is
-// copied into shared memory (cp.async) while the previous tile computes, and its codes and
-// decoded values leave through the same buffer with coalesced stores. Bitwise kernel 8:
-// the same dequantization, addition and encode of every element and group.
+// scalars paid by fewer lanes). A warp's tile of 32 * EPL codes is copied into shared
+// memory (cp.async) while the previous tile computes, in two buffers; its 32 * EPL own
+// elements, needed only after the decode, in one buffer, copied in as soon as the previous
+// tile has added its own (with DEC: once its decoded values have left through it). The
+// codes and decoded values leave through those buffers with coalesced stores. One own
+// buffer instead of two lets a block of four warps keep 64 float32 elements a lane within
+// 48 KiB. Bitwise kernel 8: the same dequantization, addition and encode of every element
+// and group.
 #if OP == 10
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HOP_PARAMS) {
-  // Per warp two buffers, each a tile's elements (32 * CH7 chunks) then its codes (32 * CC7).
-  alignas(EPL_SMEM_ALIGN) __shared__ uint4 smem[2 * WARPS * 32 * (CH7 + CC7)];
+  // Per warp a tile's own elements (32 * CH7 chunks) and two tiles' codes (32 * CC7 each).
+  alignas(EPL_SMEM_ALIGN) __shared__ uint4 smem[WARPS * 32 * (CH7 + 2 * CC7)];
   const int lane = threadIdx.x & 31;
   const int lig = lane & (L7 - 1);
   const HopIo io = hop_io(own, src, dst, HOP_DEC_ARG);
@@ -1221,8 +1226,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
   const unsigned char* pin = io.pin;
   unsigned char* pout = io.pout;
   const bool vin = io.vin, vpi = io.vpi, vpo = io.vpo;
-  const saddr wbuf = saddr_of(smem + (threadIdx.x >> 5) * 2 * 32 * (CH7 + CC7));
-  const saddr bufb = 16 * 32 * (CH7 + CC7);  // bytes of one of the warp's two buffers
+  const saddr sb = saddr_of(smem + (threadIdx.x >> 5) * 32 * (CH7 + 2 * CC7));  // own
+  const saddr scodes = sb + 16 * 32 * CH7;  // the two codes buffers
+  const saddr bufc = 16 * 32 * CC7;          // bytes of one
   const bool a4i = (((u64)pin) & 3) == 0;
   const bool a4o = (((u64)pout) & 3) == 0;
   const i64 ncodes = K << LOG2_GS;  // a multiple of EPL: a lane's codes are all in or all out
@@ -1233,16 +1239,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
   // and t < ntiles.
   const i64 nwhole = vin && vpi ? min(count / (32 * EPL), ntiles) : 0;
   auto fetched = [&](i64 t) { return t < nwhole; };
-  auto fetch = [&](i64 t, saddr b) {
-    tile_fetch7<CH7>(xb + t * 32 * EPL * EB, b, lane);
-    tile_fetch7<CC7>((const char*)pin + t * 32 * EPL, b + 16 * 32 * CH7, lane);
+  auto fetch_codes = [&](i64 t, saddr b) {
+    if (fetched(t)) tile_fetch7<CC7>((const char*)pin + t * 32 * EPL, b, lane);
+#if ASYNC7
+    cp_async_commit();  // possibly empty: one group per call keeps the count simple
+#endif
   };
+  auto fetch_own = [&](i64 t) {
+    if (fetched(t)) tile_fetch7<CH7>(xb + t * 32 * EPL * EB, sb, lane);
+#if ASYNC7
+    cp_async_commit();
+#endif
+  };
+  // cp.async groups in the order committed: codes(t), own(t), codes(t + stride),
+  // own(t + stride), ...: each iteration commits the next tile's codes, then waits for
+  // all but the two newest groups (this tile's codes are in) before the decode and for
+  // all but the newest (this tile's own) before the addition.
   i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   int cur = 0;
-  if (fetched(tile)) fetch(tile, wbuf);
-#if ASYNC7
-  cp_async_commit();
-#endif
+  fetch_codes(tile, scodes);
+  fetch_own(tile);
   // Whole warps iterate together (a group's lanes shuffle); a lane past the last group
   // computes on zeros and stores nothing.
   for (; tile < ntiles; tile += stride, cur ^= 1) {
@@ -1251,12 +1267,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     const i64 g = base >> LOG2_GS;
     const bool live = base < ncodes;
     const bool whole = fetched(tile);
-    const saddr sb = wbuf + (cur ? bufb : 0);  // the tile's elements
-    const saddr sc = sb + 16 * 32 * CH7;        // its codes
-    if (fetched(tile + stride)) fetch(tile + stride, wbuf + (cur ? 0 : bufb));
+    const saddr sc = scodes + (cur ? bufc : 0);  // the tile's codes
+    fetch_codes(tile + stride, scodes + (cur ? 0 : bufc));
 #if ASYNC7
-    cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
-    cp_async_wait1();   // all but the newest group: this tile is in
+    cp_async_wait2();  // all but the two newest groups: this tile's codes are in
 #endif
     __syncwarp();
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
@@ -1278,6 +1292,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     }
     float v[EPL];
     taco_dequant_lane<EPL, L7>(cw, s, alpha, lig, v);
+#if ASYNC7
+    cp_async_wait1();  // all but the newest group: this tile's own elements are in
+#endif
+    __syncwarp();
     if (whole) {
       const saddr row = lane_row7<CH7>(sb, lane);
 #pragma unroll
@@ -1298,7 +1316,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
         v[r] = e < count ? f_add(elem_f32(w, 0), v[r]) : 0.0f;
       }
     }
-    __syncwarp();  // the tile's buffer is read: the stores below reuse it
+    __syncwarp();  // the own buffer and this tile's codes buffer are read
+#if !DEC
+    fetch_own(tile + stride);
+#endif
     u32 codes[EPL / 4], sbits, abits;
     taco_encode_lane<EPL, L7>(v, lig, codes, sbits, abits);
     if (whole && vpo)
@@ -1318,6 +1339,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
       for (int j = 0; j < EPL / 32; ++j)
         store_out32(io.ob, base + 32 * j, count, io.vout, v + 32 * j);
     }
+    fetch_own(tile + stride);  // the decoded values have left through the own buffer
 #endif
   }
 }

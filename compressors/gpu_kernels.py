@@ -117,7 +117,8 @@ def taco_encode(
     if count == 0:
         return
     G = defs["GS"]
-    epl = _elements_per_lane(G, "encode_epl", "encode", x.dtype.itemsize)
+    # two buffers of a tile's elements
+    epl = _elements_per_lane(G, "encode_epl", "encode", 2 * x.dtype.itemsize)
     if epl >= 32:
         defs.update(OP=_OP_TACO_ENC_EPL, EPL=epl)
         _launch(cp, defs, "encode", (x, payload), count, K, warps=-(-K * G // (32 * epl)))
@@ -180,7 +181,8 @@ def taco_reduce_encode(
     if count == 0:
         return
     G = defs["GS"]
-    epl = _elements_per_lane(G, "hop_epl", "hop", own.dtype.itemsize + 1)  # elements, codes
+    # one buffer of a tile's own elements, two of its codes
+    epl = _elements_per_lane(G, "hop_epl", "hop", own.dtype.itemsize + 2)
     if epl >= 32 and count >= int(_TUNING["hop_epl_from"]):
         defs.update(OP=_OP_TACO_HOP_EPL, EPL=epl)
         _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // (32 * epl)))
@@ -188,14 +190,14 @@ def taco_reduce_encode(
         _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // _TILE))
 
 
-def _elements_per_lane(G: int, key: str, kind: str, tile_bytes: int) -> int:
+def _elements_per_lane(G: int, key: str, kind: str, smem_bytes: int) -> int:
     """The elements per lane of an EPL kernel (tuning ``key``; 0: the 32-per-lane kernel)
-    of kernel kind ``kind``: at most G, and the warps' two shared-memory buffers (2 x
-    threads x elements per lane x ``tile_bytes`` bytes per element) must fit the 48 KiB a
-    block gets by default."""
+    of kernel kind ``kind``: at most G, and the warps' shared-memory buffers (threads x
+    elements per lane x ``smem_bytes`` bytes per element) must fit the 48 KiB a block gets
+    by default."""
     epl = min(G, int(_TUNING[key]))
     threads = int(_TUNING["epl_threads"][kind])
-    while epl >= 32 and 2 * threads * epl * tile_bytes > 48 * 1024:
+    while epl >= 32 and threads * epl * smem_bytes > 48 * 1024:
         epl //= 2
     return epl
 
@@ -464,9 +466,8 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             bench/NOTES.md, session 18).
         epl_threads, epl_resident: threads per block and resident threads per SM of
             those kernels; per kind (encode, hop). Blocks of 64 threads let the hop keep a
-            whole group of 128 a lane (``hop_epl=128``, bfloat16) or 64 float32 elements a
-            lane within the 48 KiB: no shuffles in a 128-group's transforms, or one stage
-            of them instead of two.
+            whole group of 128 a lane (``hop_epl=128``) within the 48 KiB: no shuffles in
+            a 128-group's transforms.
 
     The per-kind keys (kinds: encode, decode, accumulate = decode-accumulate, hop = the
     fused ring hop) take one value for every kind, or a dict that changes only the kinds

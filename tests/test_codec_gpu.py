@@ -446,8 +446,8 @@ def test_taco_hop_with_decoded_is_hop_then_decode(G, fmt, ash, dual, dtype):
 def test_taco_kernels_several_tiles_a_warp(prefetch, dtype):
     """A grid of one block an SM gives each warp several tiles: the decodes' codes loaded a
     tile ahead (prefetch) or not, and the encode and the hop copying the next tile in while
-    this one computes; the hop in blocks of two warps, a whole 128-group a lane (bfloat16)
-    or 64 float32 elements a lane. Bitwise the CPU's, with a partial last tile."""
+    this one computes; the hop in blocks of two warps with a whole 128-group a lane.
+    Bitwise the CPU's, with a partial last tile."""
     rng = np.random.default_rng(prefetch + 5)
     n, G = 3 * (1 << 20) + 77, 128
     kinds = {"decode": prefetch, "accumulate": prefetch}

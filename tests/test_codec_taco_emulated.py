@@ -42,7 +42,8 @@ CASES = [
     *((op, 128, 64, dtype) for op in ("encode", "hop") for dtype in (F32, BF16)),
     ("encode", 32, 32, BF16),
     ("hop", 32, 32, BF16),
-    ("hop", 128, 128, BF16),  # a whole 128-group a lane (the hop_epl=128 tuning)
+    # a whole 128-group a lane (the hop_epl=128 tuning, blocks of two warps)
+    *(("hop", 128, 128, dtype) for dtype in (F32, BF16)),
     ("decode", 128, 0, BF16),
     ("decode", 32, 0, F32),
     ("accumulate", 128, 0, BF16),
