@@ -35,6 +35,7 @@ F32 = np.dtype(np.float32)
 XT = {F32: 0, BF16: 2}
 OPS = {"encode": 7, "hop": 10, "decode": 2, "accumulate": 2}
 OPS.update(decode_prefetch=2, accumulate_prefetch=2)  # kernel 2 with PREFETCH=1
+OPS.update(hop_dec=10)  # the hop that also writes the decoded output (DEC)
 THREADS = 64  # two warps a block
 # (op, group size, elements a lane, dtype), one build each: the EPL kernels with two lanes
 # a group and a whole group a lane; kernel 2 with four lanes a group and one
@@ -44,6 +45,7 @@ CASES = [
     ("hop", 32, 32, BF16),
     # a whole 128-group a lane (the hop_epl=128 tuning, blocks of two warps)
     *(("hop", 128, 128, dtype) for dtype in (F32, BF16)),
+    *(("hop_dec", 128, 64, dtype) for dtype in (F32, BF16)),
     ("decode", 128, 0, BF16),
     ("decode", 32, 0, F32),
     ("accumulate", 128, 0, BF16),
@@ -69,6 +71,7 @@ def build(tmp_path_factory):
     """A function from a variant's defines to its compiled emulation (cached)."""
     argtypes = {
         "emu_launch": [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 2,
+        "emu_launch_dec": [ctypes.c_void_p] * 4 + [ctypes.c_longlong] * 2,
         "emu_set_grid": [ctypes.c_int],
     }
     return builder(tmp_path_factory.mktemp("taco_emulation"), SOURCES, argtypes)
@@ -83,10 +86,10 @@ def variant(op: str, G: int, epl: int, dtype: np.dtype) -> dict:
         "ASH": 1, "DUAL": 1, "CINV_BITS": _inv_sqrt_bits(G), "THREADS": THREADS,
         "MIN_BLOCKS": 1,
     }  # fmt: skip
-    if op != "encode" and op != "hop":
+    if op not in ("encode", "hop", "hop_dec"):
         acc, prefetch = op.startswith("accumulate"), op.endswith("_prefetch")
         return {**defines, "ACC": int(acc), "STAGE": 1, "PREFETCH": int(prefetch)}
-    return {**defines, "EXT": 1, "EPL": epl}
+    return {**defines, "EXT": 1, "EPL": epl, "DEC": int(op == "hop_dec")}
 
 
 def placed(a: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +106,8 @@ def run(build, op, G, epl, dtype, grid, *arrays, count):
     lib = build(variant(op, G, epl, dtype))
     lib.emu_set_grid(grid)
     ptrs = [a.ctypes.data for a in arrays] + [None] * (3 - len(arrays))
-    lib.emu_launch(*ptrs, count, -(-count // G))
+    launch = lib.emu_launch_dec if op == "hop_dec" else lib.emu_launch
+    launch(*ptrs, count, -(-count // G))
 
 
 def data(n: int, dtype: np.dtype, seed: int) -> np.ndarray:
@@ -153,7 +157,16 @@ def test_taco_kernel_emulated(build, op, G, epl, dtype):
                 owns, _ = placed(own, x_off)
                 pin, _ = placed(payload, p_off)
                 out, frame = placed(np.zeros(payload.size, np.uint8), p_off)
-                run(build, op, G, epl, dtype, grid, owns, pin, out, count=n)
+                if op == "hop":
+                    run(build, op, G, epl, dtype, grid, owns, pin, out, count=n)
+                else:  # and the decoded output, bitwise the decode of the payload out
+                    dec, dframe = placed(np.zeros(n, dtype), x_off)
+                    run(build, op, G, epl, dtype, grid, owns, pin, out, dec, count=n)
+                    want_d = codec.decode(want, count=n, dtype=dtype)
+                    np.testing.assert_array_equal(dec, want_d.view(np.uint8), err_msg=where)
+                    lo = dec.ctypes.data - dframe.ctypes.data
+                    untouched = np.delete(dframe, np.s_[lo : lo + dec.size])
+                    assert (untouched == 0xA5).all(), f"{where}: decoded outside its output"
                 np.testing.assert_array_equal(out, want, err_msg=where)
             outside = np.ones(frame.size, bool)
             start = out.ctypes.data - frame.ctypes.data
