@@ -81,7 +81,7 @@
 #define CINV_BITS 0x3db504f3u
 #endif
 #ifndef PREFETCH
-#define PREFETCH 0  // encode: load the next tile before computing this one (no staging)
+#define PREFETCH 0  // load the next tile while computing this one (kernel 1; kernel 2 staged)
 #endif
 #ifndef STAGE
 #define STAGE 1
@@ -474,6 +474,7 @@ DEV void cp_async16_to(u32 d, const uint4* src) {
 DEV void cp_async16(uint4* dst, const uint4* src) { cp_async16_to(smem_addr(dst), src); }
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 DEV void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+DEV void cp_async_wait2() { asm volatile("cp.async.wait_group 2;" ::: "memory"); }
 #else
 #define ASYNC7 0
 #endif
@@ -592,13 +593,36 @@ DEV u32 ld32(const unsigned char* p, bool aligned) {
   return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
 
+// A function the compiler keeps out of line: a rare path that would otherwise be inlined
+// as instructions predicated off (which every warp still issues).
+#if defined(__CUDA_ARCH__)
+#define COLD __device__ __noinline__
+#else
+#define COLD inline
+#endif
+
+// The words at unaligned addresses ps (low half) and pa (high half), byte by byte (a
+// payload's scales when it is not 4-byte aligned); returned by value, as a call's
+// reference arguments would live in local memory.
+COLD u64 ld32x2_bytes(const unsigned char* ps, const unsigned char* pa) {
+  return (u64)ld32(ps, false) | ((u64)ld32(pa, false) << 32);
+}
+
 // Group g's scales in a taco payload of K groups whose codes end at byte ncodes
 // (FORMAT.md: every group's s, then every group's alpha, each there only when DUAL / ASH);
 // a4: the scales are 4-byte aligned. Loading leaves s and alpha as they are where absent.
 DEV void taco_load_scales(const unsigned char* pay, i64 ncodes, i64 K, i64 g, bool a4, float& s,
                           float& alpha) {
-  if (DUAL) s = as_f(ld32(pay + ncodes + 4 * g, a4));
-  if (ASH) alpha = as_f(ld32(pay + ncodes + (DUAL ? 4 * K : 0) + 4 * g, a4));
+  const unsigned char* ps = pay + ncodes + 4 * g;
+  const unsigned char* pa = ps + (DUAL ? 4 * K : 0);
+  if (a4) {
+    if (DUAL) s = as_f(__ldg((const u32*)ps));
+    if (ASH) alpha = as_f(__ldg((const u32*)pa));
+  } else {
+    const u64 w = ld32x2_bytes(ps, pa);
+    if (DUAL) s = as_f((u32)w);
+    if (ASH) alpha = as_f((u32)(w >> 32));
+  }
 }
 
 DEV void taco_store_scales(unsigned char* pay, i64 ncodes, i64 K, i64 g, bool a4, u32 sbits,
@@ -1015,37 +1039,83 @@ DEV int tile_slot7(int j, int lane) {
   return slot7<CH>(j * (32 / CH) + lane / CH, lane & (CH - 1));
 }
 
-// Start copying a warp's tile at `tile_bytes` (32 lanes' CH chunks each, in order) into
-// buffer sb, chunk c of lane l at slot7<CH>(l, c). The copies take 32-bit shared
-// addresses from the buffer's, computed once, not a generic pointer per chunk.
+// tile_slot7's period in j: tile_slot7(j + P, lane) = tile_slot7(j, lane) + 32 P (the
+// swizzle f repeats every 8 lanes, 8 lanes are P * 32 / CH chunks apart). So a tile walk
+// needs P addresses a tile; its other chunks are those plus constant offsets.
 template <int CH>
-DEV void tile_fetch7(const char* tile_bytes, uint4* sb, int lane) {
-  const uint4* g = (const uint4*)tile_bytes + lane;
+__host__ __device__ constexpr int period7() {
+  return CH >= 8 ? CH / 4 : 1;
+}
+
+// The EPL kernels' buffers are addressed by 32-bit shared-memory addresses on the GPU
+// (what ld/st.shared and cp.async take; a generic pointer costs a conversion per access)
+// and by plain addresses in the host emulation. A buffer of CH chunks a lane starts on a
+// multiple of 16 * CH bytes (EPL_SMEM_ALIGN), so lane l's chunk c lies at the xor
+// (buf + 16 * slot7(l, 0)) ^ (16 * c): one logic operation a chunk.
+#define EPL_SMEM_ALIGN 512  // 16 bytes x the most chunks a lane holds (32: 128 float32)
 #if ASYNC7
-  const u32 s0 = smem_addr(sb);
+typedef u32 saddr;
+DEV saddr saddr_of(const uint4* p) { return smem_addr(p); }
+DEV uint4 lds16(saddr a) {
+  uint4 q;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "r"(a) : "memory");
+  return q;
+}
+DEV void sts16(saddr a, const uint4& q) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+               ::"r"(a), "r"(q.x), "r"(q.y), "r"(q.z), "r"(q.w) : "memory");
+}
+#else
+typedef u64 saddr;
+DEV saddr saddr_of(const uint4* p) { return (u64)p; }
+DEV uint4 lds16(saddr a) { return *(const uint4*)a; }
+DEV void sts16(saddr a, const uint4& q) { *(uint4*)a = q; }
 #endif
+
+// Lane `lane`'s row of a buffer at shared address buf (CH chunks a lane): its chunk c is
+// at lane_row7(...) ^ (16 * c).
+template <int CH>
+DEV saddr lane_row7(saddr buf, int lane) {
+  return buf + (saddr)(16 * slot7<CH>(lane, 0));
+}
+
+// Start copying a warp's tile at `tile_bytes` (32 lanes' CH chunks each, in order) into
+// the buffer at buf, chunk c of lane l at slot7<CH>(l, c).
+template <int CH>
+DEV void tile_fetch7(const char* tile_bytes, saddr buf, int lane) {
+  const uint4* g = (const uint4*)tile_bytes + lane;
+  constexpr int P = period7<CH>();
+  saddr at[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) at[p] = buf + (saddr)(16 * tile_slot7<CH>(p, lane));
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
-    const int slot = tile_slot7<CH>(j, lane);
+    const saddr d = at[j % P] + (saddr)(16 * 32 * (j - j % P));
 #if ASYNC7
-    cp_async16_to(s0 + 16u * (u32)slot, g + j * 32);
+    cp_async16_to(d, g + j * 32);
 #else
-    sb[slot] = ldg4(g + j * 32);
+    sts16(d, ldg4(g + j * 32));
 #endif
   }
 }
 
-// The lanes' words (CH chunks each, lane l's chunk c at slot7<CH>(l, c) of sb) written as
-// a warp's tile at `tile_bytes` with coalesced 16-byte stores.
+// The lanes' words (CH chunks each, lane l's chunk c at slot7<CH>(l, c) of the buffer at
+// buf) written as a warp's tile at `tile_bytes` with coalesced 16-byte stores.
 template <int CH>
-DEV void tile_store7(char* tile_bytes, uint4* sb, int lane, const u32* w) {
+DEV void tile_store7(char* tile_bytes, saddr buf, int lane, const u32* w) {
+  const saddr row = lane_row7<CH>(buf, lane);
 #pragma unroll
   for (int c = 0; c < CH; ++c)
-    sb[slot7<CH>(lane, c)] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+    sts16(row ^ (saddr)(16 * c), make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]));
   __syncwarp();
   uint4* g = (uint4*)tile_bytes + lane;
+  constexpr int P = period7<CH>();
+  saddr at[P];
 #pragma unroll
-  for (int j = 0; j < CH; ++j) g[j * 32] = sb[tile_slot7<CH>(j, lane)];
+  for (int p = 0; p < P; ++p) at[p] = buf + (saddr)(16 * tile_slot7<CH>(p, lane));
+#pragma unroll
+  for (int j = 0; j < CH; ++j) g[j * 32] = lds16(at[j % P] + (saddr)(16 * 32 * (j - j % P)));
   __syncwarp();
 }
 
@@ -1066,12 +1136,13 @@ DEV void lane_store_codes7(unsigned char* cp, const u32* codes, bool v16) {
 #if OP == 7
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K) {
-  __shared__ uint4 smem[2 * WARPS * 32 * CH7];
+  alignas(EPL_SMEM_ALIGN) __shared__ uint4 smem[2 * WARPS * 32 * CH7];
   const char* xb = (const char*)src;
   unsigned char* pay = (unsigned char*)dst;
   const int lane = threadIdx.x & 31;
   const int lig = lane & (L7 - 1);
-  uint4* const wbuf = smem + (threadIdx.x >> 5) * 64 * CH7;  // this warp's two buffers
+  const saddr wbuf = saddr_of(smem + (threadIdx.x >> 5) * 64 * CH7);  // two buffers a warp
+  const saddr bufb = 16 * 32 * CH7;                                   // bytes of one
   const bool vin = (((u64)xb) & 15) == 0;
   const bool vpay = (((u64)pay) & 15) == 0;
   const bool a4 = (((u64)pay) & 3) == 0;
@@ -1079,7 +1150,9 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   const i64 ntiles = (ncodes + 32 * EPL - 1) / (32 * EPL);
   const i64 stride = (i64)gridDim.x * WARPS;
   // A tile whose elements all exist is fetched whole (warp-uniform); others load per lane.
-  auto fetched = [&](i64 t) { return vin && t < ntiles && (t + 1) * 32 * EPL <= count; };
+  // Those are the tiles below nwhole: (t + 1) * 32 * EPL <= count, and t < ntiles.
+  const i64 nwhole = vin ? min(count / (32 * EPL), ntiles) : 0;
+  auto fetched = [&](i64 t) { return t < nwhole; };
   i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   int cur = 0;
   if (fetched(tile)) tile_fetch7<CH7>(xb + tile * 32 * EPL * EB, wbuf, lane);
@@ -1091,9 +1164,9 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
   for (; tile < ntiles; tile += stride, cur ^= 1) {
     const i64 t0 = tile * 32 * EPL;
     const i64 base = t0 + lane * EPL;
-    uint4* const sb = wbuf + cur * 32 * CH7;
+    const saddr sb = wbuf + (cur ? bufb : 0);
     if (fetched(tile + stride))
-      tile_fetch7<CH7>(xb + (tile + stride) * 32 * EPL * EB, wbuf + (cur ^ 1) * 32 * CH7, lane);
+      tile_fetch7<CH7>(xb + (tile + stride) * 32 * EPL * EB, wbuf + (cur ? 0 : bufb), lane);
 #if ASYNC7
     cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
     cp_async_wait1();   // all but the newest group: this tile is in
@@ -1101,9 +1174,10 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     __syncwarp();
     float v[EPL];
     if (fetched(tile)) {
+      const saddr row = lane_row7<CH7>(sb, lane);
 #pragma unroll
       for (int c = 0; c < CH7; ++c) {
-        const uint4 q = sb[slot7<CH7>(lane, c)];
+        const uint4 q = lds16(row ^ (saddr)(16 * c));
         const u32 w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int r = 0; r < 16 / EB; ++r) v[c * (16 / EB) + r] = elem_f32(w, r);
@@ -1133,14 +1207,18 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // ========================== taco ring hop, EPL elements per lane (10)
 // Kernel 8's hop (with DEC, its decoded output too) in kernel 7's layout: each lane holds
 // EPL consecutive elements (a group over L7 = G / EPL lanes: fewer shuffles, the group's
-// scalars paid by fewer lanes); a warp's tile of 32 * EPL elements and their codes is
-// copied into shared memory (cp.async) while the previous tile computes, and its codes and
-// decoded values leave through the same buffer with coalesced stores. Bitwise kernel 8:
-// the same dequantization, addition and encode of every element and group.
+// scalars paid by fewer lanes). A warp's tile of 32 * EPL codes is copied into shared
+// memory (cp.async) while the previous tile computes, in two buffers; its 32 * EPL own
+// elements, needed only after the decode, in one buffer, copied in as soon as the previous
+// tile has added its own (with DEC: once its decoded values have left through it). The
+// codes and decoded values leave through those buffers with coalesced stores. One own
+// buffer instead of two lets a block of four warps keep 64 float32 elements a lane within
+// 48 KiB. Bitwise kernel 8: the same dequantization, addition and encode of every element
+// and group.
 #if OP == 10
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HOP_PARAMS) {
-  // Per warp two buffers, each a tile's elements (32 * CH7 chunks) then its codes (32 * CC7).
-  __shared__ uint4 smem[2 * WARPS * 32 * (CH7 + CC7)];
+  // Per warp a tile's own elements (32 * CH7 chunks) and two tiles' codes (32 * CC7 each).
+  alignas(EPL_SMEM_ALIGN) __shared__ uint4 smem[WARPS * 32 * (CH7 + 2 * CC7)];
   const int lane = threadIdx.x & 31;
   const int lig = lane & (L7 - 1);
   const HopIo io = hop_io(own, src, dst, HOP_DEC_ARG);
@@ -1148,25 +1226,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
   const unsigned char* pin = io.pin;
   unsigned char* pout = io.pout;
   const bool vin = io.vin, vpi = io.vpi, vpo = io.vpo;
-  uint4* const wbuf = smem + (threadIdx.x >> 5) * 2 * 32 * (CH7 + CC7);
+  const saddr sb = saddr_of(smem + (threadIdx.x >> 5) * 32 * (CH7 + 2 * CC7));  // own
+  const saddr scodes = sb + 16 * 32 * CH7;  // the two codes buffers
+  const saddr bufc = 16 * 32 * CC7;          // bytes of one
   const bool a4i = (((u64)pin) & 3) == 0;
   const bool a4o = (((u64)pout) & 3) == 0;
   const i64 ncodes = K << LOG2_GS;  // a multiple of EPL: a lane's codes are all in or all out
   const i64 ntiles = (ncodes + 32 * EPL - 1) / (32 * EPL);
   const i64 stride = (i64)gridDim.x * WARPS;
   // A tile whose elements all exist, in aligned buffers, is fetched whole (warp-uniform);
-  // others load per lane.
-  auto fetched = [&](i64 t) { return vin && vpi && t < ntiles && (t + 1) * 32 * EPL <= count; };
-  auto fetch = [&](i64 t, uint4* b) {
-    tile_fetch7<CH7>(xb + t * 32 * EPL * EB, b, lane);
-    tile_fetch7<CC7>((const char*)pin + t * 32 * EPL, b + 32 * CH7, lane);
+  // others load per lane. Those are the tiles below nwhole: (t + 1) * 32 * EPL <= count,
+  // and t < ntiles.
+  const i64 nwhole = vin && vpi ? min(count / (32 * EPL), ntiles) : 0;
+  auto fetched = [&](i64 t) { return t < nwhole; };
+  auto fetch_codes = [&](i64 t, saddr b) {
+    if (fetched(t)) tile_fetch7<CC7>((const char*)pin + t * 32 * EPL, b, lane);
+#if ASYNC7
+    cp_async_commit();  // possibly empty: one group per call keeps the count simple
+#endif
   };
+  auto fetch_own = [&](i64 t) {
+    if (fetched(t)) tile_fetch7<CH7>(xb + t * 32 * EPL * EB, sb, lane);
+#if ASYNC7
+    cp_async_commit();
+#endif
+  };
+  // cp.async groups in the order committed: codes(t), own(t), codes(t + stride),
+  // own(t + stride), ...: each iteration commits the next tile's codes, then waits for
+  // all but the two newest groups (this tile's codes are in) before the decode and for
+  // all but the newest (this tile's own) before the addition.
   i64 tile = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
   int cur = 0;
-  if (fetched(tile)) fetch(tile, wbuf);
-#if ASYNC7
-  cp_async_commit();
-#endif
+  fetch_codes(tile, scodes);
+  fetch_own(tile);
   // Whole warps iterate together (a group's lanes shuffle); a lane past the last group
   // computes on zeros and stores nothing.
   for (; tile < ntiles; tile += stride, cur ^= 1) {
@@ -1175,21 +1267,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     const i64 g = base >> LOG2_GS;
     const bool live = base < ncodes;
     const bool whole = fetched(tile);
-    uint4* const sb = wbuf + cur * 32 * (CH7 + CC7);  // the tile's elements
-    uint4* const sc = sb + 32 * CH7;                   // its codes
-    if (fetched(tile + stride)) fetch(tile + stride, wbuf + (cur ^ 1) * 32 * (CH7 + CC7));
+    const saddr sc = scodes + (cur ? bufc : 0);  // the tile's codes
+    fetch_codes(tile + stride, scodes + (cur ? 0 : bufc));
 #if ASYNC7
-    cp_async_commit();  // possibly empty: one group per iteration keeps the count simple
-    cp_async_wait1();   // all but the newest group: this tile is in
+    cp_async_wait2();  // all but the two newest groups: this tile's codes are in
 #endif
     __syncwarp();
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
     if (live) taco_load_scales(pin, ncodes, K, g, a4i, s, alpha);
     u32 cw[EPL / 4];
     if (whole) {
+      const saddr row = lane_row7<CC7>(sc, lane);
 #pragma unroll
       for (int j = 0; j < CC7; ++j) {
-        const uint4 q = sc[slot7<CC7>(lane, j)];
+        const uint4 q = lds16(row ^ (saddr)(16 * j));
         cw[4 * j] = q.x, cw[4 * j + 1] = q.y, cw[4 * j + 2] = q.z, cw[4 * j + 3] = q.w;
       }
     } else if (live) {
@@ -1201,10 +1292,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     }
     float v[EPL];
     taco_dequant_lane<EPL, L7>(cw, s, alpha, lig, v);
+#if ASYNC7
+    cp_async_wait1();  // all but the newest group: this tile's own elements are in
+#endif
+    __syncwarp();
     if (whole) {
+      const saddr row = lane_row7<CH7>(sb, lane);
 #pragma unroll
       for (int c = 0; c < CH7; ++c) {
-        const uint4 q = sb[slot7<CH7>(lane, c)];
+        const uint4 q = lds16(row ^ (saddr)(16 * c));
         const u32 w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int r = 0; r < 16 / EB; ++r) {
@@ -1220,7 +1316,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
         v[r] = e < count ? f_add(elem_f32(w, 0), v[r]) : 0.0f;
       }
     }
-    __syncwarp();  // the tile's buffer is read: the stores below reuse it
+    __syncwarp();  // the own buffer and this tile's codes buffer are read
+#if !DEC
+    fetch_own(tile + stride);
+#endif
     u32 codes[EPL / 4], sbits, abits;
     taco_encode_lane<EPL, L7>(v, lig, codes, sbits, abits);
     if (whole && vpo)
@@ -1240,6 +1339,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
       for (int j = 0; j < EPL / 32; ++j)
         store_out32(io.ob, base + 32 * j, count, io.vout, v + 32 * j);
     }
+    fetch_own(tile + stride);  // the decoded values have left through the own buffer
 #endif
   }
 }
@@ -1282,14 +1382,33 @@ DEV int int8_code(const u32* cw, int r) { return ((int)(cw[r >> 2] << (24 - 8 * 
 DEV i64 taco_decode_tiles_t(const unsigned char* pay, char* ob, i64 ncodes, i64 K, i64 tile,
                             i64 nfull, i64 stride, int lane, uint4* sb) {
   const int gl = lane / LPG, lig = lane % LPG;  // the lane's group in the tile, index in it
+#if PREFETCH
+  // The next tile's codes and scales are loaded while this one is computed: twice the
+  // payload bytes in flight of each warp (the loads are a third of the decode's bytes).
+  uint4 n0, n1;
+  float ns = as_f(BITS_ONE), na = as_f(BITS_ONE);
+  auto fetch = [&](i64 t) {
+    taco_load_scales(pay, ncodes, K, ((t << 10) >> LOG2_GS) + 32 * lane / GS, true, ns, na);
+    const uint4* cp = (const uint4*)(pay + (t << 10));
+    n0 = ldg4(cp + lane);
+    n1 = ldg4(cp + 32 + lane);
+  };
+  if (tile < nfull) fetch(tile);
+#endif
   for (; tile < nfull; tile += stride) {
     const i64 t0 = tile << 10;
     // the element of the lane's first run; run (b, r) starts 32 b + 4 LPG r after it
     const i64 e0 = t0 + (gl * GS + 4 * lig);
+#if PREFETCH
+    const float s = ns, alpha = na;
+    const uint4 c0 = n0, c1 = n1;
+    if (tile + stride < nfull) fetch(tile + stride);
+#else
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
     taco_load_scales(pay, ncodes, K, (t0 >> LOG2_GS) + 32 * lane / GS, true, s, alpha);
     const uint4* cp = (const uint4*)(pay + t0);
     const uint4 c0 = ldg4(cp + lane), c1 = ldg4(cp + 32 + lane);
+#endif
     // the codes, read coalesced (chunk 32 j + lane), to the lanes that own them (2 lane + j)
     sb[lane + (lane >> 3)] = c0;
     sb[36 + lane + (lane >> 3)] = c1;
@@ -1387,6 +1506,21 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 #endif
   // the rest: every tile where taco_decode_tiles_t is not compiled, else the partial last
   // tile and the tiles of unaligned buffers
+#define PREFETCH2 (OP == 2 && PREFETCH && STAGE && !TACO_T)
+#if PREFETCH2
+  // The codes and scales of the warp's next staged tile are loaded while this one is
+  // computed (as taco_decode_tiles_t does).
+  uint4 n0 = make_uint4(0u, 0u, 0u, 0u), n1 = n0;
+  float ns = as_f(BITS_ONE), na = as_f(BITS_ONE);
+  const i64 nstaged = vout && vpay ? count >> 10 : 0;  // tiles below it are staged
+  auto fetch = [&](i64 t) {
+    const uint4* cp = (const uint4*)(pay + (t << 10));
+    n0 = ldg4(cp + lane);
+    n1 = ldg4(cp + 32 + lane);
+    taco_load_scales(pay, ncodes, K, ((t << 10) + lane * 32) >> LOG2_GS, a4, ns, na);
+  };
+  if (tile < nstaged) fetch(tile);
+#endif
   for (; tile < ntiles; tile += stride) {
     const i64 t0 = tile << 10;
     const i64 base = t0 + lane * 32;
@@ -1395,7 +1529,18 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     // per-group scale(s)
 #if OP == 2
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
+#if PREFETCH2
+    uint4 c0 = n0, c1 = n1;
+    if (staged) {
+      s = ns;
+      alpha = na;
+      if (tile + stride < nstaged) fetch(tile + stride);
+    } else if (g < K) {
+      taco_load_scales(pay, ncodes, K, g, a4, s, alpha);
+    }
+#else
     if (g < K) taco_load_scales(pay, ncodes, K, g, a4, s, alpha);
+#endif
 #else
     float scale = 0.0f;
     if (g < K) scale = as_f(ld32(pay + count + 4 * g, a4));
@@ -1405,8 +1550,10 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     uint4 acc[8];
 #endif
     if (staged) {
+#if !PREFETCH2
       const uint4* cp = (const uint4*)(pay + t0);
       const uint4 c0 = ldg4(cp + lane), c1 = ldg4(cp + 32 + lane);
+#endif
 #if ACC
       const uint4* ap = (const uint4*)(ob + t0 * 4);
 #pragma unroll

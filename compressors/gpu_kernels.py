@@ -78,7 +78,7 @@ _EPL_OPS = (_OP_TACO_ENC_EPL, _OP_TACO_HOP_EPL)
 _TUNING: dict[str, Any] = {
     "threads": 256,
     "stage": {"encode": 0, "decode": 1, "accumulate": 1, "hop": 1},
-    "prefetch": {"encode": 1, "decode": 0, "accumulate": 0, "hop": 0},
+    "prefetch": {"encode": 1, "decode": 1, "accumulate": 0, "hop": 0},
     "resident": {"encode": 768, "decode": 1024, "accumulate": 512, "hop": 512},
     "blocks_per_sm": 16,
     "sw_cvt": 0,
@@ -86,8 +86,8 @@ _TUNING: dict[str, Any] = {
     "encode_epl": 64,
     "hop_epl": 64,
     "hop_epl_from": 1 << 22,
-    "epl_threads": 128,
-    "epl_resident": 512,
+    "epl_threads": {"encode": 128, "decode": 128, "accumulate": 128, "hop": 128},
+    "epl_resident": {"encode": 512, "decode": 512, "accumulate": 512, "hop": 512},
 }
 _KINDS = ("encode", "decode", "accumulate", "hop")
 
@@ -117,7 +117,8 @@ def taco_encode(
     if count == 0:
         return
     G = defs["GS"]
-    epl = _elements_per_lane(G, "encode_epl", x.dtype.itemsize)
+    # two buffers of a tile's elements
+    epl = _elements_per_lane(G, "encode_epl", "encode", 2 * x.dtype.itemsize)
     if epl >= 32:
         defs.update(OP=_OP_TACO_ENC_EPL, EPL=epl)
         _launch(cp, defs, "encode", (x, payload), count, K, warps=-(-K * G // (32 * epl)))
@@ -180,7 +181,8 @@ def taco_reduce_encode(
     if count == 0:
         return
     G = defs["GS"]
-    epl = _elements_per_lane(G, "hop_epl", own.dtype.itemsize + 1)  # elements and codes
+    # one buffer of a tile's own elements, two of its codes
+    epl = _elements_per_lane(G, "hop_epl", "hop", own.dtype.itemsize + 2)
     if epl >= 32 and count >= int(_TUNING["hop_epl_from"]):
         defs.update(OP=_OP_TACO_HOP_EPL, EPL=epl)
         _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // (32 * epl)))
@@ -188,12 +190,14 @@ def taco_reduce_encode(
         _launch(cp, defs, "hop", arrays, count, K, warps=-(-K * G // _TILE))
 
 
-def _elements_per_lane(G: int, key: str, tile_bytes: int) -> int:
-    """The elements per lane of an EPL kernel (tuning ``key``; 0: the 32-per-lane kernel):
-    at most G, and the warps' two shared-memory buffers (2 x threads x elements per lane x
-    ``tile_bytes`` bytes per element) must fit the 48 KiB a block gets by default."""
+def _elements_per_lane(G: int, key: str, kind: str, smem_bytes: int) -> int:
+    """The elements per lane of an EPL kernel (tuning ``key``; 0: the 32-per-lane kernel)
+    of kernel kind ``kind``: at most G, and the warps' shared-memory buffers (threads x
+    elements per lane x ``smem_bytes`` bytes per element) must fit the 48 KiB a block gets
+    by default."""
     epl = min(G, int(_TUNING[key]))
-    while epl >= 32 and 2 * int(_TUNING["epl_threads"]) * epl * tile_bytes > 48 * 1024:
+    threads = int(_TUNING["epl_threads"][kind])
+    while epl >= 32 and threads * epl * smem_bytes > 48 * 1024:
         epl //= 2
     return epl
 
@@ -371,8 +375,8 @@ def _inv_sqrt_bits(G: int) -> str:
 def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
     out = dict(defs)
     if defs["OP"] in _EPL_OPS:
-        threads = int(_TUNING["epl_threads"])
-        out["MIN_BLOCKS"] = max(1, int(_TUNING["epl_resident"]) // threads)
+        threads = int(_TUNING["epl_threads"][kind])
+        out["MIN_BLOCKS"] = max(1, int(_TUNING["epl_resident"][kind]) // threads)
     else:
         threads = int(_TUNING["threads"])
         out["STAGE"] = int(_TUNING["stage"][kind])
@@ -424,7 +428,8 @@ def _launch_here(
 
 
 # ------------------------------------------------------------------- tuning hooks
-_PER_KIND = ("stage", "prefetch", "resident")  # keys holding one value per kernel kind
+# keys holding one value per kernel kind (epl_*: only encode and hop have EPL kernels)
+_PER_KIND = ("stage", "prefetch", "resident", "epl_threads", "epl_resident")
 _FLAGS = ("stage", "prefetch", "sw_cvt", "raw_check")  # 0/1 switches
 
 
@@ -445,7 +450,8 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             in 32..1024).
         stage: 1 stages global accesses through shared memory (fully coalesced), 0 lets
             each lane access its own 32 elements; per kernel kind.
-        prefetch: 1 loads the next tile while computing this one (encode); per kind.
+        prefetch: 1 loads the next tile while computing this one (the 32-per-lane
+            encode; the decodes' codes and scales); per kind.
         resident: threads per SM the register budget is sized for
             (``__launch_bounds__`` min blocks = resident // threads); per kind.
         blocks_per_sm: the grid is at most this many blocks per SM.
@@ -459,7 +465,9 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             EPL hop measured faster from 4M bfloat16 elements, slower at 1M:
             bench/NOTES.md, session 18).
         epl_threads, epl_resident: threads per block and resident threads per SM of
-            those kernels.
+            those kernels; per kind (encode, hop). Blocks of 64 threads let the hop keep a
+            whole group of 128 a lane (``hop_epl=128``) within the 48 KiB: no shuffles in
+            a 128-group's transforms.
 
     The per-kind keys (kinds: encode, decode, accumulate = decode-accumulate, hop = the
     fused ring hop) take one value for every kind, or a dict that changes only the kinds

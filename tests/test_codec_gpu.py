@@ -441,6 +441,36 @@ def test_taco_hop_with_decoded_is_hop_then_decode(G, fmt, ash, dual, dtype):
 
 
 @needs_cpu
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_taco_kernels_several_tiles_a_warp(prefetch, dtype):
+    """A grid of one block an SM gives each warp several tiles: the decodes' codes loaded a
+    tile ahead (prefetch) or not, and the encode and the hop copying the next tile in while
+    this one computes; the hop in blocks of two warps with a whole 128-group a lane.
+    Bitwise the CPU's, with a partial last tile."""
+    rng = np.random.default_rng(prefetch + 5)
+    n, G = 3 * (1 << 20) + 77, 128
+    kinds = {"decode": prefetch, "accumulate": prefetch}
+    hop = {"hop_epl": 128, "hop_epl_from": 0, "epl_threads": {"hop": 64}}
+    with gk.tuning(blocks_per_sm=1, prefetch=kinds, epl_resident={"hop": 256}, **hop):
+        x = rng.standard_normal(n).astype(np.float32).astype(dtype)
+        want = cpu_taco_encode(x, G, "e4m3", True, True)
+        assert_bytes_equal(gpu_taco_encode(x, G, "e4m3", True, True), want, "encode")
+        want_d = cpu_taco_decode(want, n, dtype, G, "e4m3", True, True)
+        assert_values_equal(gpu_taco_decode(want, n, dtype, G, "e4m3", True, True), want_d, "")
+        acc = rng.standard_normal(n).astype(np.float32)
+        want_a = cpu_taco_decode(want, n, np.float32, G, "e4m3", True, True, acc=acc)
+        got_a = gpu_taco_decode(want, n, np.float32, G, "e4m3", True, True, acc=acc)
+        assert_values_equal(got_a, want_a, "decode accumulate")
+        own = rng.standard_normal(n).astype(np.float32).astype(dtype)
+        want_h = cpu_taco_hop(own, want, G, "e4m3", True, True)
+        want_hd = cpu_taco_decode(want_h, n, dtype, G, "e4m3", True, True)
+        got, got_d = gpu_taco_hop(own, want, G, "e4m3", True, True, dec="apart")
+        assert_bytes_equal(got, want_h, "hop")
+        assert_values_equal(got_d, want_hd, "hop decoded")
+
+
+@needs_cpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("G", [32, 64, 128, 512])
 @pytest.mark.parametrize("epl", [0, 32, 64, 128])

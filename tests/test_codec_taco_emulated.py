@@ -34,6 +34,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 XT = {F32: 0, BF16: 2}
 OPS = {"encode": 7, "hop": 10, "decode": 2, "accumulate": 2}
+OPS.update(decode_prefetch=2, accumulate_prefetch=2)  # kernel 2 with PREFETCH=1
+OPS.update(hop_dec=10)  # the hop that also writes the decoded output (DEC)
 THREADS = 64  # two warps a block
 # (op, group size, elements a lane, dtype), one build each: the EPL kernels with two lanes
 # a group and a whole group a lane; kernel 2 with four lanes a group and one
@@ -41,6 +43,9 @@ CASES = [
     *((op, 128, 64, dtype) for op in ("encode", "hop") for dtype in (F32, BF16)),
     ("encode", 32, 32, BF16),
     ("hop", 32, 32, BF16),
+    # a whole 128-group a lane (the hop_epl=128 tuning, blocks of two warps)
+    *(("hop", 128, 128, dtype) for dtype in (F32, BF16)),
+    *(("hop_dec", 128, 64, dtype) for dtype in (F32, BF16)),
     ("decode", 128, 0, BF16),
     ("decode", 32, 0, F32),
     ("accumulate", 128, 0, BF16),
@@ -50,6 +55,11 @@ CASES = [
     ("decode", 64, 0, F32),
     ("decode", 64, 0, BF16),
     ("decode", 256, 0, BF16),
+    # kernel 2 loading a warp's next tile while decoding this one (tuning prefetch): the
+    # transposed whole tiles, and the staged ones
+    ("decode_prefetch", 128, 0, BF16),
+    ("decode_prefetch", 128, 0, F32),
+    ("accumulate_prefetch", 128, 0, BF16),
 ]
 # (count, blocks): one element, a partial group, whole tiles, several tiles a warp with a
 # partial last one
@@ -61,6 +71,7 @@ def build(tmp_path_factory):
     """A function from a variant's defines to its compiled emulation (cached)."""
     argtypes = {
         "emu_launch": [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 2,
+        "emu_launch_dec": [ctypes.c_void_p] * 4 + [ctypes.c_longlong] * 2,
         "emu_set_grid": [ctypes.c_int],
     }
     return builder(tmp_path_factory.mktemp("taco_emulation"), SOURCES, argtypes)
@@ -68,15 +79,17 @@ def build(tmp_path_factory):
 
 def variant(op: str, G: int, epl: int, dtype: np.dtype) -> dict:
     """The defines gpu_kernels gives the kernel (taco's defaults: e4m3, ash, dual scale);
-    the decodes are kernel 2 staged, accumulating into float32 for ``accumulate``."""
+    the decodes are kernel 2 staged, accumulating into float32 for ``accumulate``, loading
+    the next tile ahead for ``*_prefetch``."""
     defines = {
-        "OP": OPS[op], "GS": G, "XT": 0 if op == "accumulate" else XT[dtype], "FMT": 0,
+        "OP": OPS[op], "GS": G, "XT": 0 if op.startswith("accumulate") else XT[dtype], "FMT": 0,
         "ASH": 1, "DUAL": 1, "CINV_BITS": _inv_sqrt_bits(G), "THREADS": THREADS,
         "MIN_BLOCKS": 1,
     }  # fmt: skip
-    if op in ("decode", "accumulate"):
-        return {**defines, "ACC": int(op == "accumulate"), "STAGE": 1, "PREFETCH": 0}
-    return {**defines, "EXT": 1, "EPL": epl}
+    if op not in ("encode", "hop", "hop_dec"):
+        acc, prefetch = op.startswith("accumulate"), op.endswith("_prefetch")
+        return {**defines, "ACC": int(acc), "STAGE": 1, "PREFETCH": int(prefetch)}
+    return {**defines, "EXT": 1, "EPL": epl, "DEC": int(op == "hop_dec")}
 
 
 def placed(a: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +106,8 @@ def run(build, op, G, epl, dtype, grid, *arrays, count):
     lib = build(variant(op, G, epl, dtype))
     lib.emu_set_grid(grid)
     ptrs = [a.ctypes.data for a in arrays] + [None] * (3 - len(arrays))
-    lib.emu_launch(*ptrs, count, -(-count // G))
+    launch = lib.emu_launch_dec if op == "hop_dec" else lib.emu_launch
+    launch(*ptrs, count, -(-count // G))
 
 
 def data(n: int, dtype: np.dtype, seed: int) -> np.ndarray:
@@ -121,13 +135,13 @@ def test_taco_kernel_emulated(build, op, G, epl, dtype):
                 out, frame = placed(np.zeros(payload.size, np.uint8), p_off)
                 run(build, op, G, epl, dtype, grid, xs, out, count=n)
                 np.testing.assert_array_equal(out, payload, err_msg=where)
-            elif op == "decode":
+            elif op in ("decode", "decode_prefetch"):
                 pin, _ = placed(payload, p_off)
                 out, frame = placed(np.zeros(n, dtype), x_off)
                 run(build, op, G, epl, dtype, grid, pin, out, count=n)
                 want = codec.decode(payload, count=n, dtype=dtype)
                 np.testing.assert_array_equal(out, want.view(np.uint8), err_msg=where)
-            elif op == "accumulate":
+            elif op in ("accumulate", "accumulate_prefetch"):
                 acc = data(n, F32, n + G + 2)
                 pin, _ = placed(payload, p_off)
                 out, frame = placed(acc, 4 * (x_off > 0))
@@ -143,7 +157,16 @@ def test_taco_kernel_emulated(build, op, G, epl, dtype):
                 owns, _ = placed(own, x_off)
                 pin, _ = placed(payload, p_off)
                 out, frame = placed(np.zeros(payload.size, np.uint8), p_off)
-                run(build, op, G, epl, dtype, grid, owns, pin, out, count=n)
+                if op == "hop":
+                    run(build, op, G, epl, dtype, grid, owns, pin, out, count=n)
+                else:  # and the decoded output, bitwise the decode of the payload out
+                    dec, dframe = placed(np.zeros(n, dtype), x_off)
+                    run(build, op, G, epl, dtype, grid, owns, pin, out, dec, count=n)
+                    want_d = codec.decode(want, count=n, dtype=dtype)
+                    np.testing.assert_array_equal(dec, want_d.view(np.uint8), err_msg=where)
+                    lo = dec.ctypes.data - dframe.ctypes.data
+                    untouched = np.delete(dframe, np.s_[lo : lo + dec.size])
+                    assert (untouched == 0xA5).all(), f"{where}: decoded outside its output"
                 np.testing.assert_array_equal(out, want, err_msg=where)
             outside = np.ones(frame.size, bool)
             start = out.ctypes.data - frame.ctypes.data
