@@ -225,16 +225,34 @@ DEV u64 get_codes(const unsigned char* p, int nb) {
 #if TAH_OP == 2
 // A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB
 // first, chunk j's 8 codes in codes[j]; the bits of codes past ml are cleared once a
-// chunk (the last code byte holds them), not tested a value.
+// chunk (the last code byte holds them), not tested a value. The rounding without a
+// conversion: u_r + qh clamped to [0, Q] in float (max/min drop a NaN: 0, as cvt.rni's
+// NaN -> 0 then the clamp), then + 1.5 2^23, whose sum holds rint (half to even, the
+// result's ulp being 1) in its low mantissa bits: the float's bits are M + q_r, M =
+// BITS_MAGIC. Those are summed times 2^(r B) and the sum of the M 2^(r B) taken off once
+// (mod 2^32, in 32 bits where a chunk's 8 B bits fit, else in 64).
 template <int B>
 DEV void pack_codes(const float* u, int ml, float qh, u64* codes) {
+  constexpr float qmax = (float)((1 << B) - 1);
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
-    u64 acc = 0;
+    u64 acc;
+    if (8 * B <= 32) {
+      u32 a = 0, m = 0;
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const int q = min(max(f2i_rn(f_add(u[8 * j + r], qh)), 0), (1 << B) - 1);
-      acc |= (u64)q << (r * B);
+      for (int r = 0; r < 8; ++r) {
+        const float y = f_min(f_max(f_add(u[8 * j + r], qh), 0.0f), qmax);
+        a += as_u(f_add(y, as_f(BITS_MAGIC))) << (r * B);
+        m += BITS_MAGIC << (r * B);
+      }
+      acc = (u64)(a - m);
+    } else {
+      acc = 0;
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const float y = f_min(f_max(f_add(u[8 * j + r], qh), 0.0f), qmax);
+        acc |= (u64)(as_u(f_add(y, as_f(BITS_MAGIC))) - BITS_MAGIC) << (r * B);
+      }
     }
     const int mj = ml - 8 * j;
     codes[j] = mj >= 8 ? acc : mj <= 0 ? 0ull : acc & ((1ull << (mj * B)) - 1ull);
@@ -512,18 +530,58 @@ DEV void store_group(char* ob, i64 w0, uint4* sb, int lane, const float* v) {
   __syncwarp();
 }
 
-// A lane's EPL values from its codes (chunk j's in codes[j]):
-// sat(c + ((float) q_r - qh) * step), B bits a code.
+// Where a chunk's code r (B bits at bit r B of the chunk's word) is read from: the word
+// shifted right by code_shift (left by 4 for r = 0), the code then at bit code_pos, so that
+// p >= 1 and p + B <= 23 (a float32 mantissa with room for the code and below it).
 template <int B>
+DEV constexpr int code_pos(int r) {
+  return r == 0 ? 4 : (B <= 7 ? (r * B - 1) % 16 + 1 : (r * B - 1) % 8 + 1);
+}
+
+// A lane's EPL values from its codes (chunk j's in codes[j]):
+// sat(c + ((float) q_r - qh) * step), B bits a code. (float) q_r - qh is exact either way,
+// so it is taken without a conversion: the code OR'd into the mantissa of 2^(23 - p), p its
+// bit, is the float 2^(23 - p) + q_r, and minus 2^(23 - p) + qh (exact for p >= 1: qh has
+// one fractional bit) leaves q_r - qh. SAT 0 where the caller knows that no value can
+// overflow (sat is then the identity).
+template <int B, bool SAT>
 DEV void unpack_codes(const u64* codes, float c, float step, float* v) {
-  const float qh = f_mul((float)((1 << B) - 1), as_f(BITS_HALF));
+  constexpr float qh = (float)((1 << B) - 1) * 0.5f;
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
-      const float k8 = f_sub((float)(int)((codes[j] >> (r * B)) & (u64)((1 << B) - 1)), qh);
-      v[8 * j + r] = sat_inf(f_add(c, f_mul(k8, step)));
+      const int p = code_pos<B>(r), s = r * B - p;  // s = -4 only for r = 0
+      const u32 w = s >= 0 ? (u32)(codes[j] >> (s & 63)) : (u32)(codes[j] << ((-s) & 63));
+      const u32 e = (u32)(150 - p) << 23;  // the exponent of 2^(23 - p)
+      const float k8 =
+          f_sub(as_f((w & ((u32)((1 << B) - 1) << p)) | e), (float)(1 << (23 - p)) + qh);
+      const float y = f_add(c, f_mul(k8, step));
+      v[8 * j + r] = SAT ? sat_inf(y) : y;
     }
+  }
+}
+
+// Whether no value c + k step, |k| <= 127.5, can overflow: |c| < 2^126 and 0 <= step <
+// 2^118 (so |k step| < 2^125). NaN or negative bits fail the test.
+DEV bool no_overflow(float c, float step) {
+  return (as_u(c) & 0x7fffffffu) < (253u << 23) && as_u(step) < (245u << 23);
+}
+
+// A lane's EPL values at width b (BH or BL: a constant in each branch), saturated only
+// where a tile of the warp might overflow (a warp-wide vote, so that the common path has
+// no test a value).
+DEV void unpack_lane(const u64* codes, int b, float c, float step, float* v) {
+  if (!__any_sync(FULL_MASK, !no_overflow(c, step))) {
+    if (b == BH)
+      unpack_codes<BH, false>(codes, c, step, v);
+    else
+      unpack_codes<BL, false>(codes, c, step, v);
+  } else {
+    if (b == BH)
+      unpack_codes<BH, true>(codes, c, step, v);
+    else
+      unpack_codes<BL, true>(codes, c, step, v);
   }
 }
 
@@ -574,10 +632,7 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
       }
     }
     float v[EPL];
-    if (b == BH)  // the width a constant in each branch (no shuffle in them)
-      unpack_codes<BH>(codes, c, step, v);
-    else
-      unpack_codes<BL>(codes, c, step, v);
+    unpack_lane(codes, b, c, step, v);
     const bool piv = (p & 0x80u) != 0u;
     if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoted tiles keep it
       float w[EPL];
