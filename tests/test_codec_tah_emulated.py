@@ -89,11 +89,15 @@ def emulated_encode(build, c: TahCompressor, x: np.ndarray, cache: int = 16) -> 
     payload = np.full(lay.nbytes, 0xAB, np.uint8)  # every byte must be written
     if lay.tiles == 0:
         return payload
-    # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice.
-    score = build({"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": 1, "THREADS": 32})
-    launch(score, 3, x.ctypes.data, payload.ctypes.data, n, c.row, lay.tokens, 0, 0)
-    scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
-    np.testing.assert_array_equal(scores, token_keys(x.astype(np.float32), c.row) >> 32)
+    # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice; then
+    # two chunks a thread (512 elements: a token's second chunk may be past its end). Three
+    # blocks: a block's next token loaded ahead of its sums.
+    want = token_keys(x.astype(np.float32), c.row) >> 32
+    for sc_cache in (2, 1):
+        score = build({"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": sc_cache, "THREADS": 32})
+        launch(score, 3, x.ctypes.data, payload.ctypes.data, n, c.row, lay.tokens, 0, 0)
+        scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
+        np.testing.assert_array_equal(scores, want, err_msg=f"SC_CACHE={sc_cache}")
     emulated_select(build, payload, lay, cache)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 2, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
