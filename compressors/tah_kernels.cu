@@ -20,7 +20,7 @@
 //           that a tile's token is a division by a constant (a shift for powers of two)
 //   SC_CACHE  scores: chunks of 8 elements a thread keeps in registers (a token of up to
 //           8 THREADS SC_CACHE elements is read once; longer ones twice)
-//   EPL     encode, decode: elements a lane holds, 8 or 16 (at most TILE / 2)
+//   EPL     encode, decode: elements a lane holds, 8, 16 or 32 (at most TILE)
 //
 // Layout of encode and decode: a tile lives in LT = TILE / EPL consecutive lanes, lane li
 // of it holding elements [EPL li, EPL li + EPL) in registers as CH = EPL / 8 chunks of 8
@@ -72,8 +72,8 @@
 #ifndef EPL
 #define EPL 16
 #endif
-#if EPL != 8 && EPL != 16
-#error "EPL must be 8 or 16"
+#if (EPL != 8 && EPL != 16 && EPL != 32) || EPL > TILE
+#error "EPL must be 8, 16 or 32, and at most TILE"
 #endif
 #define LT (TILE / EPL)  // lanes per tile
 #define CH (EPL / 8)     // chunks of 8 elements a lane
@@ -110,10 +110,29 @@ DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
   }
 }
 
-// A lane's EPL elements from element e0 (ml of them exist, zero after), chunk by chunk.
+// A lane's EPL elements from element e0 (ml of them exist, zero after). All of them and
+// x aligned: every 16-byte load issued before the first is used (load8 chunk by chunk
+// would wait for each chunk's load before issuing the next); else chunk by chunk.
 DEV void load_lane(const char* xb, i64 e0, int ml, bool vec, float* v) {
+  if (vec && ml == EPL) {
+    constexpr int NQ = EPL * EB / 16;  // 16-byte vectors of the lane's elements
+    u32 w[4 * NQ];
+    const uint4* p = (const uint4*)(xb + e0 * EB);
 #pragma unroll
-  for (int j = 0; j < CH; ++j) load8(xb, e0 + 8 * j, min(max(ml - 8 * j, 0), 8), vec, v + 8 * j);
+    for (int i = 0; i < NQ; ++i) {
+      const uint4 a = ldg4(p + i);
+      w[4 * i] = a.x;
+      w[4 * i + 1] = a.y;
+      w[4 * i + 2] = a.z;
+      w[4 * i + 3] = a.w;
+    }
+#pragma unroll
+    for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
+  } else {
+#pragma unroll
+    for (int j = 0; j < CH; ++j)
+      load8(xb, e0 + 8 * j, min(max(ml - 8 * j, 0), 8), vec, v + 8 * j);
+  }
 }
 
 // The block's count of the set bits in the first nb bytes of bm (every thread gets it);
@@ -634,16 +653,19 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
     float v[EPL];
     unpack_lane(codes, b, c, step, v);
     const bool piv = (p & 0x80u) != 0u;
-    if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoted tiles keep it
-      float w[EPL];
+    if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms (shuffles), in place
+      wht_group<EPL, LT>(v, li);  // codec_kernels.cu's: h < EPL in the lane, then across
 #pragma unroll
-      for (int r = 0; r < EPL; ++r) w[r] = v[r];
-      wht_group<EPL, LT>(w, li);  // codec_kernels.cu's: h < EPL in the lane, then across
-#pragma unroll
-      for (int r = 0; r < EPL; ++r) w[r] = f_mul(w[r], 1.0f / TILE);  // exact: a power of two
-      swap_first(w, li, lane, (int)(p & 0x7fu));
-#pragma unroll
-      for (int r = 0; r < EPL; ++r) v[r] = piv ? w[r] : v[r];
+      for (int r = 0; r < EPL; ++r) v[r] = f_mul(v[r], 1.0f / TILE);  // exact: a power of two
+      swap_first(v, li, lane, (int)(p & 0x7fu));
+      // Tiles that do not pivot decode their codes again (no shuffle, no vote: the
+      // saturating form, the identity where nothing overflows), rather than keep a copy.
+      if (!piv) {
+        if (b == BH)
+          unpack_codes<BH, true>(codes, c, step, v);
+        else
+          unpack_codes<BL, true>(codes, c, step, v);
+      }
     }
     const i64 w0 = g * TPW * TILE;  // the warp's first element
     if (vout && w0 + 32 * EPL <= count) {  // warp-uniform: every tile of the group whole
