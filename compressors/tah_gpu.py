@@ -56,11 +56,13 @@ _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in regist
 _BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
 # Elements a lane holds in the tile kernels (tah_kernels.cu's EPL): a tile's own work (its
-# range, its step's divisions, its place) is repeated by each of its TILE / EPL lanes.
-_EPL = 16
+# range, its step's divisions, its place, its loads) is repeated by each of its TILE / EPL
+# lanes, so the decode, whose per-element work is a few instructions, holds 32 (the
+# encode's 16 values, their codes and the pivot's transform need its registers at 16).
+_EPL = {_OP_ENCODE: 16, _OP_DECODE: 32}
 # __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers: 64
-# and 48 by ptxas, no spill). Their grids are two such waves of blocks, one range a block.
-_TILE_MIN_BLOCKS = {_OP_ENCODE: 4, _OP_DECODE: 5}
+# and 80 by ptxas, no spill). Their grids are two such waves of blocks, one range a block.
+_TILE_MIN_BLOCKS = {_OP_ENCODE: 4, _OP_DECODE: 3}
 
 
 def _kernel(defines: dict[str, Any]) -> Any:
@@ -81,19 +83,19 @@ def _ratio_bits(ratio: float) -> str:
     return f"{int(np.float32(ratio).view(np.uint32)):#010x}u"
 
 
-def _tile_defines(row: int, tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
+def _tile_defines(op: int, row: int, tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
     return {
         "ROW": int(row),
         "TILE": int(tile),
         "BH": int(bits_high),
         "BL": int(bits_low),
-        "EPL": _EPL,
+        "EPL": _EPL[op],
     }
 
 
-def _tile_warps(tiles: int, tile: int) -> int:
-    """Warps of a tile kernel: ``32 / (tile / EPL)`` tiles a warp."""
-    return -(-tiles // (32 // (tile // _EPL)))
+def _tile_warps(op: int, tiles: int, tile: int) -> int:
+    """Warps of tile kernel ``op``: ``32 / (tile / EPL)`` tiles a warp."""
+    return -(-tiles // (32 // (tile // _EPL[op])))
 
 
 def tah_encode(
@@ -128,11 +130,11 @@ def tah_encode(
         defs = {
             "TAH_OP": _OP_ENCODE,
             "XT": xt,
-            **_tile_defines(row, tile, bits_high, bits_low),
+            **_tile_defines(_OP_ENCODE, row, tile, bits_high, bits_low),
             "PIVOT": int(bool(pivot)),
             "RATIO_BITS": _ratio_bits(pivot_ratio),
         }
-        warps = _tile_warps(lay.tiles, tile)
+        warps = _tile_warps(_OP_ENCODE, lay.tiles, tile)
         args = (x, payload, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
 
@@ -163,10 +165,10 @@ def tah_decode(
         defs = {
             "TAH_OP": _OP_DECODE,
             "XT": xt,
-            **_tile_defines(row, tile, bits_high, bits_low),
+            **_tile_defines(_OP_DECODE, row, tile, bits_high, bits_low),
             "ACC": int(bool(accumulate)),
         }
-        warps = _tile_warps(lay.tiles, tile)
+        warps = _tile_warps(_OP_DECODE, lay.tiles, tile)
         i64 = np.int64
         args = (payload, out, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
