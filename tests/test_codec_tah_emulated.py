@@ -207,3 +207,39 @@ def test_emulated_kernels_match_cpu_over_many_tokens(build, cfg: dict, dtype) ->
     expect = c.decode(want, count=x.size, dtype=dtype)
     got = emulated_decode(build, c, want, np.full(x.size, 7, dtype), False)
     assert_values_equal(got, expect, str(cfg))
+
+
+@pytest.mark.parametrize("cfg, dtype", [CASES[0], CASES[1]], ids=lambda v: str(v))
+def test_emulated_kernels_match_cpu_unaligned(build, cfg: dict, dtype) -> None:
+    # x and out one element past a 16-byte boundary and the payload one byte past a word:
+    # the element-by-element loads and stores and the byte-wise scales and scores.
+    dtype = np.dtype(dtype)
+    c = TahCompressor(**cfg)
+    n = 5 * c.row + 40
+    buf = np.empty(n + 1, dtype)
+    x = buf[1:]
+    x[:] = data(np.random.default_rng(7), n, c.row, dtype)
+    want = c.encode(x)
+    lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
+    pbuf = np.full(lay.nbytes + 1, 0xAB, np.uint8)
+    payload = pbuf[1:]
+    payload[:] = emulated_encode(build, c, x)  # the aligned encode checked first
+    np.testing.assert_array_equal(payload, want)
+    got = np.full(lay.nbytes + 1, 0xAB, np.uint8)[1:]
+    # the encode on the unaligned x into the unaligned payload
+    score = build({"TAH_OP": 1, "XT": XT[dtype], "SC_CACHE": 2, "THREADS": 32})
+    launch(score, 3, x.ctypes.data, got.ctypes.data, n, c.row, lay.tokens, 0, 0)
+    scores = got[: 4 * lay.tokens].copy().view(np.uint32).astype(np.int64)
+    np.testing.assert_array_equal(scores, token_keys(x.astype(np.float32), c.row) >> 32)
+    emulated_select(build, got, lay)
+    ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
+    defs = {"TAH_OP": 2, "XT": XT[dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
+    epl = _EPL[_OP_ENCODE]
+    launch(
+        build({**defs, **_variant(c, epl)}), tile_grid(lay, c.tile, epl), x.ctypes.data,
+        got.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
+    )  # fmt: skip
+    np.testing.assert_array_equal(got, want, err_msg=f"{cfg} unaligned encode")
+    expect = c.decode(want, count=n, dtype=dtype)
+    out = np.full(n + 1, 7, dtype)[1:]
+    assert_values_equal(emulated_decode(build, c, got, out, False), expect, f"{cfg} unaligned")
