@@ -557,6 +557,25 @@ DEV constexpr int code_pos(int r) {
   return r == 0 ? 4 : (B <= 7 ? (r * B - 1) % 16 + 1 : (r * B - 1) % 8 + 1);
 }
 
+// A whole lane's codes (CH chunks of B bytes from q, 4-byte aligned, CH B a multiple of 4)
+// as CH B / 4 word loads issued together, chunk j's B bytes then cut from them (the
+// byte-wise get_codes takes B loads a chunk where B is odd).
+template <int B>
+DEV void lane_codes(const unsigned char* q, u64* codes) {
+  constexpr int LCW = (CH * B) / 4 > 0 ? (CH * B) / 4 : 1;
+  u32 w[LCW];
+#pragma unroll
+  for (int i = 0; i < LCW; ++i) w[i] = __ldg((const u32*)q + i);
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    const int lo = (j * B) / 4, sh = ((j * B) % 4) * 8;  // chunk j's first word and bit
+    const u64 w0 = w[lo], w1 = lo + 1 < LCW ? w[lo + 1] : 0u, w2 = lo + 2 < LCW ? w[lo + 2] : 0u;
+    u64 x = (w0 | (w1 << 32)) >> sh;
+    if (sh > 0) x |= w2 << (64 - sh);
+    codes[j] = B == 8 ? x : x & ((1ull << (8 * B)) - 1ull);
+  }
+}
+
 // A lane's EPL values from its codes (chunk j's in codes[j]):
 // sat(c + ((float) q_r - qh) * step), B bits a code. (float) q_r - qh is exact either way,
 // so it is taken without a conversion: the code OR'd into the mantissa of 2^(23 - p), p its
@@ -644,10 +663,17 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
       step = as_f(ld32(pay + 4 * K + 4 * k, a4));
       p = pay[piv0 + k];
       const unsigned char* q = pay + off + li * CH * b;
+      const bool words = ml == EPL && (((u64)q) & 3) == 0;  // whole lane, aligned
+      if (words && b == BH && (CH * BH) % 4 == 0) {
+        lane_codes<BH>(q, codes);
+      } else if (words && b == BL && (CH * BL) % 4 == 0) {
+        lane_codes<BL>(q, codes);
+      } else {
 #pragma unroll
-      for (int j = 0; j < CH; ++j) {
-        const int mj = min(max(ml - 8 * j, 0), 8);
-        if (mj > 0) codes[j] = get_codes(q + j * b, (mj * b + 7) >> 3);
+        for (int j = 0; j < CH; ++j) {
+          const int mj = min(max(ml - 8 * j, 0), 8);
+          if (mj > 0) codes[j] = get_codes(q + j * b, (mj * b + 7) >> 3);
+        }
       }
     }
     float v[EPL];
