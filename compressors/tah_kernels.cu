@@ -550,8 +550,9 @@ DEV void store_group(char* ob, i64 w0, uint4* sb, int lane, const float* v) {
 }
 
 // Where a chunk's code r (B bits at bit r B of the chunk's word) is read from: the word
-// shifted right by code_shift (left by 4 for r = 0), the code then at bit code_pos, so that
-// p >= 1 and p + B <= 23 (a float32 mantissa with room for the code and below it).
+// shifted right by r B - p (left by 4 for r = 0), the code then at bit p = code_pos(r),
+// with p >= 1 and p + B <= 23 (inside a float32 mantissa, with a bit below it); codes
+// share their shifts (p steps through 16 bits, 8 at B = 8).
 template <int B>
 DEV constexpr int code_pos(int r) {
   return r == 0 ? 4 : (B <= 7 ? (r * B - 1) % 16 + 1 : (r * B - 1) % 8 + 1);
@@ -569,7 +570,8 @@ DEV void lane_codes(const unsigned char* q, u64* codes) {
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
     const int lo = (j * B) / 4, sh = ((j * B) % 4) * 8;  // chunk j's first word and bit
-    const u64 w0 = w[lo], w1 = lo + 1 < LCW ? w[lo + 1] : 0u, w2 = lo + 2 < LCW ? w[lo + 2] : 0u;
+    const u64 w0 = w[lo], w1 = lo + 1 < LCW ? w[lo + 1] : 0u;
+    const u64 w2 = lo + 2 < LCW ? w[lo + 2] : 0u;
     u64 x = (w0 | (w1 << 32)) >> sh;
     if (sh > 0) x |= w2 << (64 - sh);
     codes[j] = B == 8 ? x : x & ((1ull << (8 * B)) - 1ull);
