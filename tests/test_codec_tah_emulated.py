@@ -23,7 +23,7 @@ import pytest
 from coccl.compressors import TahCompressor
 from coccl.compressors.tah_cpu import low_prefix, token_keys
 from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
-from coccl.compressors.tah_gpu import _EPL, _OP_DECODE, _OP_ENCODE  # the launches' lane sizes
+from coccl.compressors.tah_gpu import _DECODE, _DECODE_ACC, _ENCODE, _EPL  # launches' lane sizes
 
 from codec_reference import magnitude_sweep
 from emulation import CXX, EMULATION, KERNELS, builder
@@ -41,7 +41,7 @@ SOURCES = [
     EMULATION / "launch.cpp",
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)
-DECODE_EPLS = sorted({_EPL[_OP_DECODE], 16})
+DECODE_EPLS = sorted({_EPL[_DECODE], _EPL[_DECODE_ACC], 16, 32})
 XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, BF16: 2}
 CASES = [
     ({"row": 256}, np.dtype(np.float32)),
@@ -102,7 +102,7 @@ def emulated_encode(build, c: TahCompressor, x: np.ndarray, cache: int = 16) -> 
     emulated_select(build, payload, lay, cache)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 2, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
-    epl = _EPL[_OP_ENCODE]
+    epl = _EPL[_ENCODE]
     launch(
         build({**defs, **_variant(c, epl)}), tile_grid(lay, c.tile, epl), x.ctypes.data,
         payload.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
@@ -111,12 +111,14 @@ def emulated_encode(build, c: TahCompressor, x: np.ndarray, cache: int = 16) -> 
 
 
 def emulated_decode(
-    build, c, payload, out: np.ndarray, accumulate: bool, epl: int = _EPL[_OP_DECODE]
+    build, c, payload, out: np.ndarray, accumulate: bool, epl: int | None = None
 ) -> np.ndarray:
     n = out.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
     if lay.tiles == 0:
         return out
+    if epl is None:  # the launch's
+        epl = _EPL[_DECODE_ACC if accumulate else _DECODE]
     defs = {"TAH_OP": 3, "XT": XT[out.dtype], "ACC": int(accumulate), **_variant(c, epl)}
     launch(
         build(defs), tile_grid(lay, c.tile, epl), payload.ctypes.data, out.ctypes.data, n, c.row,
@@ -158,7 +160,7 @@ def test_emulated_kernels_match_cpu(build, cfg: dict, dtype) -> None:
         expect = codec.decode(want, count=x.size, dtype=dtype)
         acc = rng.standard_normal(x.size).astype(np.float32)
         expect_acc = codec.decode(want, acc.copy(), count=x.size, dtype=dtype, accumulate=True)
-        for epl in DECODE_EPLS:  # the launch's, and 16 (the encode's, as before)
+        for epl in DECODE_EPLS:  # the launches' (32 and 16), each with and without ACC
             out = np.full(x.size, 7, dtype)
             got = emulated_decode(build, codec, want, out, False, epl)
             assert_values_equal(got, expect, f"{msg} EPL={epl}")
@@ -234,7 +236,7 @@ def test_emulated_kernels_match_cpu_unaligned(build, cfg: dict, dtype) -> None:
     emulated_select(build, got, lay)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 2, "XT": XT[dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
-    epl = _EPL[_OP_ENCODE]
+    epl = _EPL[_ENCODE]
     launch(
         build({**defs, **_variant(c, epl)}), tile_grid(lay, c.tile, epl), x.ctypes.data,
         got.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
