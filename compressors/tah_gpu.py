@@ -55,12 +55,18 @@ _THREADS = 256
 _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
 _BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
+# The tile kernels' variants, (TAH_OP, ACC), which the launch tables below are keyed by.
+_ENCODE, _DECODE, _DECODE_ACC = (_OP_ENCODE, 0), (_OP_DECODE, 0), (_OP_DECODE, 1)
 # Elements a lane holds in the tile kernels (tah_kernels.cu's EPL): a tile's own work (its
-# range, its step's divisions, its place) is repeated by each of its TILE / EPL lanes.
-_EPL = 16
-# __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers: 64
-# and 48 by ptxas, no spill). Their grids are two such waves of blocks, one range a block.
-_TILE_MIN_BLOCKS = {_OP_ENCODE: 4, _OP_DECODE: 5}
+# range, its step's divisions, its place, its loads) is repeated by each of its TILE / EPL
+# lanes, so the decode, whose per-element work is a few instructions, holds 32 (the
+# encode's 16 values, their codes and the pivot's transform need its registers at 16).
+# The accumulating decode, which also reads out after its arithmetic and was bound by
+# memory at 16, keeps 16 and its 40 resident warps a SM.
+_EPL = {_ENCODE: 16, _DECODE: 32, _DECODE_ACC: 16}
+# __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers: 64,
+# 80 and 48 by ptxas, no spill). Their grids are two such waves of blocks, one range a block.
+_TILE_MIN_BLOCKS = {_ENCODE: 4, _DECODE: 3, _DECODE_ACC: 5}
 
 
 def _kernel(defines: dict[str, Any]) -> Any:
@@ -70,7 +76,7 @@ def _kernel(defines: dict[str, Any]) -> Any:
 
 def _tile_kernel(defs: dict[str, Any], cp: Any, warps: int, args: tuple) -> None:
     """Launch tile kernel ``defs`` (encode or decode) over ``warps`` warps' tile groups."""
-    min_blocks = _TILE_MIN_BLOCKS[defs["TAH_OP"]]
+    min_blocks = _TILE_MIN_BLOCKS[(defs["TAH_OP"], defs.get("ACC", 0))]
     kern = _kernel({**defs, "MIN_BLOCKS": min_blocks})
     grid = max(1, min(-(-warps // (_THREADS // 32)), sm_count(cp) * 2 * min_blocks))
     kern((grid,), (_THREADS,), args)
@@ -81,19 +87,21 @@ def _ratio_bits(ratio: float) -> str:
     return f"{int(np.float32(ratio).view(np.uint32)):#010x}u"
 
 
-def _tile_defines(row: int, tile: int, bits_high: int, bits_low: int) -> dict[str, Any]:
+def _tile_defines(
+    kind: tuple[int, int], row: int, tile: int, bits_high: int, bits_low: int
+) -> dict[str, Any]:
     return {
         "ROW": int(row),
         "TILE": int(tile),
         "BH": int(bits_high),
         "BL": int(bits_low),
-        "EPL": _EPL,
+        "EPL": _EPL[kind],
     }
 
 
-def _tile_warps(tiles: int, tile: int) -> int:
-    """Warps of a tile kernel: ``32 / (tile / EPL)`` tiles a warp."""
-    return -(-tiles // (32 // (tile // _EPL)))
+def _tile_warps(kind: tuple[int, int], tiles: int, tile: int) -> int:
+    """Warps of tile kernel ``kind`` ((op, ACC)): ``32 / (tile / EPL)`` tiles a warp."""
+    return -(-tiles // (32 // (tile // _EPL[kind])))
 
 
 def tah_encode(
@@ -128,11 +136,11 @@ def tah_encode(
         defs = {
             "TAH_OP": _OP_ENCODE,
             "XT": xt,
-            **_tile_defines(row, tile, bits_high, bits_low),
+            **_tile_defines(_ENCODE, row, tile, bits_high, bits_low),
             "PIVOT": int(bool(pivot)),
             "RATIO_BITS": _ratio_bits(pivot_ratio),
         }
-        warps = _tile_warps(lay.tiles, tile)
+        warps = _tile_warps(_ENCODE, lay.tiles, tile)
         args = (x, payload, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
 
@@ -160,13 +168,14 @@ def tah_decode(
     if lay.tiles == 0:
         return
     with cp.cuda.Device(out.data.device_id):
+        kind = _DECODE_ACC if accumulate else _DECODE
         defs = {
             "TAH_OP": _OP_DECODE,
             "XT": xt,
-            **_tile_defines(row, tile, bits_high, bits_low),
+            **_tile_defines(kind, row, tile, bits_high, bits_low),
             "ACC": int(bool(accumulate)),
         }
-        warps = _tile_warps(lay.tiles, tile)
+        warps = _tile_warps(kind, lay.tiles, tile)
         i64 = np.int64
         args = (payload, out, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))

@@ -20,7 +20,7 @@
 //           that a tile's token is a division by a constant (a shift for powers of two)
 //   SC_CACHE  scores: chunks of 8 elements a thread keeps in registers (a token of up to
 //           8 THREADS SC_CACHE elements is read once; longer ones twice)
-//   EPL     encode, decode: elements a lane holds, 8 or 16 (at most TILE / 2)
+//   EPL     encode, decode: elements a lane holds, 8, 16 or 32 (at most TILE)
 //
 // Layout of encode and decode: a tile lives in LT = TILE / EPL consecutive lanes, lane li
 // of it holding elements [EPL li, EPL li + EPL) in registers as CH = EPL / 8 chunks of 8
@@ -72,8 +72,8 @@
 #ifndef EPL
 #define EPL 16
 #endif
-#if EPL != 8 && EPL != 16
-#error "EPL must be 8 or 16"
+#if (EPL != 8 && EPL != 16 && EPL != 32) || EPL > TILE
+#error "EPL must be 8, 16 or 32, and at most TILE"
 #endif
 #define LT (TILE / EPL)  // lanes per tile
 #define CH (EPL / 8)     // chunks of 8 elements a lane
@@ -110,10 +110,29 @@ DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
   }
 }
 
-// A lane's EPL elements from element e0 (ml of them exist, zero after), chunk by chunk.
+// A lane's EPL elements from element e0 (ml of them exist, zero after). All of them and
+// x aligned: every 16-byte load issued before the first is used (load8 chunk by chunk
+// would wait for each chunk's load before issuing the next); else chunk by chunk.
 DEV void load_lane(const char* xb, i64 e0, int ml, bool vec, float* v) {
+  if (vec && ml == EPL) {
+    constexpr int NQ = EPL * EB / 16;  // 16-byte vectors of the lane's elements
+    u32 w[4 * NQ];
+    const uint4* p = (const uint4*)(xb + e0 * EB);
 #pragma unroll
-  for (int j = 0; j < CH; ++j) load8(xb, e0 + 8 * j, min(max(ml - 8 * j, 0), 8), vec, v + 8 * j);
+    for (int i = 0; i < NQ; ++i) {
+      const uint4 a = ldg4(p + i);
+      w[4 * i] = a.x;
+      w[4 * i + 1] = a.y;
+      w[4 * i + 2] = a.z;
+      w[4 * i + 3] = a.w;
+    }
+#pragma unroll
+    for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
+  } else {
+#pragma unroll
+    for (int j = 0; j < CH; ++j)
+      load8(xb, e0 + 8 * j, min(max(ml - 8 * j, 0), 8), vec, v + 8 * j);
+  }
 }
 
 // The block's count of the set bits in the first nb bytes of bm (every thread gets it);
@@ -225,16 +244,34 @@ DEV u64 get_codes(const unsigned char* p, int nb) {
 #if TAH_OP == 2
 // A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB
 // first, chunk j's 8 codes in codes[j]; the bits of codes past ml are cleared once a
-// chunk (the last code byte holds them), not tested a value.
+// chunk (the last code byte holds them), not tested a value. The rounding without a
+// conversion: u_r + qh clamped to [0, Q] in float (max/min drop a NaN: 0, as cvt.rni's
+// NaN -> 0 then the clamp), then + 1.5 2^23, whose sum holds rint (half to even, the
+// result's ulp being 1) in its low mantissa bits: the float's bits are M + q_r, M =
+// BITS_MAGIC. Those are summed times 2^(r B) and the sum of the M 2^(r B) taken off once
+// (mod 2^32, in 32 bits where a chunk's 8 B bits fit, else in 64).
 template <int B>
 DEV void pack_codes(const float* u, int ml, float qh, u64* codes) {
+  constexpr float qmax = (float)((1 << B) - 1);
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
-    u64 acc = 0;
+    u64 acc;
+    if (8 * B <= 32) {
+      u32 a = 0, m = 0;
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const int q = min(max(f2i_rn(f_add(u[8 * j + r], qh)), 0), (1 << B) - 1);
-      acc |= (u64)q << (r * B);
+      for (int r = 0; r < 8; ++r) {
+        const float y = f_min(f_max(f_add(u[8 * j + r], qh), 0.0f), qmax);
+        a += as_u(f_add(y, as_f(BITS_MAGIC))) << (r * B);
+        m += BITS_MAGIC << (r * B);
+      }
+      acc = (u64)(a - m);
+    } else {
+      acc = 0;
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const float y = f_min(f_max(f_add(u[8 * j + r], qh), 0.0f), qmax);
+        acc |= (u64)(as_u(f_add(y, as_f(BITS_MAGIC))) - BITS_MAGIC) << (r * B);
+      }
     }
     const int mj = ml - 8 * j;
     codes[j] = mj >= 8 ? acc : mj <= 0 ? 0ull : acc & ((1ull << (mj * B)) - 1ull);
@@ -512,18 +549,79 @@ DEV void store_group(char* ob, i64 w0, uint4* sb, int lane, const float* v) {
   __syncwarp();
 }
 
-// A lane's EPL values from its codes (chunk j's in codes[j]):
-// sat(c + ((float) q_r - qh) * step), B bits a code.
+// Where a chunk's code r (B bits at bit r B of the chunk's word) is read from: the word
+// shifted right by r B - p (left by 4 for r = 0), the code then at bit p = code_pos(r),
+// with p >= 1 and p + B <= 23 (inside a float32 mantissa, with a bit below it); codes
+// share their shifts (p steps through 16 bits, 8 at B = 8).
 template <int B>
+DEV constexpr int code_pos(int r) {
+  return r == 0 ? 4 : (B <= 7 ? (r * B - 1) % 16 + 1 : (r * B - 1) % 8 + 1);
+}
+
+// A whole lane's codes (CH chunks of B bytes from q, 4-byte aligned, CH B a multiple of 4)
+// as CH B / 4 word loads issued together, chunk j's B bytes then cut from them (the
+// byte-wise get_codes takes B loads a chunk where B is odd).
+template <int B>
+DEV void lane_codes(const unsigned char* q, u64* codes) {
+  constexpr int LCW = (CH * B) / 4 > 0 ? (CH * B) / 4 : 1;
+  u32 w[LCW];
+#pragma unroll
+  for (int i = 0; i < LCW; ++i) w[i] = __ldg((const u32*)q + i);
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    const int lo = (j * B) / 4, sh = ((j * B) % 4) * 8;  // chunk j's first word and bit
+    const u64 w0 = w[lo], w1 = lo + 1 < LCW ? w[lo + 1] : 0u;
+    const u64 w2 = lo + 2 < LCW ? w[lo + 2] : 0u;
+    u64 x = (w0 | (w1 << 32)) >> sh;
+    if (sh > 0) x |= w2 << (64 - sh);
+    codes[j] = B == 8 ? x : x & ((1ull << (8 * B)) - 1ull);
+  }
+}
+
+// A lane's EPL values from its codes (chunk j's in codes[j]):
+// sat(c + ((float) q_r - qh) * step), B bits a code. (float) q_r - qh is exact either way,
+// so it is taken without a conversion: the code OR'd into the mantissa of 2^(23 - p), p its
+// bit, is the float 2^(23 - p) + q_r, and minus 2^(23 - p) + qh (exact for p >= 1: qh has
+// one fractional bit) leaves q_r - qh. SAT 0 where the caller knows that no value can
+// overflow (sat is then the identity).
+template <int B, bool SAT>
 DEV void unpack_codes(const u64* codes, float c, float step, float* v) {
-  const float qh = f_mul((float)((1 << B) - 1), as_f(BITS_HALF));
+  constexpr float qh = (float)((1 << B) - 1) * 0.5f;
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
-      const float k8 = f_sub((float)(int)((codes[j] >> (r * B)) & (u64)((1 << B) - 1)), qh);
-      v[8 * j + r] = sat_inf(f_add(c, f_mul(k8, step)));
+      const int p = code_pos<B>(r), s = r * B - p;  // s = -4 only for r = 0
+      const u32 w = s >= 0 ? (u32)(codes[j] >> (s & 63)) : (u32)(codes[j] << ((-s) & 63));
+      const u32 e = (u32)(150 - p) << 23;  // the exponent of 2^(23 - p)
+      const float k8 =
+          f_sub(as_f((w & ((u32)((1 << B) - 1) << p)) | e), (float)(1 << (23 - p)) + qh);
+      const float y = f_add(c, f_mul(k8, step));
+      v[8 * j + r] = SAT ? sat_inf(y) : y;
     }
+  }
+}
+
+// Whether no value c + k step, |k| <= 127.5, can overflow: |c| < 2^126 and 0 <= step <
+// 2^118 (so |k step| < 2^125). NaN or negative bits fail the test.
+DEV bool no_overflow(float c, float step) {
+  return (as_u(c) & 0x7fffffffu) < (253u << 23) && as_u(step) < (245u << 23);
+}
+
+// A lane's EPL values at width b (BH or BL: a constant in each branch), saturated only
+// where a tile of the warp might overflow (a warp-wide vote, so that the common path has
+// no test a value).
+DEV void unpack_lane(const u64* codes, int b, float c, float step, float* v) {
+  if (!__any_sync(FULL_MASK, !no_overflow(c, step))) {
+    if (b == BH)
+      unpack_codes<BH, false>(codes, c, step, v);
+    else
+      unpack_codes<BL, false>(codes, c, step, v);
+  } else {
+    if (b == BH)
+      unpack_codes<BH, true>(codes, c, step, v);
+    else
+      unpack_codes<BL, true>(codes, c, step, v);
   }
 }
 
@@ -567,28 +665,35 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
       step = as_f(ld32(pay + 4 * K + 4 * k, a4));
       p = pay[piv0 + k];
       const unsigned char* q = pay + off + li * CH * b;
+      const bool words = ml == EPL && (((u64)q) & 3) == 0;  // whole lane, aligned
+      if (words && b == BH && (CH * BH) % 4 == 0) {
+        lane_codes<BH>(q, codes);
+      } else if (words && b == BL && (CH * BL) % 4 == 0) {
+        lane_codes<BL>(q, codes);
+      } else {
 #pragma unroll
-      for (int j = 0; j < CH; ++j) {
-        const int mj = min(max(ml - 8 * j, 0), 8);
-        if (mj > 0) codes[j] = get_codes(q + j * b, (mj * b + 7) >> 3);
+        for (int j = 0; j < CH; ++j) {
+          const int mj = min(max(ml - 8 * j, 0), 8);
+          if (mj > 0) codes[j] = get_codes(q + j * b, (mj * b + 7) >> 3);
+        }
       }
     }
     float v[EPL];
-    if (b == BH)  // the width a constant in each branch (no shuffle in them)
-      unpack_codes<BH>(codes, c, step, v);
-    else
-      unpack_codes<BL>(codes, c, step, v);
+    unpack_lane(codes, b, c, step, v);
     const bool piv = (p & 0x80u) != 0u;
-    if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoted tiles keep it
-      float w[EPL];
+    if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms (shuffles), in place
+      wht_group<EPL, LT>(v, li);  // codec_kernels.cu's: h < EPL in the lane, then across
 #pragma unroll
-      for (int r = 0; r < EPL; ++r) w[r] = v[r];
-      wht_group<EPL, LT>(w, li);  // codec_kernels.cu's: h < EPL in the lane, then across
-#pragma unroll
-      for (int r = 0; r < EPL; ++r) w[r] = f_mul(w[r], 1.0f / TILE);  // exact: a power of two
-      swap_first(w, li, lane, (int)(p & 0x7fu));
-#pragma unroll
-      for (int r = 0; r < EPL; ++r) v[r] = piv ? w[r] : v[r];
+      for (int r = 0; r < EPL; ++r) v[r] = f_mul(v[r], 1.0f / TILE);  // exact: a power of two
+      swap_first(v, li, lane, (int)(p & 0x7fu));
+      // Tiles that do not pivot decode their codes again (no shuffle, no vote: the
+      // saturating form, the identity where nothing overflows), rather than keep a copy.
+      if (!piv) {
+        if (b == BH)
+          unpack_codes<BH, true>(codes, c, step, v);
+        else
+          unpack_codes<BL, true>(codes, c, step, v);
+      }
     }
     const i64 w0 = g * TPW * TILE;  // the warp's first element
     if (vout && w0 + 32 * EPL <= count) {  // warp-uniform: every tile of the group whole

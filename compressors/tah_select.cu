@@ -43,12 +43,21 @@ DEV u32 block_scan(u32 x, u32* red, u32& total) {
   return before + inc - x;
 }
 
-// The thread's SEL_CACHE scores of the chunk at token base (0 at and past n).
+// The thread's SEL_CACHE scores of the chunk at token base (0 at and past n). Aligned:
+// predicated word loads, all in flight at once (no branch a score); else byte by byte.
 DEV void load_scores(const unsigned char* pay, i64 base, i64 n, bool a4, u32* sc) {
+  if (a4) {
 #pragma unroll
-  for (int j = 0; j < SEL_CACHE; ++j) {
-    const i64 t = base + threadIdx.x + (i64)j * THREADS;
-    sc[j] = t < n ? ld32(pay + 4 * t, a4) : 0u;
+    for (int j = 0; j < SEL_CACHE; ++j) {
+      const i64 t = base + threadIdx.x + (i64)j * THREADS;
+      sc[j] = t < n ? __ldg((const u32*)pay + t) : 0u;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < SEL_CACHE; ++j) {
+      const i64 t = base + threadIdx.x + (i64)j * THREADS;
+      sc[j] = t < n ? ld32(pay + 4 * t, false) : 0u;
+    }
   }
 }
 

@@ -23,7 +23,7 @@ import pytest
 from coccl.compressors import TahCompressor
 from coccl.compressors.tah_cpu import low_prefix, token_keys
 from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
-from coccl.compressors.tah_gpu import _EPL as EPL  # the elements a lane the launches use
+from coccl.compressors.tah_gpu import _DECODE, _DECODE_ACC, _ENCODE, _EPL  # launches' lane sizes
 
 from codec_reference import magnitude_sweep
 from emulation import CXX, EMULATION, KERNELS, builder
@@ -41,6 +41,7 @@ SOURCES = [
     EMULATION / "launch.cpp",
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)
+DECODE_EPLS = sorted({_EPL[_DECODE], _EPL[_DECODE_ACC], 16, 32})
 XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, BF16: 2}
 CASES = [
     ({"row": 256}, np.dtype(np.float32)),
@@ -60,8 +61,8 @@ def build(tmp_path_factory):
     return builder(tmp_path_factory.mktemp("tah_emulation"), SOURCES, argtypes, {"OP": 0})
 
 
-def _variant(c: TahCompressor) -> dict:
-    return {"ROW": c.row, "TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low, "EPL": EPL}
+def _variant(c: TahCompressor, epl: int) -> dict:
+    return {"ROW": c.row, "TILE": c.tile, "BH": c.bits_high, "BL": c.bits_low, "EPL": epl}
 
 
 def launch(lib: ctypes.CDLL, grid: int, *args) -> None:
@@ -77,9 +78,9 @@ def emulated_select(build, payload: np.ndarray, lay, cache: int = 16) -> None:
     )  # fmt: skip
 
 
-def tile_grid(lay, tile: int) -> int:
+def tile_grid(lay, tile: int, epl: int) -> int:
     """Blocks for the tile kernels: several, some ranges short or empty."""
-    groups = -(-lay.tiles // (32 // (tile // EPL)))
+    groups = -(-lay.tiles // (32 // (tile // epl)))
     return min(5, groups)
 
 
@@ -89,29 +90,38 @@ def emulated_encode(build, c: TahCompressor, x: np.ndarray, cache: int = 16) -> 
     payload = np.full(lay.nbytes, 0xAB, np.uint8)  # every byte must be written
     if lay.tiles == 0:
         return payload
-    # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice.
-    score = build({"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": 1, "THREADS": 32})
-    launch(score, 3, x.ctypes.data, payload.ctypes.data, n, c.row, lay.tokens, 0, 0)
-    scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
-    np.testing.assert_array_equal(scores, token_keys(x.astype(np.float32), c.row) >> 32)
+    # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice; then
+    # two chunks a thread (512 elements: a token's second chunk may be past its end). Three
+    # blocks: a block's next token loaded ahead of its sums.
+    want = token_keys(x.astype(np.float32), c.row) >> 32
+    for sc_cache in (2, 1):
+        score = build({"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": sc_cache, "THREADS": 32})
+        launch(score, 3, x.ctypes.data, payload.ctypes.data, n, c.row, lay.tokens, 0, 0)
+        scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
+        np.testing.assert_array_equal(scores, want, err_msg=f"SC_CACHE={sc_cache}")
     emulated_select(build, payload, lay, cache)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 2, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
+    epl = _EPL[_ENCODE]
     launch(
-        build({**defs, **_variant(c)}), tile_grid(lay, c.tile), x.ctypes.data,
+        build({**defs, **_variant(c, epl)}), tile_grid(lay, c.tile, epl), x.ctypes.data,
         payload.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
     )  # fmt: skip
     return payload
 
 
-def emulated_decode(build, c, payload, out: np.ndarray, accumulate: bool) -> np.ndarray:
+def emulated_decode(
+    build, c, payload, out: np.ndarray, accumulate: bool, epl: int | None = None
+) -> np.ndarray:
     n = out.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
     if lay.tiles == 0:
         return out
-    defs = {"TAH_OP": 3, "XT": XT[out.dtype], "ACC": int(accumulate), **_variant(c)}
+    if epl is None:  # the launch's
+        epl = _EPL[_DECODE_ACC if accumulate else _DECODE]
+    defs = {"TAH_OP": 3, "XT": XT[out.dtype], "ACC": int(accumulate), **_variant(c, epl)}
     launch(
-        build(defs), tile_grid(lay, c.tile), payload.ctypes.data, out.ctypes.data, n, c.row,
+        build(defs), tile_grid(lay, c.tile, epl), payload.ctypes.data, out.ctypes.data, n, c.row,
         lay.tiles, lay.pivot_offset, lay.bitmap_offset,
     )  # fmt: skip
     return out
@@ -147,13 +157,15 @@ def test_emulated_kernels_match_cpu(build, cfg: dict, dtype) -> None:
         msg = f"{cfg} {dtype} n={x.size}"
         want = codec.encode(x)
         np.testing.assert_array_equal(emulated_encode(build, codec, x), want, err_msg=msg)
-        out = np.full(x.size, 7, dtype)
         expect = codec.decode(want, count=x.size, dtype=dtype)
-        assert_values_equal(emulated_decode(build, codec, want, out, False), expect, msg)
         acc = rng.standard_normal(x.size).astype(np.float32)
-        expect = codec.decode(want, acc.copy(), count=x.size, dtype=dtype, accumulate=True)
-        got = emulated_decode(build, codec, want, acc.copy(), True)
-        assert_values_equal(got, expect, f"{msg} accumulate")
+        expect_acc = codec.decode(want, acc.copy(), count=x.size, dtype=dtype, accumulate=True)
+        for epl in DECODE_EPLS:  # the launches' (32 and 16), each with and without ACC
+            out = np.full(x.size, 7, dtype)
+            got = emulated_decode(build, codec, want, out, False, epl)
+            assert_values_equal(got, expect, f"{msg} EPL={epl}")
+            got = emulated_decode(build, codec, want, acc.copy(), True, epl)
+            assert_values_equal(got, expect_acc, f"{msg} EPL={epl} accumulate")
 
 
 def test_the_kernels_score_tables_are_tah_formats() -> None:
@@ -197,3 +209,39 @@ def test_emulated_kernels_match_cpu_over_many_tokens(build, cfg: dict, dtype) ->
     expect = c.decode(want, count=x.size, dtype=dtype)
     got = emulated_decode(build, c, want, np.full(x.size, 7, dtype), False)
     assert_values_equal(got, expect, str(cfg))
+
+
+@pytest.mark.parametrize("cfg, dtype", [CASES[0], CASES[1]], ids=lambda v: str(v))
+def test_emulated_kernels_match_cpu_unaligned(build, cfg: dict, dtype) -> None:
+    # x and out one element past a 16-byte boundary and the payload one byte past a word:
+    # the element-by-element loads and stores and the byte-wise scales and scores.
+    dtype = np.dtype(dtype)
+    c = TahCompressor(**cfg)
+    n = 5 * c.row + 40
+    buf = np.empty(n + 1, dtype)
+    x = buf[1:]
+    x[:] = data(np.random.default_rng(7), n, c.row, dtype)
+    want = c.encode(x)
+    lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
+    pbuf = np.full(lay.nbytes + 1, 0xAB, np.uint8)
+    payload = pbuf[1:]
+    payload[:] = emulated_encode(build, c, x)  # the aligned encode checked first
+    np.testing.assert_array_equal(payload, want)
+    got = np.full(lay.nbytes + 1, 0xAB, np.uint8)[1:]
+    # the encode on the unaligned x into the unaligned payload
+    score = build({"TAH_OP": 1, "XT": XT[dtype], "SC_CACHE": 2, "THREADS": 32})
+    launch(score, 3, x.ctypes.data, got.ctypes.data, n, c.row, lay.tokens, 0, 0)
+    scores = got[: 4 * lay.tokens].copy().view(np.uint32).astype(np.int64)
+    np.testing.assert_array_equal(scores, token_keys(x.astype(np.float32), c.row) >> 32)
+    emulated_select(build, got, lay)
+    ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
+    defs = {"TAH_OP": 2, "XT": XT[dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
+    epl = _EPL[_ENCODE]
+    launch(
+        build({**defs, **_variant(c, epl)}), tile_grid(lay, c.tile, epl), x.ctypes.data,
+        got.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
+    )  # fmt: skip
+    np.testing.assert_array_equal(got, want, err_msg=f"{cfg} unaligned encode")
+    expect = c.decode(want, count=n, dtype=dtype)
+    out = np.full(n + 1, 7, dtype)[1:]
+    assert_values_equal(emulated_decode(build, c, got, out, False), expect, f"{cfg} unaligned")
