@@ -505,6 +505,42 @@ kernels22)
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
     -k "taco_bitwise_vs_cpu or taco_whole_range or taco_unaligned or codec_classes_gpu" 2>&1 \
     | tee "$OUT/pytest_k22_taco.txt" | tail -4 ;;
+k23bench)
+  # Session 23's kernel changes (issues #30, #31, #33): int (one-wave staged encode,
+  # decode loads a tile ahead, the rotated encode's absmax after the transform), taco
+  # (32-bit shared addresses, the decode's prefetch, the hop's buffers), tah (loads issued
+  # together, codes without conversions, the decode at 32 a lane). Throughput beside a copy
+  # of the same bytes first, then the taco hop in 2-warp blocks as an A/B. Budget: ~500 s.
+  step "kernels: session 23 (int, taco, tah)"
+  for k in "int int,int:bits=4,hadamard=32,int:bits=8" "taco taco" "tah tah:row=4096"; do
+    set -- $k
+    timeout 130 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+      --compressor $2 -d bfloat16,float32 -n 15 -c 0 --json "$JSONDIR/kernels23-$1.json" 2>&1 \
+      | tee -a "$OUT/kernels23_log.txt" | tail -40
+  done
+  step "A/B: taco hop in 2-warp blocks, 128 a lane"
+  timeout 110 python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M,256M \
+    --ops hop --rounds 1 -n 15 --tuning '{"hop_epl": 128, "epl_threads": {"hop": 64}, "epl_resident": {"hop": 256}}' \
+    --json "$JSONDIR/kernels23-taco-hop2w-ab.json" 2>&1 | tee "$OUT/k23_ab_log.txt" | tail -20 ;;
+k23mx)
+  # The mx decodes (session 23), beside a copy of the same bytes. Budget: ~120 s.
+  step "kernels: session 23 (mx)"
+  timeout 120 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+    --compressor mx,mx:element=e2m3,mx:element=e2m1,block=16,scale=e4m3 -d bfloat16,float32 \
+    -n 15 -c 0 --json "$JSONDIR/kernels23-mx.json" 2>&1 | tee -a "$OUT/kernels23_mx_log.txt" | tail -50 ;;
+k23tests)
+  # The GPU tests of session 23's kernels, bitwise the CPU's (NVRTC compiles most of their
+  # time on a fresh machine). Budget: ~450 s.
+  step "pytest gpu: tah, int, taco, mx"
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py 2>&1 \
+    | tee "$OUT/pytest_k23_tah.txt" | tail -4
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py 2>&1 \
+    | tee "$OUT/pytest_k23_int.txt" | tail -4
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py -k "taco and \
+(bitwise_vs_cpu or whole_range or unaligned or several_tiles or hop or encode_kernels_agree)" 2>&1 \
+    | tee "$OUT/pytest_k23_taco.txt" | tail -4
+  timeout ${MX_TESTS_S:-150} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
+    | tee "$OUT/pytest_k23_mx.txt" | tail -4 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
