@@ -828,6 +828,95 @@ DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
 }
 #endif
 
+#if OP == 2
+// The decodes that overwrite a float32 or bfloat16 out (FAST) take, for every whole warp
+// span with out 16-byte and the payload 4-byte aligned, a lean path: the UNR chunks' code
+// words and scale bytes are loaded first, all together, then decoded and stored (16-byte
+// pieces, through store_span_words where a lane has more than one). Everything else, and a
+// float16 out or a decode-accumulate, goes through decode_chunk and store_chunk as before.
+#define FAST (!ACC && XT != 1)
+// With an E8M0 scale the decode computes two elements per instruction on bf16x2 (sm_90;
+// older GPUs run the float32 arithmetic, the same values). DEC_PAIRS: that arithmetic.
+#if defined(MX_HOST) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#define DEC_PAIRS (FAST && SC == 0)
+#else
+#define DEC_PAIRS 0
+#endif
+#define OUT_WORDS (EPL * OUT_BYTES / 4)  // 32-bit words of out a lane writes
+
+#if DEC_PAIRS
+// The value of code c times 2^(sc - 127), for E8M0 byte sc, in bfloat16: exact, as the
+// float32 path's f_mul(elem_value(c), 2^(sc - 127)) rounded to bfloat16 is (that product
+// has at most 4 significant bits, so it is a bfloat16 unless it overflows to Inf, which
+// both do; its smallest nonzero magnitude, the smallest element times 2^-127, is at least
+// 2^-131, above bfloat16's smallest subnormal 2^-133). Computed per pair of elements:
+//   raw: each code's magnitude bits placed at the bottom of a bfloat16's exponent field
+//     (exponent field bits at 7.., mantissa bits just below) with its sign at bit 15: the
+//     code's value times 2^(BIAS - 127) (a subnormal bfloat16 for a subnormal code, as
+//     elem_value's float32);
+//   times 2^(127 - BIAS): the code's value, exact;
+//   times 2^(sc - 127) (sc 0: 2^-127, a subnormal bfloat16; sc 255: NaN): the result,
+//     rounded once by the instruction, and exact by the above.
+#define MAG2 ((((1u << (CBITS - 1)) - 1u) << (7 - MBITS)) * 0x10001u)
+DEV u32 scale_pair(u32 sc) {  // 2^(sc - 127) in both halves; NaN for 255
+  const u32 b = (sc << 7) | (sc == 0 || sc == E8M0_NAN ? 0x40u : 0u);
+  return b * 0x10001u;
+}
+
+// The lane's EPL values from its code words w, two to a word, the first in the low half.
+DEV void chunk_pairs(const u32* w, u32 s2, u32* r) {
+  const u32 norm = ((254u - BIAS) << 7) * 0x10001u;  // 2^(127 - BIAS) in both halves
+  for (int k = 0; k < EPL / 2; ++k) {
+    const u32 p = code_at(w, 2 * k) | (code_at(w, 2 * k + 1) << 16);
+    const u32 raw = ((p << (7 - MBITS)) & MAG2) | ((p << (16 - CBITS)) & 0x80008000u);
+    r[k] = bf2_mul(bf2_mul(raw, norm), s2);
+  }
+}
+#endif
+
+#if FAST
+// Chunk j's decoded values, as the OUT_WORDS words of out they fill; sc its scale byte.
+DEV void chunk_out(const u32* w, u32 sc, float s, u32* o) {
+#if DEC_PAIRS
+  (void)s;
+  u32 r[EPL / 2];
+  chunk_pairs(w, scale_pair(sc), r);
+#if XT == 2
+  for (int k = 0; k < EPL / 2; ++k) o[k] = r[k];
+#else
+  for (int k = 0; k < EPL / 2; ++k) o[2 * k] = r[k] << 16, o[2 * k + 1] = r[k] & 0xffff0000u;
+#endif
+#else
+  float y[EPL];
+#if SC
+  const float d = f_mul(e4m3_value(sc), s);
+  for (int i = 0; i < EPL; ++i) y[i] = sat_inf(f_mul(elem_value(code_at(w, i)), d));
+#else
+  (void)s;
+  const float d = sc == E8M0_NAN ? as_f(BITS_NAN) : pow2((int)sc - 127);
+  for (int i = 0; i < EPL; ++i) y[i] = f_mul(elem_value(code_at(w, i)), d);
+#endif
+#if XT == 2
+  for (int k = 0; k < EPL / 2; ++k) o[k] = out_pair(y[2 * k], y[2 * k + 1]);
+#else
+  for (int i = 0; i < EPL; ++i) o[i] = as_u(y[i]);
+#endif
+#endif
+}
+
+// The warp's span out[w0, w0 + 32 EPL) from its lanes' words o (OUT_WORDS each), through
+// sb as store_span.
+DEV void store_span_words(void* out, i64 w0, uint4* sb, int lane, const u32* o) {
+  uint4* p = (uint4*)((char*)out + w0 * OUT_BYTES);
+  for (int c = 0; c < SCH; ++c)
+    sb[swz(lane * SCH + c)] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
+  __syncwarp();
+  for (int c = 0; c < SCH; ++c) p[c * 32 + lane] = sb[swz(c * 32 + lane)];
+  __syncwarp();
+}
+#endif
+#endif
+
 #if OP == 6
 DEV float tensor_scale(u32 amax_bits) {  // S = max(amax / (448 * qmax), 2^-126)
   const float s = f_div(as_f(amax_bits), f_mul(as_f(BITS_448), as_f(QMAX_BITS)));
@@ -1018,7 +1107,31 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   uint4* sb = smem + (threadIdx.x - lane) * SCH;  // the warp's buffer
 #endif
 #endif
-  for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step)
+#if OP == 2 && FAST
+  const bool fast = vec && aligned(pay, 4);
+#endif
+  for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step) {
+#if OP == 2 && FAST
+    if (fast && (j0 + 32 * UNR) * EPL <= count) {  // the warp's UNR spans are whole
+      u32 w[UNR][WPL], sc[UNR];
+      for (int u = 0; u < UNR; ++u) {
+        const unsigned long long j = (unsigned long long)(j0 + 32 * u + lane);
+        const u32* p = (const u32*)pay + j * WPL;
+        for (int q = 0; q < WPL; ++q) w[u][q] = __ldg(p + q);
+        sc[u] = __ldg(pay + SCALE_OFF(K) + j / LPB);
+      }
+      for (int u = 0; u < UNR; ++u) {
+        u32 o[OUT_WORDS];
+        chunk_out(w[u], sc[u], s, o);
+#if STAGED
+        store_span_words(dst, (j0 + 32 * u) * EPL, sb, lane, o);
+#else
+        ((uint4*)dst)[j0 + 32 * u + lane] = make_uint4(o[0], o[1], o[2], o[3]);
+#endif
+      }
+      continue;
+    }
+#endif
     for (int u = 0; u < UNR; ++u) {
       const i64 j = j0 + 32 * u + lane;
 #if OP == 2
@@ -1036,5 +1149,6 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
       chunk_body(pay, dst, count, K, j, j < n, vec);
 #endif
     }
+  }
 }
 #endif
