@@ -172,6 +172,8 @@ DEV float f_of(double d) { return (float)d; }
 DEV double d_mul(double a, double b) { return a * b; }
 DEV double d_fma(double a, double b, double c) { return fma(a, b, c); }
 DEV float rcp_approx(float a) { return 1.0f / a; }  // an approximation within 1 ulp
+DEV float f_min_nan(float a, float b) { return a != a || b != b ? as_f(BITS_NAN) : fminf(a, b); }
+DEV float f_max_nan(float a, float b) { return a != a || b != b ? as_f(BITS_NAN) : fmaxf(a, b); }
 DEV float h2f(u32 h) {  // exact float16 -> float32
   u32 sign = (h & 0x8000u) << 16, a = h & 0x7fffu;
   if (a >= 0x7c00u) return as_f(sign | 0x7f800000u | ((a & 0x3ffu) << 13));
@@ -210,6 +212,9 @@ DEV double d_fma(double a, double b, double c) {
 }
 // Within an ulp of 1 / a where a and 1 / a are normal floats (the only use; .ftz: one MUFU)
 DEV float rcp_approx(float a) { float d; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(d) : "f"(a)); return d; }
+// min and max that return NaN if either operand is (sm_80)
+DEV float f_min_nan(float a, float b) { float d; asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
+DEV float f_max_nan(float a, float b) { float d; asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
 DEV float h2f(u32 h) {
   float f;
   unsigned short s = (unsigned short)h;
@@ -266,6 +271,15 @@ DEV u32 bf2_min_abs(u32 a, u32 b) {
   });
 }
 DEV u32 mulhi(u32 a, u32 b) { return (u32)(((unsigned long long)a * b) >> 32); }
+DEV u32 prmt_sx(u32 a, u32 b, u32 sel) {  // prmt.b32: a selector nibble's bit 3 replicates
+  const unsigned long long v = ((unsigned long long)b << 32) | a;  // the byte's top bit
+  u32 r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const u32 s = (sel >> (4 * i)) & 15u, byte = (u32)(v >> (8 * (s & 7u))) & 0xffu;
+    r |= (s & 8u ? (byte >> 7) * 0xffu : byte) << (8 * i);
+  }
+  return r;
+}
 DEV u32 prmt(u32 a, u32 b, u32 sel) {  // __byte_perm: bytes of {b, a}, no sign replication
   const unsigned long long v = ((unsigned long long)b << 32) | a;
   u32 r = 0;
@@ -280,6 +294,7 @@ DEV u32 bf2_max_abs(u32 a, u32 b) { u32 d; asm("max.xorsign.abs.bf16x2 %0, %1, %
 DEV u32 bf2_min_abs(u32 a, u32 b) { u32 d; asm("min.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 DEV u32 mulhi(u32 a, u32 b) { return __umulhi(a, b); }
 DEV u32 prmt(u32 a, u32 b, u32 sel) { return __byte_perm(a, b, sel); }
+DEV u32 prmt_sx(u32 a, u32 b, u32 sel) { u32 d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel)); return d; }
 #endif
 
 // ------------------------------------------------------------ elements in and out
@@ -517,6 +532,7 @@ DEV float elem_value(u32 c) {
   const u32 mag = (c & ((1u << (EBITS + MBITS)) - 1u)) << (23 - MBITS);
   return as_f(as_u(f_mul(as_f(mag), as_f((u32)(254 - BIAS) << 23))) | sign);
 }
+
 
 DEV float e4m3_value(u32 c) {  // exact; the NaN codes give NaN
   if ((c & 0x7fu) == E4M3_NAN) return as_f(BITS_NAN);
@@ -844,20 +860,42 @@ DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
 #endif
 #define OUT_WORDS (EPL * OUT_BYTES / 4)  // 32-bit words of out a lane writes
 
+#if FAST
+// Codes 2k and 2k + 1 of the lane's words w, in the low bits of each half (the rest zero).
+DEV u32 code_pair(const u32* w, int k) {
+#if CBITS == 4
+  // FP4: byte k of w holds both; the even codes' nibbles (lo) and the odd ones' (hi) are
+  // picked into bytes 0 and 2, bytes 1 and 3 made zero (prmt's sign mode on a byte of lo,
+  // whose top bit is 0).
+  const u32 lo = w[0] & 0x0f0f0f0fu, hi = (w[0] >> 4) & 0x0f0f0f0fu;
+  return prmt_sx(lo, hi, (u32)k | 0x80u | ((u32)(4 + k) << 8) | 0x8000u);
+#else
+  return code_at(w, 2 * k) | (code_at(w, 2 * k + 1) << 16);
+#endif
+}
+
+// Codes 2k and 2k + 1 as raw bfloat16s, the first in the low half: each code's magnitude
+// bits at the bottom of the exponent field (exponent bits from 7 up, mantissa bits just
+// below), its sign at bit 15; the code's value times 2^(BIAS - 127) (a subnormal for a
+// subnormal code). Shifted 16 bits up, the same as float32 bits (raw_bits).
+#define MAG2 ((((1u << (CBITS - 1)) - 1u) << (7 - MBITS)) * 0x10001u)
+DEV u32 raw_pair(const u32* w, int k) {
+  const u32 p = code_pair(w, k);
+  // The magnitude moved up by 7 - MBITS, the sign by 16 - CBITS: as p's halves hold CBITS
+  // bits each, neither shift puts a bit where the other's mask keeps one: one mask does.
+  return ((p << (7 - MBITS)) | (p << (16 - CBITS))) & (MAG2 | 0x80008000u);
+}
+#endif
+
 #if DEC_PAIRS
 // The value of code c times 2^(sc - 127), for E8M0 byte sc, in bfloat16: exact, as the
 // float32 path's f_mul(elem_value(c), 2^(sc - 127)) rounded to bfloat16 is (that product
 // has at most 4 significant bits, so it is a bfloat16 unless it overflows to Inf, which
 // both do; its smallest nonzero magnitude, the smallest element times 2^-127, is at least
 // 2^-131, above bfloat16's smallest subnormal 2^-133). Computed per pair of elements:
-//   raw: each code's magnitude bits placed at the bottom of a bfloat16's exponent field
-//     (exponent field bits at 7.., mantissa bits just below) with its sign at bit 15: the
-//     code's value times 2^(BIAS - 127) (a subnormal bfloat16 for a subnormal code, as
-//     elem_value's float32);
-//   times 2^(127 - BIAS): the code's value, exact;
+//   raw_pair, times 2^(127 - BIAS): the codes' values, exact;
 //   times 2^(sc - 127) (sc 0: 2^-127, a subnormal bfloat16; sc 255: NaN): the result,
 //     rounded once by the instruction, and exact by the above.
-#define MAG2 ((((1u << (CBITS - 1)) - 1u) << (7 - MBITS)) * 0x10001u)
 DEV u32 scale_pair(u32 sc) {  // 2^(sc - 127) in both halves; NaN for 255
   const u32 b = (sc << 7) | (sc == 0 || sc == E8M0_NAN ? 0x40u : 0u);
   return b * 0x10001u;
@@ -866,11 +904,7 @@ DEV u32 scale_pair(u32 sc) {  // 2^(sc - 127) in both halves; NaN for 255
 // The lane's EPL values from its code words w, two to a word, the first in the low half.
 DEV void chunk_pairs(const u32* w, u32 s2, u32* r) {
   const u32 norm = ((254u - BIAS) << 7) * 0x10001u;  // 2^(127 - BIAS) in both halves
-  for (int k = 0; k < EPL / 2; ++k) {
-    const u32 p = code_at(w, 2 * k) | (code_at(w, 2 * k + 1) << 16);
-    const u32 raw = ((p << (7 - MBITS)) & MAG2) | ((p << (16 - CBITS)) & 0x80008000u);
-    r[k] = bf2_mul(bf2_mul(raw, norm), s2);
-  }
+  for (int k = 0; k < EPL / 2; ++k) r[k] = bf2_mul(bf2_mul(raw_pair(w, k), norm), s2);
 }
 #endif
 
@@ -889,8 +923,30 @@ DEV void chunk_out(const u32* w, u32 sc, float s, u32* o) {
 #else
   float y[EPL];
 #if SC
-  const float d = f_mul(e4m3_value(sc), s);
-  for (int i = 0; i < EPL; ++i) y[i] = sat_inf(f_mul(elem_value(code_at(w, i)), d));
+  // y = sat_inf(elem_value(c) d). elem_value is raw(c) 2^(127 - BIAS), exact, with raw(c)
+  // the code's bits placed in a float32 (raw_pair's halves: its value times
+  // 2^(BIAS - 127)); so where dn = d 2^(127 - BIAS) is not infinite (it is exact then, and
+  // NaN for a NaN d) one multiply raw(c) dn gives the same product, rounded once.
+  // e4m3_value(sc): its magnitude bits read as a float32 times 2^120 (exact), NaN codes
+  // aside.
+  const u32 m = sc & 0x7fu;
+  const float v = as_f(as_u(f_mul(as_f(m << 20), as_f(0x7b800000u))) | ((sc >> 7) << 31));
+  const float d = m == E4M3_NAN ? as_f(BITS_NAN) : f_mul(v, s);
+  const float dn = f_mul(d, as_f((254u - BIAS) << 23));
+  if ((as_u(dn) & 0x7fffffffu) != BITS_INF) {
+    for (int k = 0; k < EPL / 2; ++k) {
+      const u32 r = raw_pair(w, k);
+      y[2 * k] = f_mul(as_f(r << 16), dn);
+      y[2 * k + 1] = f_mul(as_f(r & 0xffff0000u), dn);
+    }
+  } else {
+    for (int i = 0; i < EPL; ++i) y[i] = f_mul(elem_value(code_at(w, i)), d);
+  }
+  // ±Inf to ±FLT_MAX (sat_inf; NaN stays NaN). A bfloat16 out needs none: FLT_MAX rounds
+  // to Inf there as Inf does.
+#if XT == 0
+  for (int i = 0; i < EPL; ++i) y[i] = f_min_nan(f_max_nan(y[i], -as_f(BITS_FLT_MAX)), as_f(BITS_FLT_MAX));
+#endif
 #else
   (void)s;
   const float d = sc == E8M0_NAN ? as_f(BITS_NAN) : pow2((int)sc - 127);
@@ -904,10 +960,9 @@ DEV void chunk_out(const u32* w, u32 sc, float s, u32* o) {
 #endif
 }
 
-// The warp's span out[w0, w0 + 32 EPL) from its lanes' words o (OUT_WORDS each), through
-// sb as store_span.
-DEV void store_span_words(void* out, i64 w0, uint4* sb, int lane, const u32* o) {
-  uint4* p = (uint4*)((char*)out + w0 * OUT_BYTES);
+// The warp's span of out at p (32 EPL elements) from its lanes' words o (OUT_WORDS each),
+// through sb as store_span.
+DEV void store_span_words(uint4* p, uint4* sb, int lane, const u32* o) {
   for (int c = 0; c < SCH; ++c)
     sb[swz(lane * SCH + c)] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
   __syncwarp();
@@ -1107,31 +1162,35 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   uint4* sb = smem + (threadIdx.x - lane) * SCH;  // the warp's buffer
 #endif
 #endif
+  i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR;  // the warp's first chunk
 #if OP == 2 && FAST
-  const bool fast = vec && aligned(pay, 4);
-#endif
-  for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step) {
-#if OP == 2 && FAST
-    if (fast && (j0 + 32 * UNR) * EPL <= count) {  // the warp's UNR spans are whole
+  if (vec && aligned(pay, 4)) {
+    // The steps whose UNR spans are whole come first (j0 only grows); the lane's code
+    // words, scale bytes and the warp's span of out move on by the grid's step.
+    const i64 whole = count / EPL;  // chunks wholly inside out
+    const u32* cw = (const u32*)pay + (j0 + lane) * WPL;
+    const u8* sp = pay + SCALE_OFF(K) + (j0 + lane) / LPB;  // LPB divides 32 and j0
+    uint4* op = (uint4*)dst + j0 * SCH;  // the span: 32 SCH pieces of 16 bytes per u
+    for (; j0 + 32 * UNR <= whole; j0 += step) {
       u32 w[UNR][WPL], sc[UNR];
       for (int u = 0; u < UNR; ++u) {
-        const unsigned long long j = (unsigned long long)(j0 + 32 * u + lane);
-        const u32* p = (const u32*)pay + j * WPL;
-        for (int q = 0; q < WPL; ++q) w[u][q] = __ldg(p + q);
-        sc[u] = __ldg(pay + SCALE_OFF(K) + j / LPB);
+        for (int q = 0; q < WPL; ++q) w[u][q] = __ldg(cw + 32 * WPL * u + q);
+        sc[u] = __ldg(sp + 32 / LPB * u);
       }
       for (int u = 0; u < UNR; ++u) {
         u32 o[OUT_WORDS];
         chunk_out(w[u], sc[u], s, o);
 #if STAGED
-        store_span_words(dst, (j0 + 32 * u) * EPL, sb, lane, o);
+        store_span_words(op + 32 * SCH * u, sb, lane, o);
 #else
-        ((uint4*)dst)[j0 + 32 * u + lane] = make_uint4(o[0], o[1], o[2], o[3]);
+        op[32 * u + lane] = make_uint4(o[0], o[1], o[2], o[3]);
 #endif
       }
-      continue;
+      cw += step * WPL, sp += step / LPB, op += step * SCH;
     }
+  }
 #endif
+  for (; j0 < n; j0 += step) {
     for (int u = 0; u < UNR; ++u) {
       const i64 j = j0 + 32 * u + lane;
 #if OP == 2
