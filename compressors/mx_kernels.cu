@@ -37,6 +37,8 @@
 // the payload need not be: element and byte stores otherwise), consecutive lanes on
 // consecutive bytes; an mx decode whose lane writes more than 16 bytes stores a warp's
 // whole span through shared memory (store_span; a decode-accumulate also loads it so).
+// An mx decode into a float32 or bfloat16 out runs a lean loop over whole warp spans
+// (FAST: the next step's loads in flight; E8M0 values two at a time on bf16x2).
 //
 // Arithmetic: IEEE float32, RNE, no contraction into FMA and no flush of subnormals: CuPy
 // compiles with -ftz=true, so every float operation is inline PTX without .ftz, and
@@ -75,9 +77,9 @@
 #define UNR 1
 #endif
 
-// The E4M3 encode's launch bound: RESIDENT CUDA blocks an SM must hold at once (mx_gpu
-// passes it and sizes the grid to one wave of them; 8 of 256 threads: 32 registers). The
-// other kernels leave registers to ptxas.
+// The E4M3 encode's and the lean decodes' (FAST below) launch bound: RESIDENT CUDA blocks
+// an SM must hold at once (mx_gpu passes it and sizes the grid to one wave of them; 8 of
+// 256 threads: 32 registers). The other kernels leave registers to ptxas.
 #ifndef RESIDENT
 #define RESIDENT 8
 #endif
@@ -85,6 +87,12 @@
 #define ENC_BOUNDS __launch_bounds__(THREADS, RESIDENT)
 #else
 #define ENC_BOUNDS __launch_bounds__(THREADS)  // (a minimum of 1 would change ptxas' choices)
+#endif
+
+#if OP == 2 && !ACC && XT != 1
+#define DEC_BOUNDS __launch_bounds__(THREADS, RESIDENT)
+#else
+#define DEC_BOUNDS __launch_bounds__(THREADS)
 #endif
 
 #if THREADS % 32 != 0
@@ -869,6 +877,16 @@ DEV u32 code_pair(const u32* w, int k) {
   // whose top bit is 0).
   const u32 lo = w[0] & 0x0f0f0f0fu, hi = (w[0] >> 4) & 0x0f0f0f0fu;
   return prmt_sx(lo, hi, (u32)k | 0x80u | ((u32)(4 + k) << 8) | 0x8000u);
+#elif CBITS == 6
+  // FP6: the pair is 12 bits of the 24-bit group k / 2 (bits 24 (k / 2) .. of w's 96); the
+  // upper code moves from bit 6 to bit 16 by adding (its bits) * (2^16 - 2^6) / 2^6.
+  const int q = k >> 1;
+  const u32 g = q == 0   ? w[0]
+                : q == 1 ? (w[0] >> 24) | (w[1] << 8)
+                : q == 2 ? (w[1] >> 16) | (w[2] << 16)
+                         : w[2] >> 8;
+  const u32 t = (k & 1 ? g >> 12 : g) & 0xfffu;
+  return t + (t & 0xfc0u) * 1023u;
 #else
   return code_at(w, 2 * k) | (code_at(w, 2 * k + 1) << 16);
 #endif
@@ -883,7 +901,14 @@ DEV u32 raw_pair(const u32* w, int k) {
   const u32 p = code_pair(w, k);
   // The magnitude moved up by 7 - MBITS, the sign by 16 - CBITS: as p's halves hold CBITS
   // bits each, neither shift puts a bit where the other's mask keeps one: one mask does.
-  return ((p << (7 - MBITS)) | (p << (16 - CBITS))) & (MAG2 | 0x80008000u);
+  // Where the two shifted copies do not overlap (e2m1, e2m3) their sum is their or: one
+  // multiply.
+#if 7 - MBITS + CBITS <= 16 - CBITS
+  const u32 both = p * ((1u << (7 - MBITS)) + (1u << (16 - CBITS)));
+#else
+  const u32 both = (p << (7 - MBITS)) | (p << (16 - CBITS));
+#endif
+  return both & (MAG2 | 0x80008000u);
 }
 #endif
 
@@ -958,6 +983,15 @@ DEV void chunk_out(const u32* w, u32 sc, float s, u32* o) {
   for (int i = 0; i < EPL; ++i) o[i] = as_u(y[i]);
 #endif
 #endif
+}
+
+// A step's code words and scale bytes of the lane's UNR chunks, from its first chunk's at
+// cw and sp (zeros where !ok: the step lies past the whole spans).
+DEV void load_step(const u32* cw, const u8* sp, bool ok, u32 (*w)[WPL], u32* sc) {
+  for (int u = 0; u < UNR; ++u) {
+    for (int q = 0; q < WPL; ++q) w[u][q] = ok ? __ldg(cw + 32 * WPL * u + q) : 0u;
+    sc[u] = ok ? __ldg(sp + 32 / LPB * u) : 0u;
+  }
 }
 
 // The warp's span of out at p (32 EPL elements) from its lanes' words o (OUT_WORDS each),
@@ -1149,7 +1183,7 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   }
 }
 #else
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void DEC_BOUNDS
 coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   const u8* pay = (const u8*)src;
   const i64 n = K * LPB, step = (i64)gridDim.x * THREADS * UNR;
@@ -1166,17 +1200,18 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
 #if OP == 2 && FAST
   if (vec && aligned(pay, 4)) {
     // The steps whose UNR spans are whole come first (j0 only grows); the lane's code
-    // words, scale bytes and the warp's span of out move on by the grid's step.
+    // words, scale bytes and the warp's span of out move on by the grid's step, and each
+    // step's words and scales are loaded during the step before (while it decodes).
     const i64 whole = count / EPL;  // chunks wholly inside out
     const u32* cw = (const u32*)pay + (j0 + lane) * WPL;
     const u8* sp = pay + SCALE_OFF(K) + (j0 + lane) / LPB;  // LPB divides 32 and j0
     uint4* op = (uint4*)dst + j0 * SCH;  // the span: 32 SCH pieces of 16 bytes per u
+    u32 w[UNR][WPL], sc[UNR];
+    load_step(cw, sp, j0 + 32 * UNR <= whole, w, sc);
     for (; j0 + 32 * UNR <= whole; j0 += step) {
-      u32 w[UNR][WPL], sc[UNR];
-      for (int u = 0; u < UNR; ++u) {
-        for (int q = 0; q < WPL; ++q) w[u][q] = __ldg(cw + 32 * WPL * u + q);
-        sc[u] = __ldg(sp + 32 / LPB * u);
-      }
+      u32 wn[UNR][WPL], scn[UNR];
+      cw += step * WPL, sp += step / LPB;
+      load_step(cw, sp, j0 + step + 32 * UNR <= whole, wn, scn);
       for (int u = 0; u < UNR; ++u) {
         u32 o[OUT_WORDS];
         chunk_out(w[u], sc[u], s, o);
@@ -1186,7 +1221,11 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
         op[32 * u + lane] = make_uint4(o[0], o[1], o[2], o[3]);
 #endif
       }
-      cw += step * WPL, sp += step / LPB, op += step * SCH;
+      op += step * SCH;
+      for (int u = 0; u < UNR; ++u) {
+        for (int q = 0; q < WPL; ++q) w[u][q] = wn[u][q];
+        sc[u] = scn[u];
+      }
     }
   }
 #endif
