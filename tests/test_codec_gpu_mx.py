@@ -166,13 +166,14 @@ def test_gpu_decode_any_payload(cfg: dict, dtype: np.dtype, request) -> None:
     # Decodes of payloads no encode writes (the bf16x2 E8M0 values, min.NaN and max.NaN,
     # prmt's sign mode on the hardware): random codes, every scale byte (E8M0 0 and 255;
     # E4M3 with the sign bit and the NaN codes), E4M3's S over ANY_S; whole warp spans and
-    # partial ends, out aligned and one element past.
+    # partial ends, out aligned and one element past; 2^24 elements, so that every warp
+    # takes several grid steps (the lean decode loop's loads one step ahead).
     import cupy as cp
 
     seed = seed_for(request)
     rng = np.random.default_rng(seed)
     c = get_compressor(cfg)
-    count = 4096 * c.alignment + 3 * c.alignment + 5
+    count = (1 << 24) + 3 * c.alignment + 5
     size = c.encoded_nbytes(count, dtype)
     k = -(-count // c.alignment)
     tail = 4 if c.scale == "e4m3" else 0
