@@ -541,7 +541,6 @@ DEV float elem_value(u32 c) {
   return as_f(as_u(f_mul(as_f(mag), as_f((u32)(254 - BIAS) << 23))) | sign);
 }
 
-
 DEV float e4m3_value(u32 c) {  // exact; the NaN codes give NaN
   if ((c & 0x7fu) == E4M3_NAN) return as_f(BITS_NAN);
   const u32 sign = (c >> 7) << 31;
@@ -855,9 +854,10 @@ DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
 #if OP == 2
 // The decodes that overwrite a float32 or bfloat16 out (FAST) take, for every whole warp
 // span with out 16-byte and the payload 4-byte aligned, a lean path: the UNR chunks' code
-// words and scale bytes are loaded first, all together, then decoded and stored (16-byte
-// pieces, through store_span_words where a lane has more than one). Everything else, and a
-// float16 out or a decode-accumulate, goes through decode_chunk and store_chunk as before.
+// words and scale bytes of a grid step are loaded during the step before, then decoded
+// and stored (16-byte pieces, through store_span_words where a lane has more than one).
+// Everything else, and a float16 out or a decode-accumulate, goes through decode_chunk and
+// store_chunk as before.
 #define FAST (!ACC && XT != 1)
 // With an E8M0 scale the decode computes two elements per instruction on bf16x2 (sm_90;
 // older GPUs run the float32 arithmetic, the same values). DEC_PAIRS: that arithmetic.
@@ -878,8 +878,9 @@ DEV u32 code_pair(const u32* w, int k) {
   const u32 lo = w[0] & 0x0f0f0f0fu, hi = (w[0] >> 4) & 0x0f0f0f0fu;
   return prmt_sx(lo, hi, (u32)k | 0x80u | ((u32)(4 + k) << 8) | 0x8000u);
 #elif CBITS == 6
-  // FP6: the pair is 12 bits of the 24-bit group k / 2 (bits 24 (k / 2) .. of w's 96); the
-  // upper code moves from bit 6 to bit 16 by adding (its bits) * (2^16 - 2^6) / 2^6.
+  // FP6: the pair is 12 bits t of the 24-bit group k / 2 (bits 24 (k / 2) .. of w's 96);
+  // the upper code moves from bit 6 to bit 16 by adding its part of t, (t & 0xfc0), times
+  // 2^10 - 1.
   const int q = k >> 1;
   const u32 g = q == 0   ? w[0]
                 : q == 1 ? (w[0] >> 24) | (w[1] << 8)
@@ -895,7 +896,7 @@ DEV u32 code_pair(const u32* w, int k) {
 // Codes 2k and 2k + 1 as raw bfloat16s, the first in the low half: each code's magnitude
 // bits at the bottom of the exponent field (exponent bits from 7 up, mantissa bits just
 // below), its sign at bit 15; the code's value times 2^(BIAS - 127) (a subnormal for a
-// subnormal code). Shifted 16 bits up, the same as float32 bits (raw_bits).
+// subnormal code). Shifted 16 bits up, a half is the same as a float32.
 #define MAG2 ((((1u << (CBITS - 1)) - 1u) << (7 - MBITS)) * 0x10001u)
 DEV u32 raw_pair(const u32* w, int k) {
   const u32 p = code_pair(w, k);
@@ -948,15 +949,15 @@ DEV void chunk_out(const u32* w, u32 sc, float s, u32* o) {
 #else
   float y[EPL];
 #if SC
+  // d = e4m3_value(sc) S: the scale's magnitude bits read as a float32 times 2^120 (exact),
+  // NaN for the NaN codes.
+  const u32 m = sc & 0x7fu;
+  const float v = as_f(as_u(f_mul(as_f(m << 20), as_f(0x7b800000u))) | ((sc >> 7) << 31));
+  const float d = m == E4M3_NAN ? as_f(BITS_NAN) : f_mul(v, s);
   // y = sat_inf(elem_value(c) d). elem_value is raw(c) 2^(127 - BIAS), exact, with raw(c)
   // the code's bits placed in a float32 (raw_pair's halves: its value times
   // 2^(BIAS - 127)); so where dn = d 2^(127 - BIAS) is not infinite (it is exact then, and
   // NaN for a NaN d) one multiply raw(c) dn gives the same product, rounded once.
-  // e4m3_value(sc): its magnitude bits read as a float32 times 2^120 (exact), NaN codes
-  // aside.
-  const u32 m = sc & 0x7fu;
-  const float v = as_f(as_u(f_mul(as_f(m << 20), as_f(0x7b800000u))) | ((sc >> 7) << 31));
-  const float d = m == E4M3_NAN ? as_f(BITS_NAN) : f_mul(v, s);
   const float dn = f_mul(d, as_f((254u - BIAS) << 23));
   if ((as_u(dn) & 0x7fffffffu) != BITS_INF) {
     for (int k = 0; k < EPL / 2; ++k) {
@@ -970,7 +971,8 @@ DEV void chunk_out(const u32* w, u32 sc, float s, u32* o) {
   // ±Inf to ±FLT_MAX (sat_inf; NaN stays NaN). A bfloat16 out needs none: FLT_MAX rounds
   // to Inf there as Inf does.
 #if XT == 0
-  for (int i = 0; i < EPL; ++i) y[i] = f_min_nan(f_max_nan(y[i], -as_f(BITS_FLT_MAX)), as_f(BITS_FLT_MAX));
+  const float top = as_f(BITS_FLT_MAX);
+  for (int i = 0; i < EPL; ++i) y[i] = f_min_nan(f_max_nan(y[i], -top), top);
 #endif
 #else
   (void)s;
