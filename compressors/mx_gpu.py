@@ -184,7 +184,8 @@ def chunks_and_unroll(defs: dict[str, Any]) -> tuple[int, int]:
     epl = 8 if defs["ELEM"] == _ELEM["e2m1"] else 16
     if _e4m3_encode(defs) and defs["XT"] != 0:
         epl = 16  # the 16-bit E4M3 encode: a lane per NVFP4 block (mx_kernels.cu)
-    loads = defs["OP"] in (_OP_MX_ENC, _OP_MX_PARTS)
+    # A bfloat16 FP4 decode's lane writes one 16-byte piece a chunk: two chunks a step.
+    loads = defs["OP"] in (_OP_MX_ENC, _OP_MX_PARTS) or _lean_decode(defs)
     return epl, 2 if loads and epl == 8 and defs["XT"] != 0 else 1
 
 
@@ -192,13 +193,22 @@ def _e4m3_encode(defs: dict[str, Any]) -> bool:
     return defs["OP"] == _OP_MX_ENC and bool(defs["SC"])
 
 
+def _lean_decode(defs: dict[str, Any]) -> bool:
+    """An mx decode into a float32 or bfloat16 out that overwrites it (mx_kernels.cu's
+    FAST): compiled to fit ``resident_blocks`` CUDA blocks per SM."""
+    return defs["OP"] == _OP_MX_DEC and not defs.get("ACC") and defs["XT"] != 1
+
+
 def resident_blocks(defs: dict[str, Any]) -> int:
     """CUDA blocks of ``_THREADS`` per SM that the grid of variant ``defs`` is capped at
-    (one wave, grid-stride): ``_BLOCKS_PER_SM``; the E4M3 encode is also compiled to fit
-    them (mx_kernels.cu's RESIDENT, its launch bound): 8 (32 registers), but 5 (48) for
-    the float32 FP6 encode, whose lanes hold 16 float32 elements."""
+    (one wave, grid-stride): ``_BLOCKS_PER_SM``; the E4M3 encode and the lean decodes are
+    also compiled to fit them (mx_kernels.cu's RESIDENT, their launch bound): 8 (32
+    registers), but 5 (48) for the float32 FP6 encode, whose lanes hold 16 float32
+    elements, and 6 (40) for the FP6 decodes."""
     if _e4m3_encode(defs) and defs["XT"] == 0 and defs["ELEM"] != _ELEM["e2m1"]:
         return 5
+    if _lean_decode(defs) and defs["ELEM"] != _ELEM["e2m1"]:
+        return 6
     return _BLOCKS_PER_SM
 
 
@@ -223,7 +233,7 @@ def _launch(
     ``_THREADS`` threads, on the current stream."""
     unr = defs.get("UNR", chunks_and_unroll(defs)[1])
     defs = {**defs, "THREADS": _THREADS, "UNR": unr}
-    if _e4m3_encode(defs):
+    if _e4m3_encode(defs) or _lean_decode(defs):
         defs["RESIDENT"] = resident_blocks(defs)
     kern = compile_function(_SOURCE_PATH, defs, name="coccl_mx")
     kern((blocks,), (_THREADS,), (src, dst, np.int64(count), np.int64(k)))

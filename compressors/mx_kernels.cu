@@ -37,6 +37,8 @@
 // the payload need not be: element and byte stores otherwise), consecutive lanes on
 // consecutive bytes; an mx decode whose lane writes more than 16 bytes stores a warp's
 // whole span through shared memory (store_span; a decode-accumulate also loads it so).
+// An mx decode into a float32 or bfloat16 out runs a lean loop over whole warp spans
+// (FAST: the next step's loads in flight; E8M0 values two at a time on bf16x2).
 //
 // Arithmetic: IEEE float32, RNE, no contraction into FMA and no flush of subnormals: CuPy
 // compiles with -ftz=true, so every float operation is inline PTX without .ftz, and
@@ -75,9 +77,9 @@
 #define UNR 1
 #endif
 
-// The E4M3 encode's launch bound: RESIDENT CUDA blocks an SM must hold at once (mx_gpu
-// passes it and sizes the grid to one wave of them; 8 of 256 threads: 32 registers). The
-// other kernels leave registers to ptxas.
+// The E4M3 encode's and the lean decodes' (FAST below) launch bound: RESIDENT CUDA blocks
+// an SM must hold at once (mx_gpu passes it and sizes the grid to one wave of them; 8 of
+// 256 threads: 32 registers). The other kernels leave registers to ptxas.
 #ifndef RESIDENT
 #define RESIDENT 8
 #endif
@@ -85,6 +87,12 @@
 #define ENC_BOUNDS __launch_bounds__(THREADS, RESIDENT)
 #else
 #define ENC_BOUNDS __launch_bounds__(THREADS)  // (a minimum of 1 would change ptxas' choices)
+#endif
+
+#if OP == 2 && !ACC && XT != 1
+#define DEC_BOUNDS __launch_bounds__(THREADS, RESIDENT)
+#else
+#define DEC_BOUNDS __launch_bounds__(THREADS)
 #endif
 
 #if THREADS % 32 != 0
@@ -172,6 +180,8 @@ DEV float f_of(double d) { return (float)d; }
 DEV double d_mul(double a, double b) { return a * b; }
 DEV double d_fma(double a, double b, double c) { return fma(a, b, c); }
 DEV float rcp_approx(float a) { return 1.0f / a; }  // an approximation within 1 ulp
+DEV float f_min_nan(float a, float b) { return a != a || b != b ? as_f(BITS_NAN) : fminf(a, b); }
+DEV float f_max_nan(float a, float b) { return a != a || b != b ? as_f(BITS_NAN) : fmaxf(a, b); }
 DEV float h2f(u32 h) {  // exact float16 -> float32
   u32 sign = (h & 0x8000u) << 16, a = h & 0x7fffu;
   if (a >= 0x7c00u) return as_f(sign | 0x7f800000u | ((a & 0x3ffu) << 13));
@@ -210,6 +220,9 @@ DEV double d_fma(double a, double b, double c) {
 }
 // Within an ulp of 1 / a where a and 1 / a are normal floats (the only use; .ftz: one MUFU)
 DEV float rcp_approx(float a) { float d; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(d) : "f"(a)); return d; }
+// min and max that return NaN if either operand is (sm_80)
+DEV float f_min_nan(float a, float b) { float d; asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
+DEV float f_max_nan(float a, float b) { float d; asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
 DEV float h2f(u32 h) {
   float f;
   unsigned short s = (unsigned short)h;
@@ -266,6 +279,15 @@ DEV u32 bf2_min_abs(u32 a, u32 b) {
   });
 }
 DEV u32 mulhi(u32 a, u32 b) { return (u32)(((unsigned long long)a * b) >> 32); }
+DEV u32 prmt_sx(u32 a, u32 b, u32 sel) {  // prmt.b32: a selector nibble's bit 3 replicates
+  const unsigned long long v = ((unsigned long long)b << 32) | a;  // the byte's top bit
+  u32 r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const u32 s = (sel >> (4 * i)) & 15u, byte = (u32)(v >> (8 * (s & 7u))) & 0xffu;
+    r |= (s & 8u ? (byte >> 7) * 0xffu : byte) << (8 * i);
+  }
+  return r;
+}
 DEV u32 prmt(u32 a, u32 b, u32 sel) {  // __byte_perm: bytes of {b, a}, no sign replication
   const unsigned long long v = ((unsigned long long)b << 32) | a;
   u32 r = 0;
@@ -280,6 +302,7 @@ DEV u32 bf2_max_abs(u32 a, u32 b) { u32 d; asm("max.xorsign.abs.bf16x2 %0, %1, %
 DEV u32 bf2_min_abs(u32 a, u32 b) { u32 d; asm("min.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 DEV u32 mulhi(u32 a, u32 b) { return __umulhi(a, b); }
 DEV u32 prmt(u32 a, u32 b, u32 sel) { return __byte_perm(a, b, sel); }
+DEV u32 prmt_sx(u32 a, u32 b, u32 sel) { u32 d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel)); return d; }
 #endif
 
 // ------------------------------------------------------------ elements in and out
@@ -828,6 +851,163 @@ DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
 }
 #endif
 
+#if OP == 2
+// The decodes that overwrite a float32 or bfloat16 out (FAST) take, for every whole warp
+// span with out 16-byte and the payload 4-byte aligned, a lean path: the UNR chunks' code
+// words and scale bytes of a grid step are loaded during the step before, then decoded
+// and stored (16-byte pieces, through store_span_words where a lane has more than one).
+// Everything else, and a float16 out or a decode-accumulate, goes through decode_chunk and
+// store_chunk as before.
+#define FAST (!ACC && XT != 1)
+// With an E8M0 scale the decode computes two elements per instruction on bf16x2 (sm_90;
+// older GPUs run the float32 arithmetic, the same values). DEC_PAIRS: that arithmetic.
+#if defined(MX_HOST) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#define DEC_PAIRS (FAST && SC == 0)
+#else
+#define DEC_PAIRS 0
+#endif
+#define OUT_WORDS (EPL * OUT_BYTES / 4)  // 32-bit words of out a lane writes
+
+#if FAST
+// Codes 2k and 2k + 1 of the lane's words w, in the low bits of each half (the rest zero).
+DEV u32 code_pair(const u32* w, int k) {
+#if CBITS == 4
+  // FP4: byte k of w holds both; the even codes' nibbles (lo) and the odd ones' (hi) are
+  // picked into bytes 0 and 2, bytes 1 and 3 made zero (prmt's sign mode on a byte of lo,
+  // whose top bit is 0).
+  const u32 lo = w[0] & 0x0f0f0f0fu, hi = (w[0] >> 4) & 0x0f0f0f0fu;
+  return prmt_sx(lo, hi, (u32)k | 0x80u | ((u32)(4 + k) << 8) | 0x8000u);
+#elif CBITS == 6
+  // FP6: the pair is 12 bits t of the 24-bit group k / 2 (bits 24 (k / 2) .. of w's 96);
+  // the upper code moves from bit 6 to bit 16 by adding its part of t, (t & 0xfc0), times
+  // 2^10 - 1.
+  const int q = k >> 1;
+  const u32 g = q == 0   ? w[0]
+                : q == 1 ? (w[0] >> 24) | (w[1] << 8)
+                : q == 2 ? (w[1] >> 16) | (w[2] << 16)
+                         : w[2] >> 8;
+  const u32 t = (k & 1 ? g >> 12 : g) & 0xfffu;
+  return t + (t & 0xfc0u) * 1023u;
+#else
+  return code_at(w, 2 * k) | (code_at(w, 2 * k + 1) << 16);
+#endif
+}
+
+// Codes 2k and 2k + 1 as raw bfloat16s, the first in the low half: each code's magnitude
+// bits at the bottom of the exponent field (exponent bits from 7 up, mantissa bits just
+// below), its sign at bit 15; the code's value times 2^(BIAS - 127) (a subnormal for a
+// subnormal code). Shifted 16 bits up, a half is the same as a float32.
+#define MAG2 ((((1u << (CBITS - 1)) - 1u) << (7 - MBITS)) * 0x10001u)
+DEV u32 raw_pair(const u32* w, int k) {
+  const u32 p = code_pair(w, k);
+  // The magnitude moved up by 7 - MBITS, the sign by 16 - CBITS: as p's halves hold CBITS
+  // bits each, neither shift puts a bit where the other's mask keeps one: one mask does.
+  // Where the two shifted copies do not overlap (e2m1, e2m3) their sum is their or: one
+  // multiply.
+#if 7 - MBITS + CBITS <= 16 - CBITS
+  const u32 both = p * ((1u << (7 - MBITS)) + (1u << (16 - CBITS)));
+#else
+  const u32 both = (p << (7 - MBITS)) | (p << (16 - CBITS));
+#endif
+  return both & (MAG2 | 0x80008000u);
+}
+#endif
+
+#if DEC_PAIRS
+// The value of code c times 2^(sc - 127), for E8M0 byte sc, in bfloat16: exact, as the
+// float32 path's f_mul(elem_value(c), 2^(sc - 127)) rounded to bfloat16 is (that product
+// has at most 4 significant bits, so it is a bfloat16 unless it overflows to Inf, which
+// both do; its smallest nonzero magnitude, the smallest element times 2^-127, is at least
+// 2^-131, above bfloat16's smallest subnormal 2^-133). Computed per pair of elements:
+//   raw_pair, times 2^(127 - BIAS): the codes' values, exact;
+//   times 2^(sc - 127) (sc 0: 2^-127, a subnormal bfloat16; sc 255: NaN): the result,
+//     rounded once by the instruction, and exact by the above.
+DEV u32 scale_pair(u32 sc) {  // 2^(sc - 127) in both halves; NaN for 255
+  const u32 b = (sc << 7) | (sc == 0 || sc == E8M0_NAN ? 0x40u : 0u);
+  return b * 0x10001u;
+}
+
+// The lane's EPL values from its code words w, two to a word, the first in the low half.
+DEV void chunk_pairs(const u32* w, u32 s2, u32* r) {
+  const u32 norm = ((254u - BIAS) << 7) * 0x10001u;  // 2^(127 - BIAS) in both halves
+  for (int k = 0; k < EPL / 2; ++k) r[k] = bf2_mul(bf2_mul(raw_pair(w, k), norm), s2);
+}
+#endif
+
+#if FAST
+// Chunk j's decoded values, as the OUT_WORDS words of out they fill; sc its scale byte.
+DEV void chunk_out(const u32* w, u32 sc, float s, u32* o) {
+#if DEC_PAIRS
+  (void)s;
+  u32 r[EPL / 2];
+  chunk_pairs(w, scale_pair(sc), r);
+#if XT == 2
+  for (int k = 0; k < EPL / 2; ++k) o[k] = r[k];
+#else
+  for (int k = 0; k < EPL / 2; ++k) o[2 * k] = r[k] << 16, o[2 * k + 1] = r[k] & 0xffff0000u;
+#endif
+#else
+  float y[EPL];
+#if SC
+  // d = e4m3_value(sc) S: the scale's magnitude bits read as a float32 times 2^120 (exact),
+  // NaN for the NaN codes.
+  const u32 m = sc & 0x7fu;
+  const float v = as_f(as_u(f_mul(as_f(m << 20), as_f(0x7b800000u))) | ((sc >> 7) << 31));
+  const float d = m == E4M3_NAN ? as_f(BITS_NAN) : f_mul(v, s);
+  // y = sat_inf(elem_value(c) d). elem_value is raw(c) 2^(127 - BIAS), exact, with raw(c)
+  // the code's bits placed in a float32 (raw_pair's halves: its value times
+  // 2^(BIAS - 127)); so where dn = d 2^(127 - BIAS) is not infinite (it is exact then, and
+  // NaN for a NaN d) one multiply raw(c) dn gives the same product, rounded once.
+  const float dn = f_mul(d, as_f((254u - BIAS) << 23));
+  if ((as_u(dn) & 0x7fffffffu) != BITS_INF) {
+    for (int k = 0; k < EPL / 2; ++k) {
+      const u32 r = raw_pair(w, k);
+      y[2 * k] = f_mul(as_f(r << 16), dn);
+      y[2 * k + 1] = f_mul(as_f(r & 0xffff0000u), dn);
+    }
+  } else {
+    for (int i = 0; i < EPL; ++i) y[i] = f_mul(elem_value(code_at(w, i)), d);
+  }
+  // ±Inf to ±FLT_MAX (sat_inf; NaN stays NaN). A bfloat16 out needs none: FLT_MAX rounds
+  // to Inf there as Inf does.
+#if XT == 0
+  const float top = as_f(BITS_FLT_MAX);
+  for (int i = 0; i < EPL; ++i) y[i] = f_min_nan(f_max_nan(y[i], -top), top);
+#endif
+#else
+  (void)s;
+  const float d = sc == E8M0_NAN ? as_f(BITS_NAN) : pow2((int)sc - 127);
+  for (int i = 0; i < EPL; ++i) y[i] = f_mul(elem_value(code_at(w, i)), d);
+#endif
+#if XT == 2
+  for (int k = 0; k < EPL / 2; ++k) o[k] = out_pair(y[2 * k], y[2 * k + 1]);
+#else
+  for (int i = 0; i < EPL; ++i) o[i] = as_u(y[i]);
+#endif
+#endif
+}
+
+// A step's code words and scale bytes of the lane's UNR chunks, from its first chunk's at
+// cw and sp (zeros where !ok: the step lies past the whole spans).
+DEV void load_step(const u32* cw, const u8* sp, bool ok, u32 (*w)[WPL], u32* sc) {
+  for (int u = 0; u < UNR; ++u) {
+    for (int q = 0; q < WPL; ++q) w[u][q] = ok ? __ldg(cw + 32 * WPL * u + q) : 0u;
+    sc[u] = ok ? __ldg(sp + 32 / LPB * u) : 0u;
+  }
+}
+
+// The warp's span of out at p (32 EPL elements) from its lanes' words o (OUT_WORDS each),
+// through sb as store_span.
+DEV void store_span_words(uint4* p, uint4* sb, int lane, const u32* o) {
+  for (int c = 0; c < SCH; ++c)
+    sb[swz(lane * SCH + c)] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
+  __syncwarp();
+  for (int c = 0; c < SCH; ++c) p[c * 32 + lane] = sb[swz(c * 32 + lane)];
+  __syncwarp();
+}
+#endif
+#endif
+
 #if OP == 6
 DEV float tensor_scale(u32 amax_bits) {  // S = max(amax / (448 * qmax), 2^-126)
   const float s = f_div(as_f(amax_bits), f_mul(as_f(BITS_448), as_f(QMAX_BITS)));
@@ -1005,7 +1185,7 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   }
 }
 #else
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void DEC_BOUNDS
 coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   const u8* pay = (const u8*)src;
   const i64 n = K * LPB, step = (i64)gridDim.x * THREADS * UNR;
@@ -1018,7 +1198,40 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   uint4* sb = smem + (threadIdx.x - lane) * SCH;  // the warp's buffer
 #endif
 #endif
-  for (i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR; j0 < n; j0 += step)
+  i64 j0 = ((i64)blockIdx.x * THREADS + threadIdx.x - lane) * UNR;  // the warp's first chunk
+#if OP == 2 && FAST
+  if (vec && aligned(pay, 4)) {
+    // The steps whose UNR spans are whole come first (j0 only grows); the lane's code
+    // words, scale bytes and the warp's span of out move on by the grid's step, and each
+    // step's words and scales are loaded during the step before (while it decodes).
+    const i64 whole = count / EPL;  // chunks wholly inside out
+    const u32* cw = (const u32*)pay + (j0 + lane) * WPL;
+    const u8* sp = pay + SCALE_OFF(K) + (j0 + lane) / LPB;  // LPB divides 32 and j0
+    uint4* op = (uint4*)dst + j0 * SCH;  // the span: 32 SCH pieces of 16 bytes per u
+    u32 w[UNR][WPL], sc[UNR];
+    load_step(cw, sp, j0 + 32 * UNR <= whole, w, sc);
+    for (; j0 + 32 * UNR <= whole; j0 += step) {
+      u32 wn[UNR][WPL], scn[UNR];
+      cw += step * WPL, sp += step / LPB;
+      load_step(cw, sp, j0 + step + 32 * UNR <= whole, wn, scn);
+      for (int u = 0; u < UNR; ++u) {
+        u32 o[OUT_WORDS];
+        chunk_out(w[u], sc[u], s, o);
+#if STAGED
+        store_span_words(op + 32 * SCH * u, sb, lane, o);
+#else
+        op[32 * u + lane] = make_uint4(o[0], o[1], o[2], o[3]);
+#endif
+      }
+      op += step * SCH;
+      for (int u = 0; u < UNR; ++u) {
+        for (int q = 0; q < WPL; ++q) w[u][q] = wn[u][q];
+        sc[u] = scn[u];
+      }
+    }
+  }
+#endif
+  for (; j0 < n; j0 += step) {
     for (int u = 0; u < UNR; ++u) {
       const i64 j = j0 + 32 * u + lane;
 #if OP == 2
@@ -1036,5 +1249,6 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
       chunk_body(pay, dst, count, K, j, j < n, vec);
 #endif
     }
+  }
 }
 #endif

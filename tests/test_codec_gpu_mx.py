@@ -153,6 +153,52 @@ def test_gpu_whole_range_and_unaligned_payload(cfg: dict, request) -> None:
     _assert_same(got, c.decode(payload, count=x.size, dtype=np.float32), f"seed={seed}")
 
 
+# S values for arbitrary E4M3 payloads: ordinary, the encode's floor, huge (products
+# overflow), subnormal, negative, NaN and Inf.
+ANY_S = [1.0, 2.0**-126, 3e38, 1e-45, -2.5, float("nan"), float("inf")]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["id"] == "mx"], ids=_id)
+def test_gpu_decode_any_payload(cfg: dict, dtype: np.dtype, request) -> None:
+    # Decodes of payloads no encode writes (the bf16x2 E8M0 values, min.NaN and max.NaN,
+    # prmt's sign mode on the hardware): random codes, every scale byte (E8M0 0 and 255;
+    # E4M3 with the sign bit and the NaN codes), E4M3's S over ANY_S; whole warp spans and
+    # partial ends, out aligned and one element past; 2^24 elements, so that every warp
+    # takes several grid steps (the lean decode loop's loads one step ahead).
+    import cupy as cp
+
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    c = get_compressor(cfg)
+    count = (1 << 24) + 3 * c.alignment + 5
+    size = c.encoded_nbytes(count, dtype)
+    k = -(-count // c.alignment)
+    tail = 4 if c.scale == "e4m3" else 0
+    for s in ANY_S if tail else [None]:
+        payload = rng.integers(0, 256, size, dtype=np.uint8)
+        payload[size - tail - k : size - tail] = np.arange(k) % 256
+        if s is not None:
+            payload[-4:] = np.array([s], "<f4").view(np.uint8)
+        msg = f"{cfg} {dtype} S={s} seed={seed}"
+        want = c.decode(payload, count=count, dtype=dtype)
+        d_payload = cp.asarray(payload)
+        for offset in (0, 1):
+            raw = cp.full(count + 1, 7, cp.float32).astype(dtype if dtype != BF16 else cp.uint16)
+            d_out = raw[offset : offset + count]
+            if dtype == BF16:
+                d_out = d_out.view(BF16)
+            c.decode(d_payload, d_out, count=count, dtype=dtype)
+            _assert_same(_host(cp, d_out), want, f"{msg} offset={offset}")
+        base = rng.standard_normal(count).astype(np.float32)
+        d_acc = cp.asarray(base)
+        c.decode(d_payload, d_acc, count=count, dtype=dtype, accumulate=True)
+        expect = c.decode(payload, base.copy(), count=count, dtype=dtype, accumulate=True)
+        _assert_same(cp.asnumpy(d_acc), expect, msg + " accumulate")
+
+
 E8M0_CONFIGS = [
     {"id": "mx", "element": e, "block": b} for e in ("e2m1", "e3m2", "e2m3") for b in (16, 32)
 ]

@@ -392,3 +392,43 @@ def test_emulated_e4m3_quotient_edges(build, cfg: dict, dtype: np.dtype, request
         want = cpu_encode(emu.codec, x)
         got = emu.encode(x, np.full(want.size, POISON_KERNEL, np.uint8))
         np.testing.assert_array_equal(got, want, err_msg=f"{cfg} {dtype} top={top} seed={seed}")
+
+
+# S values for arbitrary E4M3 payloads: ordinary, the encode's floor, huge (products
+# overflow), subnormal, negative, NaN and Inf.
+ANY_S = [1.0, 2.0**-126, 3e38, 1e-45, -2.5, float("nan"), float("inf")]
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16, np.dtype(np.float16)], ids=str)
+@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["id"] == "mx"], ids=_id)
+def test_emulated_decode_any_payload(build, cfg: dict, dtype: np.dtype, request) -> None:
+    # Decodes of payloads no encode writes: random codes, every scale byte (E8M0 0, the
+    # subnormal 2^-127, and 255, NaN; E4M3 with the sign bit and the NaN codes), E4M3's S
+    # over ANY_S; whole warp spans and a partial end, out aligned and one element past; on
+    # mx_gpu's grid and on one CUDA block (its warps take many grid steps: the lean loop's
+    # loads one step ahead).
+    seed = seed_for(request)
+    rng = np.random.default_rng(seed)
+    c = get_compressor(cfg)
+    count = 256 * c.alignment + 3 * c.alignment + 5
+    size = c.encoded_nbytes(count, dtype)
+    k = num_groups(count, c.alignment)
+    tail = 4 if c.scale == "e4m3" else 0
+    for s in ANY_S if tail else [None]:
+        payload = rng.integers(0, 256, size, dtype=np.uint8)
+        payload[size - tail - k : size - tail] = np.arange(k) % 256
+        if s is not None:
+            payload[-4:] = np.array([s], "<f4").view(np.uint8)
+        want = c.decode(payload, count=count, dtype=dtype)
+        for emu in (Emulated(build, cfg), Emulated(build, cfg, blocks=1)):
+            msg = f"{cfg} {dtype} S={s} blocks={emu.blocks} seed={seed}"
+            for offset in (0, dtype.itemsize):
+                out = placed(count, dtype, offset)
+                out[:] = np.full(count, 7, dtype)
+                emu.decode(payload, out, False)
+                assert_same(out, want, f"{msg} offset={offset}")
+            base = rng.standard_normal(count).astype(np.float32)
+            acc = copy_at(base, 0)
+            emu.decode(payload, acc, True)
+            expect = c.decode(payload, base.copy(), count=count, dtype=dtype, accumulate=True)
+            assert_same(acc, expect, f"{msg} accumulate")
