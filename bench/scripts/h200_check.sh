@@ -528,18 +528,31 @@ k23mx)
   timeout 120 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
     --compressor mx,mx:element=e2m3,mx:element=e2m1,block=16,scale=e4m3 -d bfloat16,float32 \
     -n 15 -c 0 --json "$JSONDIR/kernels23-mx.json" 2>&1 | tee -a "$OUT/kernels23_mx_log.txt" | tail -50 ;;
+k23floor)
+  # The floor of a decode's byte mix (payload in, output out, no arithmetic) beside a copy
+  # of the same bytes, and taco's decode with and without its next tile's loads ahead.
+  step "decode byte-mix floor; taco decode prefetch A/B"
+  timeout 100 python3 bench/scripts/stream_floor.py --counts 16M,64M,256M \
+    --compressor taco,int:bits=4,hadamard=32,mx,mx:element=e2m3,tah:row=4096 \
+    --json "$JSONDIR/kernels23-floor.json" 2>&1 | tee "$OUT/k23_floor_log.txt" | tail -32
+  timeout 80 python3 bench/scripts/kernel_ab.py --compressor taco --counts 16M,64M,256M \
+    --ops decode --rounds 2 -n 15 --tuning '{"prefetch": {"decode": 0}}' \
+    --json "$JSONDIR/kernels23-taco-prefetch-ab.json" 2>&1 | tee "$OUT/k23_prefetch_log.txt" | tail -26 ;;
 k23tests)
-  # The GPU tests of session 23's kernels, bitwise the CPU's (NVRTC compiles most of their
-  # time on a fresh machine). Budget: ~450 s.
-  step "pytest gpu: tah, int, taco, mx"
+  # The GPU tests of session 23's tah and int kernels, bitwise the CPU's (NVRTC compiles
+  # most of their time on a fresh machine). Budget: ~200 s.
+  step "pytest gpu: tah, int"
   timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py 2>&1 \
     | tee "$OUT/pytest_k23_tah.txt" | tail -4
   timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py 2>&1 \
-    | tee "$OUT/pytest_k23_int.txt" | tail -4
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py -k "taco and \
+    | tee "$OUT/pytest_k23_int.txt" | tail -4 ;;
+k23tests2)
+  # The GPU tests of session 23's taco and mx kernels. Budget: ~400 s.
+  step "pytest gpu: taco, mx"
+  timeout 220 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py -k "taco and \
 (bitwise_vs_cpu or whole_range or unaligned or several_tiles or hop or encode_kernels_agree)" 2>&1 \
     | tee "$OUT/pytest_k23_taco.txt" | tail -4
-  timeout ${MX_TESTS_S:-150} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
+  timeout ${MX_TESTS_S:-180} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
     | tee "$OUT/pytest_k23_mx.txt" | tail -4 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
