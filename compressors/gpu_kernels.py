@@ -78,7 +78,7 @@ _EPL_OPS = (_OP_TACO_ENC_EPL, _OP_TACO_HOP_EPL)
 _TUNING: dict[str, Any] = {
     "threads": 256,
     "stage": {"encode": 0, "decode": 1, "accumulate": 1, "hop": 1},
-    "prefetch": {"encode": 1, "decode": 1, "accumulate": 0, "hop": 0},
+    "prefetch": {"encode": 1, "decode": 0, "accumulate": 0, "hop": 0},
     "resident": {"encode": 768, "decode": 1024, "accumulate": 512, "hop": 512},
     "blocks_per_sm": 16,
     "sw_cvt": 0,
