@@ -5,7 +5,8 @@ payloads and decoded values bitwise identical to the CPU kernels'. Encoding runs
 kernels on the payload alone: the token scores (each token's score written into the
 payload's centre region, scratch until the last kernel), the choice of the low tokens
 (one block's radix select of the nlow-th smallest score, ties to the lower index as the
-CPU's sort) into the token bitmap, and the tiles; decoding runs one kernel. The tile
+CPU's sort; with ``_SELECT_MULTI`` and many tokens its three digits first histogrammed by
+three launches of many blocks) into the token bitmap, and the tiles; decoding runs one kernel. The tile
 kernels give each block one contiguous range of tiles, whose places it finds by counting
 the bitmap bytes before the range once and then those it passes. No allocation, no host
 synchronisation, no copy from the host per call, so a CUDA graph may capture them
@@ -54,7 +55,19 @@ _PRELUDE = (
 _THREADS = 256
 _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
 _BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
-_OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT = 1, 2, 3, 4
+_OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT = 1, 2, 3, 4, 5
+# The low tokens' selection: True runs the multi-block one (tah_select.cu's SEL_MULTI: each
+# of the scores' three radix digits a launch of many blocks into a global histogram in the
+# payload's step region, then the one block reads the digits off them and writes the bitmap);
+# False the one-block radix select alone (its digit passes in one block: serial in the
+# token count). Bitwise the same bitmap; a module constant for a device A/B.
+_SELECT_MULTI = True
+# The multi-block selection only where the one block's scores no longer fit its registers
+# (SEL_CHUNK = 16 * 512 full tokens), the payload is 4-byte aligned (word scores, global
+# atomics) and the step region holds the histograms (3 * 2048 words; K >= full tokens).
+_SELECT_MULTI_MIN_TOKENS = 16 * 512 + 1
+_SELECT_DIGITS, _SELECT_BINS = 3, 2048
+_DIGIT_TOKENS_PER_BLOCK = 4 * _THREADS  # scores a block of a digit launch histograms
 # The tile kernels' variants, (TAH_OP, ACC), which the launch tables below are keyed by.
 _ENCODE, _DECODE, _DECODE_ACC = (_OP_ENCODE, 0), (_OP_DECODE, 0), (_OP_DECODE, 1)
 # Elements a lane holds in the tile kernels (tah_kernels.cu's EPL): a tile's own work (its
@@ -104,6 +117,22 @@ def _tile_warps(kind: tuple[int, int], tiles: int, tile: int) -> int:
     return -(-tiles // (32 // (tile // _EPL[kind])))
 
 
+def _select_scratch(payload: Any, lay: Any) -> tuple[int, int]:
+    """The multi-block selection's histograms: (payload byte offset, u32 words), or (0, 0)
+    for the one-block selection (the switch off, few tokens, none low, or an unaligned
+    payload). They lie in the step region (bytes [4 K, 8 K)), which the tiles overwrite."""
+    words = _SELECT_DIGITS * _SELECT_BINS
+    if (
+        not _SELECT_MULTI
+        or lay.full_tokens < _SELECT_MULTI_MIN_TOKENS
+        or lay.low_tokens == 0
+        or payload.data.ptr % 4
+        or lay.tiles < words
+    ):
+        return 0, 0
+    return 4 * lay.tiles, words
+
+
 def tah_encode(
     x: Any,
     payload: Any,
@@ -126,11 +155,19 @@ def tah_encode(
         return
     with cp.cuda.Device(x.data.device_id):
         i64 = np.int64
+        hist0, hwords = _select_scratch(payload, lay)
         blocks = max(1, min(lay.tokens, sm_count(cp) * _BLOCKS_PER_SM))
         score = _kernel({"TAH_OP": _OP_SCORE, "XT": xt})
-        score((blocks,), (_THREADS,), (x, payload, i64(count), i64(row), i64(lay.tokens)))
+        args = (x, payload, i64(count), i64(row), i64(lay.tokens), i64(hist0), i64(hwords))
+        score((blocks,), (_THREADS,), args)
+        if hist0:
+            digit = _kernel({"TAH_OP": _OP_DIGIT})
+            grid = max(1, min(-(-lay.full_tokens // _DIGIT_TOKENS_PER_BLOCK), sm_count(cp) * 4))
+            for d in range(_SELECT_DIGITS):
+                args = (payload, i64(lay.full_tokens), i64(lay.low_tokens), i64(hist0), i64(d))
+                digit((grid,), (_THREADS,), args)
         counts = (i64(lay.tokens), i64(lay.full_tokens), i64(lay.low_tokens))
-        args = (payload, *counts, i64(lay.bitmap_offset))
+        args = (payload, *counts, i64(lay.bitmap_offset), i64(hist0))
         select = _kernel({"TAH_OP": _OP_SELECT, "THREADS": _SELECT_THREADS, "MIN_BLOCKS": 1})
         select((1,), (_SELECT_THREADS,), args)
         defs = {

@@ -138,7 +138,7 @@ DEV u64 thread_terms(const char* xb, i64 s0, i64 n, i64 nch, bool vec, const u32
 // kept in registers for the second sweep (the sums).
 extern "C" __global__ void __launch_bounds__(THREADS)
 tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 count, i64 row,
-           i64 ntok) {
+           i64 ntok, i64 z0, i64 zn) {
   __shared__ u64 tab[(SCORE_LEVELS + 1) * SC_COPIES];
   __shared__ u32 red_m[WARPS];
   __shared__ long long red_s[WARPS], red_l[WARPS];
@@ -149,6 +149,10 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
     const int l = i / SC_COPIES;
     tab[i] = ((u64)TAH_SCORE_W[l] << 32) | (u64)TAH_SCORE_WL[l];
   }
+  // The multi-block selection's histograms (zn u32 words at payload byte z0, 4-byte
+  // aligned; none for the one-block selection), zeroed here: no launch of their own.
+  for (i64 i = (i64)blockIdx.x * THREADS + threadIdx.x; i < zn; i += (i64)gridDim.x * THREADS)
+    ((u32*)(pay + z0))[i] = 0u;
   __syncthreads();
   u32 w[SC_CACHE][SC_WORDS];  // the raw words of this token's cached chunks
   if (blockIdx.x < ntok) {

@@ -13,7 +13,7 @@
 // ones in token order). Token t of a chunk of SEL_CHUNK is thread t % THREADS's value
 // number (t / THREADS) % SEL_CACHE, kept in registers (payloads of up to SEL_CHUNK full
 // tokens read their scores once, larger ones once per pass).
-#if TAH_OP == 4
+#if TAH_OP == 4 || TAH_OP == 5
 #ifndef SEL_CACHE
 #define SEL_CACHE 16
 #endif
@@ -139,6 +139,57 @@ DEV void select_digit(const unsigned char* pay, i64 nfull, bool a4, bool cached,
   __syncthreads();  // pick and hist are rewritten by the next digit
 }
 
+
+// The multi-block selection (SEL_MULTI, tah_gpu's _SELECT_MULTI): the radix digits of the
+// scores themselves, fixed (bits [21, 32), [10, 21), [0, 10): no range pass), each one
+// launch of many blocks (TAH_OP 5) adding a shared-memory histogram of its tokens'
+// digits into a global one in payload scratch (the step region, which kernel 1 zeroed and
+// kernel 2 overwrites); each block of digit d first finds digits 0..d-1 from the
+// histograms before it (the same scans in every block, so all agree); then the selection
+// kernel (TAH_OP 4, one block) finds all three from the histograms, s* and its rank k, and
+// writes the bitmap as before. A histogram is a sum, the same in any order of the blocks'
+// atomics, and no block waits for another within a launch.
+#define SEL_DIGITS 3
+DEV int digit_shift(int d) { return d == 0 ? 21 : d == 1 ? 10 : 0; }
+DEV int digit_width(int d) { return d == 2 ? 10 : 11; }
+
+// The bin of global histogram h (SEL_BINS counts) holding the k-th (1-based) candidate;
+// k becomes the rank within it. red: WARPS words, pick: 2 words of shared memory. Barriers.
+DEV u32 pick_bin(const u32* h, u32& k, u32* red, u32* pick) {
+  constexpr int per = SEL_BINS / THREADS;  // bins a thread scans, in order
+  u32 mine[per];
+  u32 local = 0;
+#pragma unroll
+  for (int i = 0; i < per; ++i) {
+    mine[i] = h[threadIdx.x * per + i];
+    local += mine[i];
+  }
+  u32 total;
+  u32 before = block_scan(local, red, total);
+  if (before < k && k <= before + local) {  // exactly one thread
+    for (int i = 0; i < per; ++i) {
+      if (k <= before + mine[i]) {
+        pick[0] = (u32)(threadIdx.x * per + i);
+        pick[1] = k - before;
+        break;
+      }
+      before += mine[i];
+    }
+  }
+  __syncthreads();
+  const u32 d = pick[0];
+  k = pick[1];
+  __syncthreads();  // pick is rewritten by the next call
+  return d;
+}
+
+// The score bits above digit d of the nlow-th smallest score (prefix) and its rank among
+// the scores sharing them (k), from the global histograms of digits 0..d-1 at hist.
+DEV void derive_prefix(const u32* hist, int d, u32& prefix, u32& k, u32* red, u32* pick) {
+  prefix = 0;
+  for (int j = 0; j < d; ++j) prefix |= pick_bin(hist + j * SEL_BINS, k, red, pick) << digit_shift(j);
+}
+
 // The bitmap of one chunk: a token is low when its score is below s, or equal to s with
 // fewer than `need` equal scores before it (`run` of them in the chunks before).
 DEV void select_write(unsigned char* bm, i64 base, i64 nfull, i64 nbytes, const u32* sc, u32 s,
@@ -173,8 +224,36 @@ DEV void select_write(unsigned char* bm, i64 base, i64 nfull, i64 nbytes, const 
   __syncthreads();  // slots are rewritten by the next chunk
 }
 
+#if TAH_OP == 5
+// Digit `digit`'s histogram (SEL_MULTI): the full tokens whose scores agree with the
+// nlow-th smallest's digits before it, each block a grid-stride share of them, into the
+// global histogram at hist (u32 words, 4-byte aligned: tah_gpu takes this path only then).
+extern "C" __global__ void __launch_bounds__(THREADS)
+tah_kernel(unsigned char* __restrict__ pay, i64 nfull, i64 nlow, i64 hist0, i64 digit) {
+  __shared__ u32 sh[SEL_BINS];
+  __shared__ u32 red[WARPS];
+  __shared__ u32 pick[2];
+  u32* hist = (u32*)(pay + hist0);
+  const int d = (int)digit;
+  u32 prefix, k = (u32)nlow;
+  derive_prefix(hist, d, prefix, k, red, pick);
+  for (int i = threadIdx.x; i < SEL_BINS; i += THREADS) sh[i] = 0u;
+  __syncthreads();
+  const int shift = digit_shift(d), top = shift + digit_width(d);
+  const u32 mask = (1u << digit_width(d)) - 1u;
+  const u32* sc = (const u32*)pay;
+  for (i64 t = (i64)blockIdx.x * THREADS + threadIdx.x; t < nfull; t += (i64)gridDim.x * THREADS) {
+    const u32 s = sc[t];
+    if (top >= 32 || (s >> top) == (prefix >> top)) atomicAdd(&sh[(s >> shift) & mask], 1u);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < SEL_BINS; i += THREADS)
+    if (sh[i] != 0u) atomicAdd(&hist[d * SEL_BINS + i], sh[i]);
+}
+#else
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 bm0) {
+tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 bm0,
+           i64 hist0) {
   static_assert(SEL_SLOTS <= THREADS && SEL_BINS % THREADS == 0, "selection sizes");
   __shared__ u32 hist[SEL_BINS];
   __shared__ u32 slots[SEL_SLOTS];
@@ -186,7 +265,9 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 b
   u32 sc[SEL_CACHE];
   load_scores(pay, 0, nfull, a4, sc);
   u32 s = 0u, k = (u32)nlow;  // nlow = 0: no score is below 0 and none is taken at it
-  if (nlow > 0) {
+  if (nlow > 0 && hist0 > 0) {  // SEL_MULTI: the three digits from their histograms
+    derive_prefix((const u32*)(pay + hist0), SEL_DIGITS, s, k, red, pick);
+  } else if (nlow > 0) {
     u32 lo, hi;
     score_range(pay, nfull, a4, cached, sc, red, lo, hi);
     const int nb = hi == lo ? 0 : 32 - __clz(hi - lo);  // bits of the relative scores
@@ -205,3 +286,4 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 b
   }
 }
 #endif
+#endif  // TAH_OP 5

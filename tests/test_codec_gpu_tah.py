@@ -197,3 +197,26 @@ def test_gpu_encode_and_decode_replay_from_a_cuda_graph(cfg: dict) -> None:
         assert_values_equal(cupy.asnumpy(out), expect, f"{cfg} replay decode")
         expect = c.decode(want, start.copy(), count=n, dtype=f32, accumulate=True)
         assert_values_equal(cupy.asnumpy(acc), expect, f"{cfg} replay accumulate")
+
+
+@pytest.mark.parametrize("multi", [False, True], ids=["one-block", "multi-block"])
+def test_gpu_selection_over_many_tokens(monkeypatch, multi: bool) -> None:
+    # 20000 full tokens of 32 (the multi-block selection's histograms fit the step region):
+    # scores with many ties (constant and two-valued tokens) and spread ones; both selections.
+    from coccl.compressors import tah_gpu
+
+    monkeypatch.setattr(tah_gpu, "_SELECT_MULTI", multi)
+    c = TahCompressor(row=32, tile=32)
+    rng = np.random.default_rng(23)
+    n = 20000 * 32 + 7
+    x = rng.standard_normal(n).astype(np.float32)
+    x[: 4000 * 32] = 1.0
+    x[4000 * 32 : 6000 * 32 : 2] = 0.5
+    x *= np.repeat(10.0 ** rng.uniform(-5, 5, -(-n // 32)), 32)[:n].astype(np.float32)
+    want = c.encode(x)
+    got = cupy.zeros(want.size, cupy.uint8)
+    tah_gpu.tah_encode(
+        to_dev(x), got, row=32, tile=32, bits_high=c.bits_high, bits_low=c.bits_low,
+        low_fraction=c.low_fraction, pivot=c.pivot == "auto", pivot_ratio=c.pivot_ratio,
+    )  # fmt: skip
+    np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"multi={multi}")

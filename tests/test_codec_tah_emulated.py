@@ -23,7 +23,14 @@ import pytest
 from coccl.compressors import TahCompressor
 from coccl.compressors.tah_cpu import low_prefix, token_keys
 from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
-from coccl.compressors.tah_gpu import _DECODE, _DECODE_ACC, _ENCODE, _EPL  # launches' lane sizes
+from coccl.compressors.tah_gpu import (  # launches' lane sizes, the selection's histograms
+    _DECODE,
+    _DECODE_ACC,
+    _ENCODE,
+    _EPL,
+    _SELECT_BINS,
+    _SELECT_DIGITS,
+)
 
 from codec_reference import magnitude_sweep
 from emulation import CXX, EMULATION, KERNELS, builder
@@ -70,12 +77,33 @@ def launch(lib: ctypes.CDLL, grid: int, *args) -> None:
     lib.emu_launch(*args)
 
 
-def emulated_select(build, payload: np.ndarray, lay, cache: int = 16) -> None:
-    """The selection kernel: the scores at the payload's start into its token bitmap."""
+SELECT_WORDS = _SELECT_DIGITS * _SELECT_BINS  # the multi-block selection's histograms
+
+
+def emulated_select(build, payload: np.ndarray, lay, cache: int = 16, hist0: int = 0) -> None:
+    """The selection: the scores at the payload's start into its token bitmap; with hist0
+    (the byte offset of zeroed histograms) tah_gpu's multi-block launches first, each digit
+    on a grid of three blocks of 64 threads (blocks that take several scores, one none)."""
+    if hist0 and lay.low_tokens > 0:
+        digit = build({"TAH_OP": 5, "THREADS": 64})
+        for d in range(_SELECT_DIGITS):
+            args = (lay.full_tokens, lay.low_tokens, hist0, d, 0, 0)
+            launch(digit, 3, payload.ctypes.data, None, *args)
     launch(
         build({"TAH_OP": 4, "SEL_CACHE": cache}), 1, payload.ctypes.data, None, lay.tokens,
-        lay.full_tokens, lay.low_tokens, lay.bitmap_offset, 0,
+        lay.full_tokens, lay.low_tokens, lay.bitmap_offset, hist0 if lay.low_tokens else 0,
     )  # fmt: skip
+
+
+def scratch_payload(lay, multi: bool) -> tuple[np.ndarray, int]:
+    """A payload of 0xAB bytes (every byte must be written) and the histograms' offset:
+    past the payload, in the same buffer (these payloads' step regions are smaller than
+    the histograms, which the GPU takes only where K >= their words), 4-byte aligned."""
+    if not multi:
+        return np.full(lay.nbytes, 0xAB, np.uint8), 0
+    hist0 = -(-lay.nbytes // 4) * 4
+    buf = np.full(hist0 + 4 * SELECT_WORDS, 0xAB, np.uint8)
+    return buf, hist0
 
 
 def tile_grid(lay, tile: int, epl: int) -> int:
@@ -84,30 +112,36 @@ def tile_grid(lay, tile: int, epl: int) -> int:
     return min(5, groups)
 
 
-def emulated_encode(build, c: TahCompressor, x: np.ndarray, cache: int = 16) -> np.ndarray:
+def emulated_encode(
+    build, c: TahCompressor, x: np.ndarray, cache: int = 16, multi: bool = False
+) -> np.ndarray:
     n = x.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
-    payload = np.full(lay.nbytes, 0xAB, np.uint8)  # every byte must be written
+    buf, hist0 = scratch_payload(lay, multi)
+    payload = buf[: lay.nbytes]
     if lay.tiles == 0:
         return payload
+    hwords = SELECT_WORDS if hist0 else 0
     # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice; then
     # two chunks a thread (512 elements: a token's second chunk may be past its end). Three
     # blocks: a block's next token loaded ahead of its sums.
     want = token_keys(x.astype(np.float32), c.row) >> 32
     for sc_cache in (2, 1):
         score = build({"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": sc_cache, "THREADS": 32})
-        launch(score, 3, x.ctypes.data, payload.ctypes.data, n, c.row, lay.tokens, 0, 0)
+        launch(score, 3, x.ctypes.data, buf.ctypes.data, n, c.row, lay.tokens, hist0, hwords)
         scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
         np.testing.assert_array_equal(scores, want, err_msg=f"SC_CACHE={sc_cache}")
-    emulated_select(build, payload, lay, cache)
+    if hist0:  # the scores kernel zeroed the histograms
+        assert not buf[hist0:].any()
+    emulated_select(build, buf, lay, cache, hist0)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 2, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
     epl = _EPL[_ENCODE]
     launch(
         build({**defs, **_variant(c, epl)}), tile_grid(lay, c.tile, epl), x.ctypes.data,
-        payload.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
+        buf.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
     )  # fmt: skip
-    return payload
+    return payload.copy()
 
 
 def emulated_decode(
@@ -156,7 +190,9 @@ def test_emulated_kernels_match_cpu(build, cfg: dict, dtype) -> None:
         codec = sweep if i == len(inputs) - 1 else c
         msg = f"{cfg} {dtype} n={x.size}"
         want = codec.encode(x)
-        np.testing.assert_array_equal(emulated_encode(build, codec, x), want, err_msg=msg)
+        for multi in (False, True):
+            got = emulated_encode(build, codec, x, multi=multi)
+            np.testing.assert_array_equal(got, want, err_msg=f"{msg} multi={multi}")
         expect = codec.decode(want, count=x.size, dtype=dtype)
         acc = rng.standard_normal(x.size).astype(np.float32)
         expect_acc = codec.decode(want, acc.copy(), count=x.size, dtype=dtype, accumulate=True)
@@ -177,10 +213,13 @@ def test_the_kernels_score_tables_are_tah_formats() -> None:
 
 @pytest.mark.parametrize("tokens", [1, 7, 8, 9, 255, 256, 257, 700, 1500])
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.5, 1.0])
-@pytest.mark.parametrize("spread", [1, 3, 1 << 26])
-def test_emulated_selection_is_the_cpu_sort(build, tokens: int, fraction: float, spread) -> None:
+@pytest.mark.parametrize("spread", [1, 3, 1 << 26, 1 << 31])
+@pytest.mark.parametrize("multi", [False, True], ids=["one-block", "multi-block"])
+def test_emulated_selection_is_the_cpu_sort(
+    build, tokens: int, fraction: float, spread, multi: bool
+) -> None:
     # One score, few distinct ones (most keys tie on the score and the token index decides), or
-    # scores over all three radix digits; the last token short (never low) for odd
+    # scores over all three radix digits (up to 2^31: the CPU's keys are int64); the last token short (never low) for odd
     # counts. Two scores a thread: 512 a chunk, so the larger payloads have several.
     row, rng = 32, np.random.default_rng(tokens)
     count = tokens * row - (tokens % 2) * 5
@@ -188,9 +227,11 @@ def test_emulated_selection_is_the_cpu_sort(build, tokens: int, fraction: float,
     scores = rng.integers(0, spread, lay.tokens).astype(np.uint32)
     if spread > 3:
         scores[rng.random(lay.tokens) < 0.3] = scores[0]  # ties at a wide score too
-    payload = np.full(lay.nbytes, 0xAB, np.uint8)
+    buf, hist0 = scratch_payload(lay, multi)
+    buf[hist0:] = 0  # the scores kernel's zeroing (emulated_encode checks that one)
+    payload = buf[: lay.nbytes]
     payload[: 4 * lay.tokens] = scores.view(np.uint8)
-    emulated_select(build, payload, lay, cache=2)
+    emulated_select(build, buf, lay, cache=2, hist0=hist0)
     keys = (scores.astype(np.int64) << 32) | np.arange(lay.tokens)
     lb = low_prefix(keys, lay.full_tokens, lay.low_tokens)
     want = np.packbits((lb[1:] - lb[:-1]).astype(np.uint8), bitorder="little")

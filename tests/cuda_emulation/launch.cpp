@@ -9,11 +9,13 @@ extern "C" void emu_launch(void* a0, void* a1, long long c, long long r, long lo
                            long long q) {
   emu_run_grid(emu_grid, [=] {
 #if TAH_OP == 1
-    tah_kernel(a0, (unsigned char*)a1, c, r, k);
+    tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
 #elif TAH_OP == 2
     tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
 #elif TAH_OP == 3
     tah_kernel((const unsigned char*)a0, a1, c, r, k, p, q);
+#elif TAH_OP == 4
+    tah_kernel((unsigned char*)a0, c, r, k, p, q);
 #else
     tah_kernel((unsigned char*)a0, c, r, k, p);
 #endif
