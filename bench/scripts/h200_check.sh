@@ -554,47 +554,49 @@ k23tests2)
     | tee "$OUT/pytest_k23_taco.txt" | tail -4
   timeout ${MX_TESTS_S:-180} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
     | tee "$OUT/pytest_k23_mx.txt" | tail -4 ;;
-k23round2)
-  # Session 23's second round: the mx and int decodes' stores, tah's multi-block selection
-  # (switch tah_gpu._SELECT_MULTI, on by default) against the one-block one, and ncu's
-  # time per tah encode launch. Budget: ~400 s.
-  step "kernels: session 23, round 2"
-  timeout 110 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
-    --compressor mx,mx:element=e2m3,mx:element=e2m1,block=16,scale=e4m3 -d bfloat16,float32 \
-    -n 15 -c 0 --json "$JSONDIR/kernels23b-mx.json" 2>&1 | tee -a "$OUT/k23b_log.txt" | tail -30
-  timeout 90 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
-    --compressor int,int:bits=4,hadamard=32 -d bfloat16,float32 \
-    -n 15 -c 0 --json "$JSONDIR/kernels23b-int.json" 2>&1 | tee -a "$OUT/k23b_log.txt" | tail -20
-  for sel in True False; do
-    timeout 60 python3 -c "import sys, coccl.compressors.tah_gpu as m; m._SELECT_MULTI = $sel; \
+k23b_mx|k23b_int|k23b_tah|k23b_ncu)
+  # Session 23's second round: the mx and int decodes' stores; tah's multi-block selection
+  # (tah_gpu._SELECT_MULTI, on by default) against the one-block one; ncu's time per tah
+  # encode launch at 256M bfloat16 (one-block selection, then multi-block).
+  step "kernels: session 23, round 2 ($part)"
+  case $part in
+  k23b_mx)
+    timeout 110 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+      --compressor mx,mx:element=e2m3,mx:element=e2m1,block=16,scale=e4m3 -d bfloat16,float32 \
+      -n 15 -c 0 --json "$JSONDIR/kernels23b-mx.json" 2>&1 | tee -a "$OUT/k23b_log.txt" | tail -50 ;;
+  k23b_int)
+    timeout 90 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+      --compressor int,int:bits=4,hadamard=32 -d bfloat16,float32 \
+      -n 15 -c 0 --json "$JSONDIR/kernels23b-int.json" 2>&1 | tee -a "$OUT/k23b_log.txt" | tail -34 ;;
+  k23b_tah)
+    for sel in True False; do
+      timeout 70 python3 -c "import sys, coccl.compressors.tah_gpu as m; m._SELECT_MULTI = $sel; \
 from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
-      --counts 4M,16M,64M,256M --compressor tah:row=4096 -d bfloat16,float32 -n 15 -c 0 \
-      --json "$JSONDIR/kernels23b-tah-multi$sel.json" 2>&1 | tee -a "$OUT/k23b_log.txt" | tail -12
-  done
-  if command -v ncu >/dev/null; then
-    step "ncu: tah encode launches, 256M bfloat16 (one-block selection, then multi-block)"
+        --counts 4M,16M,64M,256M --compressor tah:row=4096 -d bfloat16,float32 -n 15 -c 0 \
+        --json "$JSONDIR/kernels23b-tah-multi$sel.json" 2>&1 | tee -a "$OUT/k23b_log.txt" | tail -26
+    done ;;
+  k23b_ncu)
+    command -v ncu >/dev/null || { echo "no ncu"; continue; }
     for sel in False True; do
       timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:tah_kernel \
         --launch-skip 6 --launch-count 6 python3 -c "import sys, coccl.compressors.tah_gpu as m; \
 m._SELECT_MULTI = $sel; sys.argv[1:] = ['encode', '--count', '256M', '--compressor', 'tah:row=4096', '--launches', '3']; \
 import runpy; runpy.run_path('bench/scripts/codec_kernel_probe.py', run_name='__main__')" 2>&1 \
         | grep -E "tah_kernel|gpu__time_duration" | tee -a "$OUT/k23b_ncu.txt" | tail -14
-    done
-  fi ;;
-k23final)
-  # The GPU tests of session 23's kernels after its second round: tah, int, mx whole, and
-  # taco's several-tiles, hop and whole-range cases (the rest of k23tests2's selection
-  # passed before its time ran out). Budget: ~550 s.
-  step "pytest gpu: tah, int, mx, taco (rest)"
-  timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py 2>&1 \
-    | tee "$OUT/pytest_k23f_tah.txt" | tail -4
-  timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py 2>&1 \
-    | tee "$OUT/pytest_k23f_int.txt" | tail -4
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
-    | tee "$OUT/pytest_k23f_mx.txt" | tail -4
-  timeout 160 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py -k "taco and \
-(several_tiles or hop_kernels_agree or whole_range or hop_with_decoded)" 2>&1 \
-    | tee "$OUT/pytest_k23f_taco.txt" | tail -4 ;;
+    done ;;
+  esac ;;
+t23_tah|t23_int|t23_mx|t23_taco)
+  # The GPU tests of session 23's kernels, bitwise the CPU's; t23_taco: the several-tiles,
+  # hop and whole-range cases (the rest of k23tests2's selection passed before its time ran
+  # out). NVRTC compiles most of their time on a fresh machine.
+  step "pytest gpu: $part"
+  case $part in
+  t23_tah) timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py ;;
+  t23_int) timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py ;;
+  t23_mx) timeout ${MX_TESTS_S:-200} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py ;;
+  t23_taco) timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py -k "taco and \
+(several_tiles or hop_kernels_agree or whole_range or hop_with_decoded)" ;;
+  esac 2>&1 | tee "$OUT/pytest_$part.txt" | tail -4 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
