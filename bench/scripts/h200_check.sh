@@ -578,7 +578,7 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
   k23b_ncu)
     command -v ncu >/dev/null || { echo "no ncu"; continue; }
     for sel in False True; do
-      timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:tah_kernel \
+      timeout 45 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:tah_kernel \
         --launch-skip 6 --launch-count 6 python3 -c "import sys, coccl.compressors.tah_gpu as m; \
 m._SELECT_MULTI = $sel; sys.argv[1:] = ['encode', '--count', '256M', '--compressor', 'tah:row=4096', '--launches', '3']; \
 import runpy; runpy.run_path('bench/scripts/codec_kernel_probe.py', run_name='__main__')" 2>&1 \
