@@ -39,7 +39,7 @@
 // consecutive bytes; an mx decode whose lane writes more than 16 bytes stores a warp's
 // whole span through shared memory (store_span; a decode-accumulate also loads it so).
 // An mx decode into a float32 or bfloat16 out runs a lean loop over whole warp spans
-// (FAST: the next step's loads in flight; E8M0 values two at a time on bf16x2).
+// (FAST: the loads of the next PF steps in flight; E8M0 values two at a time on bf16x2).
 //
 // Arithmetic: IEEE float32, RNE, no contraction into FMA and no flush of subnormals: CuPy
 // compiles with -ftz=true, so every float operation is inline PTX without .ftz, and
@@ -865,8 +865,9 @@ DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
 #if OP == 2
 // The decodes that overwrite a float32 or bfloat16 out (FAST) take, for every whole warp
 // span with out 16-byte and the payload 4-byte aligned, a lean path: the UNR chunks' code
-// words and scale bytes of a grid step are loaded during the step before, then decoded
-// and stored (16-byte pieces, through store_span_words where a lane has more than one).
+// words and scale bytes of a grid step are loaded PF steps before, then decoded and stored
+// (16-byte pieces, through store_span_words where a lane has more than one: a warp's store
+// instruction writes 512 consecutive bytes).
 // Everything else, and a float16 out or a decode-accumulate, goes through decode_chunk and
 // store_chunk as before.
 #define FAST (!ACC && XT != 1)
@@ -1214,7 +1215,10 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   if (vec && aligned(pay, 4)) {
     // The steps whose UNR spans are whole come first (j0 only grows); the lane's code
     // words, scale bytes and the warp's span of out move on by the grid's step, and each
-    // step's words and scales are loaded during the step before (while it decodes).
+    // step's words and scales are loaded PF steps before (while those decode). With PF 1
+    // ptxas lands the next step's loads in other registers and copies them over at the
+    // end of the step that issued them, which waits for them: from PF 2 the copies (the
+    // ring below moving on) come first in a step and read loads issued a step earlier.
     const i64 whole = count / EPL;  // chunks wholly inside out
     const i64 last = whole - 32 * UNR;  // a step at j0 is whole while j0 <= last
     const u32* cw = (const u32*)pay + (j0 + lane) * WPL;
