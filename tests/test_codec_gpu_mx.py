@@ -377,8 +377,9 @@ def test_gpu_decode_switches(
     cfg: dict, dtype: np.dtype, ahead: int, one_wave: bool, monkeypatch, request
 ) -> None:
     # mx_gpu's _DECODE_LOADS_AHEAD (the lean decodes' PF, capped per variant) and
-    # _DECODE_ONE_WAVE, each setting (FP6 float32 at 5 CUDA blocks an SM from PF 2): the CPU's values, at counts whose warps take one
-    # grid step, a few and many, each with a partial end.
+    # _DECODE_ONE_WAVE, each setting (FP6 float32 at 5 CUDA blocks an SM from PF 2): the
+    # CPU's values, at counts whose warps take one grid step, a few and many, each with a
+    # partial end.
     import cupy as cp
 
     from coccl.compressors import mx_gpu

@@ -451,8 +451,9 @@ def test_emulated_decode_loads_ahead(build, cfg: dict, dtype: np.dtype, request)
     seed = seed_for(request)
     rng = np.random.default_rng(seed)
     c = get_compressor(cfg)
-    unr = mx_gpu.chunks_and_unroll({"OP": 2, "ELEM": ELEM[c.element], "XT": 2 if dtype == BF16
-                                    else 0, "ACC": 0, "SC": int(c.scale == "e4m3")})[1]
+    xt = 2 if dtype == BF16 else 0
+    defs = {"OP": 2, "ELEM": ELEM[c.element], "XT": xt, "ACC": 0, "SC": int(c.scale == "e4m3")}
+    unr = mx_gpu.chunks_and_unroll(defs)[1]
     span = 32 * unr * (8 if c.element == "e2m1" else 16)  # elements of a warp's step
     for pf in range(1, min(4, 4 // unr + 1) + 1):  # the kernel's bound: (PF - 1) UNR <= 4
         for spans in (1, 3, 2 * 4 * pf + 1, 29):
