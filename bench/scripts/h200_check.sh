@@ -597,6 +597,26 @@ t23_tah|t23_int|t23_mx|t23_taco)
   t23_taco) timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py -k "taco and \
 (several_tiles or hop_kernels_agree or whole_range or hop_with_decoded)" ;;
   esac 2>&1 | tee "$OUT/pytest_$part.txt" | tail -4 ;;
+k23b_mxpf)
+  # The mx lean decodes with their loads 2 grid steps ahead (mx_gpu._DECODE_LOADS_AHEAD,
+  # the default) against 1 (the kernel before), beside a copy of the same bytes.
+  step "kernels: mx decodes, loads ahead 2 / 1"
+  for pf in 2 1; do
+    timeout 80 python3 -c "import sys, coccl.compressors.mx_gpu as m; m._DECODE_LOADS_AHEAD = $pf; \
+from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
+      --counts 16M,64M,256M --compressor mx,mx:element=e2m3,mx:element=e2m1,block=16,scale=e4m3 \
+      -d bfloat16,float32 -n 15 -c 0 --json "$JSONDIR/kernels23b-mx-pf$pf.json" 2>&1 \
+      | tee -a "$OUT/k23b_mx_log.txt" | grep -E " decode  " | tail -18
+  done ;;
+t23_mxdec|t23_tacorest)
+  # t23_mxdec: the mx GPU tests of the decodes (session 23 changed only those); t23_tacorest:
+  # the taco cases the two earlier selections did not reach before their time ran out.
+  step "pytest gpu: $part"
+  case $part in
+  t23_mxdec) timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py -k decode ;;
+  t23_tacorest) timeout 230 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
+    -k "taco and (hop_kernels_agree or whole_range)" ;;
+  esac 2>&1 | tee "$OUT/pytest_$part.txt" | tail -4 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
