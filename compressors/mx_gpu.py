@@ -49,7 +49,6 @@ __all__ = [
     "chunks_and_unroll",
     "grid_size",
     "last_kernel_attributes",
-    "loads_ahead",
     "mx_decode",
     "mx_encode",
     "partial_grid",
@@ -65,19 +64,6 @@ _OP_MX_ENC, _OP_MX_DEC, _OP_MX_PARTS, _OP_TFP_ENC, _OP_TFP_DEC, _OP_MX_S = 1, 2,
 _THREADS = 256  # per CUDA block (mx_kernels.cu: a lane per chunk of 8, 16 or 32 elements)
 _BLOCKS_PER_SM = 8  # the grid's cap: 2048 resident threads per SM, then grid-stride
 _last_kernel: list[Any] = [None]
-# The lean decodes' load distance (mx_kernels.cu's PF): grid steps whose code words and
-# scale bytes a lane has in flight. A decode writes 4-8 bytes of out per byte it reads and
-# each step's stores wait on that step's loads. With 1 (the kernel before this switch) the
-# loads of the next step land in registers that ptxas copies into the current ones at the
-# end of the step that issued them (the SASS has the moves), so each warp waits out a full
-# read latency every step; from 2 on they land in a ring of registers and are first read a
-# step or more later. Capped per variant where the build stays free of spills and of such
-# moves (loads_ahead): 3 for E8M0 FP4, 2 for FP6 and E4M3 float32 outs, 1 for E4M3
-# bfloat16 outs. Not yet measured against 1.
-_DECODE_LOADS_AHEAD = 2
-# The lean decodes' grid: one wave of resident_blocks per SM, grid-stride (True), or a CUDA
-# block per THREADS UNR chunks (False; each warp then takes one step, none of its loads ahead).
-_DECODE_ONE_WAVE = True
 
 
 def mx_encode(x: Any, payload: Any, *, element: str, block: int, scale: str) -> None:
@@ -218,12 +204,11 @@ def resident_blocks(defs: dict[str, Any]) -> int:
     (one wave, grid-stride): ``_BLOCKS_PER_SM``; the E4M3 encode and the lean decodes are
     also compiled to fit them (mx_kernels.cu's RESIDENT, their launch bound): 8 (32
     registers), but 5 (48) for the float32 FP6 encode, whose lanes hold 16 float32
-    elements, and 6 (40) for the FP6 decodes (5 for a float32 out with more than one
-    step of loads in flight, ``loads_ahead``)."""
+    elements, and 6 (40) for the FP6 decodes."""
     if _e4m3_encode(defs) and defs["XT"] == 0 and defs["ELEM"] != _ELEM["e2m1"]:
         return 5
     if _lean_decode(defs) and defs["ELEM"] != _ELEM["e2m1"]:
-        return 5 if defs["XT"] == 0 and loads_ahead(defs) > 1 else 6
+        return 6
     return _BLOCKS_PER_SM
 
 
@@ -232,23 +217,7 @@ def grid_size(defs: dict[str, Any], k: int, sms: int, threads: int = _THREADS) -
     ``sms`` multiprocessors: a lane per chunk, at most ``resident_blocks`` per SM."""
     epl, unr = chunks_and_unroll(defs)
     lanes = k * defs["BS"] // epl
-    blocks = -(-lanes // (threads * unr))
-    if _lean_decode(defs) and not _DECODE_ONE_WAVE:
-        return max(1, min(blocks, 2**31 - 1))
-    return max(1, min(blocks, sms * resident_blocks(defs)))
-
-
-def loads_ahead(defs: dict[str, Any]) -> int:
-    """Grid steps of loads in flight per lane (mx_kernels.cu's PF) of variant ``defs``:
-    ``_DECODE_LOADS_AHEAD`` for the lean decodes, at most 3 (E8M0 FP4), 2 (FP6, and E4M3
-    into float32) or 1 (E4M3 into bfloat16); 1 for every other kernel."""
-    if not _lean_decode(defs):
-        return 1
-    if defs["SC"]:
-        cap = 2 if defs["XT"] == 0 else 1
-    else:
-        cap = 3 if defs["ELEM"] == _ELEM["e2m1"] else 2
-    return max(1, min(int(_DECODE_LOADS_AHEAD), cap))
+    return max(1, min(-(-lanes // (threads * unr)), sms * resident_blocks(defs)))
 
 
 def partial_grid(defs: dict[str, Any], k: int, sms: int, threads: int = _THREADS) -> int:
@@ -266,8 +235,6 @@ def _launch(
     defs = {**defs, "THREADS": _THREADS, "UNR": unr}
     if _e4m3_encode(defs) or _lean_decode(defs):
         defs["RESIDENT"] = resident_blocks(defs)
-    if _lean_decode(defs):
-        defs["PF"] = loads_ahead(defs)
     kern = compile_function(_SOURCE_PATH, defs, name="coccl_mx")
     kern((blocks,), (_THREADS,), (src, dst, np.int64(count), np.int64(k)))
     _last_kernel[0] = kern

@@ -26,7 +26,6 @@
 //   CINV_BITS  taco_fp: bits of (float)(1/sqrt(G)) computed in double
 //   THREADS    threads per CUDA block (a multiple of 32, at most 1024)
 //   UNR    chunks per lane per step of the grid-stride loop (loads issued together)
-//   RESIDENT, PF  the launch bound of some kernels; the lean decodes' load distance (below)
 //
 // Layout of the work: a lane (thread) owns a chunk of EPL consecutive elements, whose codes
 // fill whole 32-bit words: mx 8 (FP4) or 16 (FP6) elements, taco_fp 32 (one run of the
@@ -39,7 +38,7 @@
 // consecutive bytes; an mx decode whose lane writes more than 16 bytes stores a warp's
 // whole span through shared memory (store_span; a decode-accumulate also loads it so).
 // An mx decode into a float32 or bfloat16 out runs a lean loop over whole warp spans
-// (FAST: the loads of the next PF steps in flight; E8M0 values two at a time on bf16x2).
+// (FAST: the next step's loads in flight; E8M0 values two at a time on bf16x2).
 //
 // Arithmetic: IEEE float32, RNE, no contraction into FMA and no flush of subnormals: CuPy
 // compiles with -ftz=true, so every float operation is inline PTX without .ftz, and
@@ -83,16 +82,6 @@
 // 256 threads: 32 registers). The other kernels leave registers to ptxas.
 #ifndef RESIDENT
 #define RESIDENT 8
-#endif
-// The lean decodes' (FAST below) load distance: each lane's code words and scale bytes are
-// loaded PF grid steps before the step that decodes them. A decode writes 4-8 bytes of out
-// per byte it reads, and each step's stores wait on that step's loads: the fewer bytes a
-// warp has in flight, the more the write stream stalls on read latency.
-#ifndef PF
-#define PF 1
-#endif
-#if PF < 1 || (PF - 1) * UNR > 4
-#error "the (PF - 1) UNR older scale bytes must fit one 32-bit register"
 #endif
 #if OP == 1 && SC
 #define ENC_BOUNDS __launch_bounds__(THREADS, RESIDENT)
@@ -865,9 +854,8 @@ DEV void store_span(void* out, i64 w0, uint4* sb, int lane, const float* y) {
 #if OP == 2
 // The decodes that overwrite a float32 or bfloat16 out (FAST) take, for every whole warp
 // span with out 16-byte and the payload 4-byte aligned, a lean path: the UNR chunks' code
-// words and scale bytes of a grid step are loaded PF steps before, then decoded and stored
-// (16-byte pieces, through store_span_words where a lane has more than one: a warp's store
-// instruction writes 512 consecutive bytes).
+// words and scale bytes of a grid step are loaded during the step before, then decoded
+// and stored (16-byte pieces, through store_span_words where a lane has more than one).
 // Everything else, and a float16 out or a decode-accumulate, goes through decode_chunk and
 // store_chunk as before.
 #define FAST (!ACC && XT != 1)
@@ -1215,51 +1203,20 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
   if (vec && aligned(pay, 4)) {
     // The steps whose UNR spans are whole come first (j0 only grows); the lane's code
     // words, scale bytes and the warp's span of out move on by the grid's step, and each
-    // step's words and scales are loaded PF steps before (while those decode). With PF 1
-    // ptxas lands the next step's loads in other registers and copies them over at the
-    // end of the step that issued them, which waits for them: from PF 2 the copies (the
-    // ring below moving on) come first in a step and read loads issued a step earlier.
+    // step's words and scales are loaded during the step before (while it decodes).
     const i64 whole = count / EPL;  // chunks wholly inside out
-    const i64 last = whole - 32 * UNR;  // a step at j0 is whole while j0 <= last
     const u32* cw = (const u32*)pay + (j0 + lane) * WPL;
     const u8* sp = pay + SCALE_OFF(K) + (j0 + lane) / LPB;  // LPB divides 32 and j0
     uint4* op = (uint4*)dst + j0 * SCH;  // the span: 32 SCH pieces of 16 bytes per u
-    // w[p]: the code words of the step p steps on from j0's (PF steps in flight). Their
-    // scale bytes: the newest step's in scl, the older ones' packed in scs (byte UNR p + u
-    // for step p < PF - 1), one register for up to 4 bytes. The newest are folded into scs
-    // a step after their load, not in the step that issues it (whose instructions would
-    // wait for them there).
-    u32 w[PF][UNR][WPL], scs = 0, scl[UNR];
-#pragma unroll
-    for (int p = 0; p < PF; ++p) {
-      load_step(cw, sp, j0 + p * step <= last, w[p], scl);
-      if (p + 1 < PF) {
-        for (int u = 0; u < UNR; ++u) scs |= scl[u] << (8 * (UNR * p + u));
-        cw += step * WPL, sp += step / LPB;
-      }
-    }
-    for (; j0 <= last; j0 += step) {
-      // This step's scale bytes out of scs, the newest folded in (before scl takes the
-      // next step's loads: no copy of those).
-      u32 sc0[UNR], w0[UNR][WPL];
-      for (int u = 0; u < UNR; ++u) sc0[u] = PF == 1 ? scl[u] : (scs >> (8 * u)) & 0xffu;
-      if (PF > 1) {
-        scs = PF == 2 ? 0u : scs >> (8 * UNR);
-        for (int u = 0; u < UNR; ++u) scs |= scl[u] << (8 * (UNR * (PF - 2) + u));
-      }
-      // The words likewise: the ring moves on first, the loads go to its last entry.
-#pragma unroll
-      for (int p = 0; p < PF; ++p)
-        for (int u = 0; u < UNR; ++u)
-          for (int q = 0; q < WPL; ++q) {
-            if (p == 0) w0[u][q] = w[0][u][q];
-            if (p + 1 < PF) w[p][u][q] = w[p + 1][u][q];
-          }
+    u32 w[UNR][WPL], sc[UNR];
+    load_step(cw, sp, j0 + 32 * UNR <= whole, w, sc);
+    for (; j0 + 32 * UNR <= whole; j0 += step) {
+      u32 wn[UNR][WPL], scn[UNR];
       cw += step * WPL, sp += step / LPB;
-      load_step(cw, sp, j0 + PF * step <= last, w[PF - 1], scl);
+      load_step(cw, sp, j0 + step + 32 * UNR <= whole, wn, scn);
       for (int u = 0; u < UNR; ++u) {
         u32 o[OUT_WORDS];
-        chunk_out(w0[u], sc0[u], s, o);
+        chunk_out(w[u], sc[u], s, o);
 #if STAGED
         store_span_words(op + 32 * SCH * u, sb, lane, o);
 #else
@@ -1267,6 +1224,10 @@ coccl_mx(const void* RESTRICT src, void* RESTRICT dst, i64 count, i64 K) {
 #endif
       }
       op += step * SCH;
+      for (int u = 0; u < UNR; ++u) {
+        for (int q = 0; q < WPL; ++q) w[u][q] = wn[u][q];
+        sc[u] = scn[u];
+      }
     }
   }
 #endif

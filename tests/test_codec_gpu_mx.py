@@ -365,36 +365,3 @@ def test_gpu_mx_encode_refuses_overlap() -> None:
     x = raw.view(cp.float32)
     with pytest.raises(ValueError, match="overlap"):
         c.encode(x, raw[: c.encoded_nbytes(1000, np.float32)])
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("one_wave", [True, False])
-@pytest.mark.parametrize("ahead", [1, 2, 3])
-@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=str)
-@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["id"] == "mx"], ids=_id)
-def test_gpu_decode_switches(
-    cfg: dict, dtype: np.dtype, ahead: int, one_wave: bool, monkeypatch, request
-) -> None:
-    # mx_gpu's _DECODE_LOADS_AHEAD (the lean decodes' PF, capped per variant) and
-    # _DECODE_ONE_WAVE, each setting (FP6 float32 at 5 CUDA blocks an SM from PF 2): the
-    # CPU's values, at counts whose warps take one grid step, a few and many, each with a
-    # partial end.
-    import cupy as cp
-
-    from coccl.compressors import mx_gpu
-
-    monkeypatch.setattr(mx_gpu, "_DECODE_LOADS_AHEAD", ahead)
-    monkeypatch.setattr(mx_gpu, "_DECODE_ONE_WAVE", one_wave)
-    seed = seed_for(request)
-    rng = np.random.default_rng(seed)
-    c = get_compressor(cfg)
-    for count in (5000, (1 << 20) + 37, (1 << 24) + 3 * c.alignment + 5):
-        x = _data(rng, count, c.alignment, dtype)
-        payload = _cpu_encode(cfg, x)
-        want = c.decode(payload, count=count, dtype=dtype)
-        d_out = cp.full(count, 7, cp.float32).astype(dtype if dtype != BF16 else cp.uint16)
-        if dtype == BF16:
-            d_out = d_out.view(BF16)
-        c.decode(cp.asarray(payload), d_out, count=count, dtype=dtype)
-        _assert_same(_host(cp, d_out), want, f"{cfg} {dtype} n={count} seed={seed}")

@@ -113,12 +113,8 @@ class Emulated:
     """mx_gpu's launches of one codec on the emulation (``threads`` per CUDA block;
     ``blocks``: a fixed grid in place of mx_gpu's)."""
 
-    def __init__(
-        self, build, cfg: dict, threads: int = THREADS, blocks: int | None = None,
-        pf: int | None = None,
-    ):  # fmt: skip
+    def __init__(self, build, cfg: dict, threads: int = THREADS, blocks: int | None = None):
         self.build, self.cfg, self.threads, self.blocks = build, cfg, threads, blocks
-        self.pf = pf  # the lean decodes' load distance in place of mx_gpu's
         self.codec = get_compressor(cfg)
 
     def defines(self, op: str, xt: int, acc: bool = False) -> dict:
@@ -130,8 +126,6 @@ class Emulated:
             d = {"ELEM": ELEM[c.element], "BS": c.group_size, "CINV_BITS": f"{cinv:#x}u"}
         d.update(OP=OPS[kind, op], XT=0 if op == "scale" else xt, ACC=int(acc))
         d.update(THREADS=self.threads, UNR=1 if op == "scale" else mx_gpu.chunks_and_unroll(d)[1])
-        if kind == "mx" and op == "decode" and mx_gpu._lean_decode(d):
-            d["PF"] = self.pf if self.pf is not None else mx_gpu.loads_ahead(d)
         return d
 
     def run(self, defs: dict, src, dst, count: int, k: int, blocks: int) -> None:
@@ -438,51 +432,3 @@ def test_emulated_decode_any_payload(build, cfg: dict, dtype: np.dtype, request)
             emu.decode(payload, acc, True)
             expect = c.decode(payload, base.copy(), count=count, dtype=dtype, accumulate=True)
             assert_same(acc, expect, f"{msg} accumulate")
-
-
-@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=str)
-@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["id"] == "mx"], ids=_id)
-def test_emulated_decode_loads_ahead(build, cfg: dict, dtype: np.dtype, request) -> None:
-    # The lean decodes with every load distance PF the kernel builds (up to 4; mx_gpu picks
-    # at most 3):
-    # on one CUDA block and on two, at counts whose warps take fewer grid steps than PF,
-    # as many, and many more, each with a partial end; out aligned and one element past
-    # (the old path), and mx_gpu's one-wave and uncapped grids.
-    seed = seed_for(request)
-    rng = np.random.default_rng(seed)
-    c = get_compressor(cfg)
-    xt = 2 if dtype == BF16 else 0
-    defs = {"OP": 2, "ELEM": ELEM[c.element], "XT": xt, "ACC": 0, "SC": int(c.scale == "e4m3")}
-    unr = mx_gpu.chunks_and_unroll(defs)[1]
-    span = 32 * unr * (8 if c.element == "e2m1" else 16)  # elements of a warp's step
-    for pf in range(1, min(4, 4 // unr + 1) + 1):  # the kernel's bound: (PF - 1) UNR <= 4
-        for spans in (1, 3, 2 * 4 * pf + 1, 29):
-            count = spans * span + c.alignment + 3
-            x = data(rng, count, c.alignment, dtype)
-            payload = cpu_encode(c, x)
-            want = c.decode(payload, count=count, dtype=dtype)
-            for blocks in (1, 2):
-                emu = Emulated(build, cfg, blocks=blocks, pf=pf)
-                for offset in (0, dtype.itemsize):
-                    out = placed(count, dtype, offset)
-                    out[:] = np.full(count, 7, dtype)
-                    emu.decode(payload, out, False)
-                    msg = f"{cfg} {dtype} PF={pf} spans={spans} blocks={blocks} seed={seed}"
-                    assert_same(out, want, f"{msg} offset={offset}")
-
-
-@pytest.mark.parametrize("one_wave", [True, False])
-def test_emulated_decode_grid_switch(build, one_wave: bool, monkeypatch, request) -> None:
-    # mx_gpu's _DECODE_ONE_WAVE either way: the same values.
-    monkeypatch.setattr(mx_gpu, "_DECODE_ONE_WAVE", one_wave)
-    seed = seed_for(request)
-    rng = np.random.default_rng(seed)
-    for cfg in [c for c in CONFIGS if c["id"] == "mx"][:4]:
-        c = get_compressor(cfg)
-        for dtype in (np.dtype(np.float32), BF16):
-            count = 40 * 32 * 16 + 7
-            x = data(rng, count, c.alignment, dtype)
-            payload = cpu_encode(c, x)
-            out = placed(count, dtype)
-            Emulated(build, cfg).decode(payload, out, False)
-            assert_same(out, c.decode(payload, count=count, dtype=dtype), f"{cfg} {dtype}")
