@@ -2,7 +2,9 @@
 in and its output bytes out (no arithmetic), timed beside a copy of the same bytes, as
 ``coccl-bench codec`` times a decode. A decode that reads 0.5 B and writes 2-4 B an
 element is mostly writes; if this kernel's ``of copy`` sits where the decodes sit, the
-decodes are at the mix's floor, not short of instructions. A script beside coccl-bench.
+decodes are at the mix's floor, not short of instructions. ``--reads spread`` (the
+default) spreads the payload's reads through the writes as a decode does; ``phased``
+reads it all first (the kernel of session 23's recorded floor). A script beside coccl-bench.
 
     python3 bench/scripts/stream_floor.py --counts 16M,64M,256M \\
         --compressor taco,int:bits=4,hadamard=32,mx --json floor.json
@@ -17,16 +19,25 @@ from coccl.bench.cli import datatype, parse_size
 from coccl.bench.codec import codec_specs, gpu_device, rotation_sets
 from coccl.bench.table import provenance
 
-# Thread i writes the i-th 16 bytes of out and, while i is below the payload's 16-byte
-# words, reads the i-th of those first (its value goes into the word written, so the load
-# is not dead). Grid-stride over the output's words.
+# Thread i writes the i-th 16 bytes of out and reads one of the payload's 16-byte words
+# first (its value goes into the word written, so the load is not dead), grid-stride over
+# the output's words. SPREAD 0 ("phased"): output word i reads payload word i, so every
+# read happens in the first n_in / n_out of the run and the rest is pure writes. SPREAD 1
+# ("spread"): output word i reads payload word i * n_in / n_out where it is the first
+# output word of that payload word, so the reads are spread evenly through the writes,
+# as a decode's are (each tile reads its codes and writes its elements).
 _SOURCE = r"""
 extern "C" __global__ void stream_mix(const uint4* __restrict__ in, long long n_in,
                                       uint4* __restrict__ out, long long n_out) {
   long long stride = (long long)gridDim.x * blockDim.x;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_out; i += stride) {
     uint4 v = make_uint4((unsigned)i, 0u, 0u, 0u);
+#if SPREAD
+    long long k = i * n_in;
+    if (k % n_out < n_in) v = in[k / n_out];
+#else
     if (i < n_in) v = in[i];
+#endif
     out[i] = v;
   }
 }
@@ -39,11 +50,13 @@ def main() -> None:
     ap.add_argument("--counts", default="16M,64M,256M")
     ap.add_argument("-d", "--dtypes", default="bfloat16,float32")
     ap.add_argument("-n", "--iters", type=int, default=15)
+    ap.add_argument("--reads", choices=("spread", "phased"), default="spread")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     device = gpu_device()
     cp = device.xp
-    kernel = cp.RawKernel(_SOURCE, "stream_mix")
+    spread = int(args.reads == "spread")
+    kernel = cp.RawKernel(_SOURCE, "stream_mix", options=(f"-DSPREAD={spread}",))
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     rows = []
     for spec in codec_specs(args.compressor):
@@ -68,6 +81,7 @@ def main() -> None:
                 )
                 device.release()
                 row = {
+                    "reads": args.reads,
                     "codec": spec.label,
                     "dtype": dtype.name,
                     "count": count,
@@ -79,8 +93,9 @@ def main() -> None:
                 }
                 rows.append(row)
                 print(
-                    f"{spec.label:24s} {dtype.name:9s} {count:10d} stream {mix_s * 1e6:8.1f} us"
-                    f"  copy {copy_s * 1e6:8.1f} us  of copy {copy_s / mix_s:.3f}",
+                    f"{args.reads:6s} {spec.label:24s} {dtype.name:9s} {count:10d}"
+                    f"  stream {mix_s * 1e6:8.1f} us  copy {copy_s * 1e6:8.1f} us"
+                    f"  of copy {copy_s / mix_s:.3f}",
                     flush=True,
                 )
     flags = " ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in vars(args).items())
