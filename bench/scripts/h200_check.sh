@@ -598,6 +598,7 @@ t23_tah|t23_int|t23_mx|t23_taco)
 (several_tiles or hop_kernels_agree or whole_range or hop_with_decoded)" ;;
   esac 2>&1 | tee "$OUT/pytest_$part.txt" | tail -4 ;;
 k23b_mxpf)
+  # (Ran at f7dd43a; 4bf0acb took the loads-ahead ring out again, so the switch is gone.)
   # The mx lean decodes with their loads 2 grid steps ahead (mx_gpu._DECODE_LOADS_AHEAD,
   # the default) against 1 (the kernel before), beside a copy of the same bytes.
   step "kernels: mx decodes, loads ahead 2 / 1"
