@@ -482,37 +482,31 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
     cp_async_wait1();   // all but the newest group: this tile is in
 #endif
     __syncwarp();
-    u32 w[IHV * NW];
-    if (whole(tile)) {
+    // A lane's words of this tile: its chunks from the warp's buffer (a whole tile), else
+    // from memory element by element.
+    auto read_lane = [&](u32* dst) {
+      if (whole(tile)) {
 #pragma unroll
-      for (int c = 0; c < ICH; ++c) {
-        const uint4 q = sb[sl.row ^ c];
-        w[4 * c] = q.x;
-        w[4 * c + 1] = q.y;
-        w[4 * c + 2] = q.z;
-        w[4 * c + 3] = q.w;
+        for (int c = 0; c < ICH; ++c) {
+          const uint4 q = sb[sl.row ^ c];
+          dst[4 * c] = q.x;
+          dst[4 * c + 1] = q.y;
+          dst[4 * c + 2] = q.z;
+          dst[4 * c + 3] = q.w;
+        }
+      } else {
+        lane_load_npl(xb, base, count, vin, dst);
       }
-    } else {
-      lane_load_npl(xb, base, count, vin, w);
-    }
+    };
+    u32 w[IHV * NW];
+    read_lane(w);
     __syncwarp();  // the buffer is refilled next iteration
     u32 cw[ICW], dbits;
     // The rare second read (int_encode_lane): this tile's buffer is refilled only in the
     // next iteration, after the warp's __syncwarp that ends the read.
     int_encode_lane(w, lane, base, key, cw, dbits, [&](u32* w2) {
-      if (whole(tile)) {
-#pragma unroll
-        for (int c = 0; c < ICH; ++c) {
-          const uint4 q = sb[sl.row ^ c];
-          w2[4 * c] = q.x;
-          w2[4 * c + 1] = q.y;
-          w2[4 * c + 2] = q.z;
-          w2[4 * c + 3] = q.w;
-        }
-        __syncwarp();
-      } else {
-        lane_load_npl(xb, base, count, vin, w2);
-      }
+      read_lane(w2);
+      if (whole(tile)) __syncwarp();
     });
     int_store_tile(pay, lay, cb, sl, lane, p16, t0, base, K, cw, dbits);
   }
