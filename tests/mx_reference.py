@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from coccl.compressors.layout import num_groups
 from coccl.compressors.mx_layout import mx_layout, taco_fp_layout
 
 from codec_reference import LAMBDA, hadamard, padded_groups
@@ -177,3 +178,23 @@ def quotient_edges(
                 part = x[i : i + block - 1] * rng.choice([-1.0, 1.0], min(block - 1, x.size - i))
                 out.append(np.concatenate([[amax], part, np.zeros(block - 1 - part.size)]))
     return np.concatenate(out).astype(dtype).astype(np.float64)
+
+
+# S values for arbitrary E4M3 payloads: ordinary, the encode's floor, huge (products
+# overflow), subnormal, negative, NaN and Inf.
+ANY_S = [1.0, 2.0**-126, 3e38, 1e-45, -2.5, float("nan"), float("inf")]
+
+
+def any_payloads(rng: np.random.Generator, codec, count: int, dtype: np.dtype):
+    """Payloads no encode writes, for the decode tests: random code bytes, the scale
+    bytes cycling over every value, and for an E4M3-scaled codec its trailing S over
+    ``ANY_S``. Yields ``(S or None, payload)``."""
+    size = codec.encoded_nbytes(count, dtype)
+    k = num_groups(count, codec.alignment)
+    tail = 4 if codec.scale == "e4m3" else 0
+    for s in ANY_S if tail else [None]:
+        payload = rng.integers(0, 256, size, dtype=np.uint8)
+        payload[size - tail - k : size - tail] = np.arange(k) % 256
+        if s is not None:
+            payload[-4:] = np.array([s], "<f4").view(np.uint8)
+        yield s, payload

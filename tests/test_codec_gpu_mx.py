@@ -12,7 +12,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from mx_reference import mx_encode_ref, quotient_edges
+from mx_reference import any_payloads, mx_encode_ref, quotient_edges
 
 from coccl.compressors import get_compressor
 
@@ -153,11 +153,6 @@ def test_gpu_whole_range_and_unaligned_payload(cfg: dict, request) -> None:
     _assert_same(got, c.decode(payload, count=x.size, dtype=np.float32), f"seed={seed}")
 
 
-# S values for arbitrary E4M3 payloads: ordinary, the encode's floor, huge (products
-# overflow), subnormal, negative, NaN and Inf.
-ANY_S = [1.0, 2.0**-126, 3e38, 1e-45, -2.5, float("nan"), float("inf")]
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -174,14 +169,7 @@ def test_gpu_decode_any_payload(cfg: dict, dtype: np.dtype, request) -> None:
     rng = np.random.default_rng(seed)
     c = get_compressor(cfg)
     count = (1 << 24) + 3 * c.alignment + 5
-    size = c.encoded_nbytes(count, dtype)
-    k = -(-count // c.alignment)
-    tail = 4 if c.scale == "e4m3" else 0
-    for s in ANY_S if tail else [None]:
-        payload = rng.integers(0, 256, size, dtype=np.uint8)
-        payload[size - tail - k : size - tail] = np.arange(k) % 256
-        if s is not None:
-            payload[-4:] = np.array([s], "<f4").view(np.uint8)
+    for s, payload in any_payloads(rng, c, count, dtype):
         msg = f"{cfg} {dtype} S={s} seed={seed}"
         want = c.decode(payload, count=count, dtype=dtype)
         d_payload = cp.asarray(payload)

@@ -23,7 +23,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from mx_reference import mx_encode_ref, quotient_edges
+from mx_reference import any_payloads, mx_encode_ref, quotient_edges
 
 from coccl.compressors import get_compressor, minifloat, mx_gpu
 from coccl.compressors.gpu_build import ELEMENT_TYPES
@@ -394,11 +394,6 @@ def test_emulated_e4m3_quotient_edges(build, cfg: dict, dtype: np.dtype, request
         np.testing.assert_array_equal(got, want, err_msg=f"{cfg} {dtype} top={top} seed={seed}")
 
 
-# S values for arbitrary E4M3 payloads: ordinary, the encode's floor, huge (products
-# overflow), subnormal, negative, NaN and Inf.
-ANY_S = [1.0, 2.0**-126, 3e38, 1e-45, -2.5, float("nan"), float("inf")]
-
-
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16, np.dtype(np.float16)], ids=str)
 @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["id"] == "mx"], ids=_id)
 def test_emulated_decode_any_payload(build, cfg: dict, dtype: np.dtype, request) -> None:
@@ -411,14 +406,7 @@ def test_emulated_decode_any_payload(build, cfg: dict, dtype: np.dtype, request)
     rng = np.random.default_rng(seed)
     c = get_compressor(cfg)
     count = 256 * c.alignment + 3 * c.alignment + 5
-    size = c.encoded_nbytes(count, dtype)
-    k = num_groups(count, c.alignment)
-    tail = 4 if c.scale == "e4m3" else 0
-    for s in ANY_S if tail else [None]:
-        payload = rng.integers(0, 256, size, dtype=np.uint8)
-        payload[size - tail - k : size - tail] = np.arange(k) % 256
-        if s is not None:
-            payload[-4:] = np.array([s], "<f4").view(np.uint8)
+    for s, payload in any_payloads(rng, c, count, dtype):
         want = c.decode(payload, count=count, dtype=dtype)
         for emu in (Emulated(build, cfg), Emulated(build, cfg, blocks=1)):
             msg = f"{cfg} {dtype} S={s} blocks={emu.blocks} seed={seed}"
