@@ -6,9 +6,10 @@ kernels on the payload alone: the token scores (each token's score written into 
 payload's centre region, scratch until the last kernel), the choice of the low tokens
 (one block's radix select of the nlow-th smallest score, ties to the lower index as the
 CPU's sort; with ``_SELECT_MULTI`` and many tokens its three digits first histogrammed by
-three launches of many blocks) into the token bitmap, and the tiles; decoding runs one kernel. The tile
-kernels give each block one contiguous range of tiles, whose places it finds by counting
-the bitmap bytes before the range once and then those it passes. No allocation, no host
+three launches of many blocks) into the token bitmap, and the tiles; decoding runs one
+kernel. The tile kernels give each block one contiguous range of tiles, whose places it
+finds by counting the bitmap bytes before the range once and then those it passes. No
+allocation, no host
 synchronisation, no copy from the host per call, so a CUDA graph may capture them
 (``TahCompressor.graph_safe``). The CUDA source is ``tah_kernels.cu``, compiled after
 ``codec_kernels.cu`` (whose float32 arithmetic and conversions it uses), ``tah_tables.cu``

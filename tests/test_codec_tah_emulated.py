@@ -218,9 +218,10 @@ def test_the_kernels_score_tables_are_tah_formats() -> None:
 def test_emulated_selection_is_the_cpu_sort(
     build, tokens: int, fraction: float, spread, multi: bool
 ) -> None:
-    # One score, few distinct ones (most keys tie on the score and the token index decides), or
-    # scores over all three radix digits (up to 2^31: the CPU's keys are int64); the last token short (never low) for odd
-    # counts. Two scores a thread: 512 a chunk, so the larger payloads have several.
+    # One score, few distinct ones (most keys tie on the score and the token index
+    # decides), or scores over all three radix digits (up to 2^31: the CPU's keys are
+    # int64); the last token short (never low) for odd counts. Two scores a thread: 512 a
+    # chunk, so the larger payloads have several.
     row, rng = 32, np.random.default_rng(tokens)
     count = tokens * row - (tokens % 2) * 5
     lay = tah_layout(count, row, 32, 4, 3, fraction)
