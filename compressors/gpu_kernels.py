@@ -3,7 +3,8 @@
 The GPU twin of ``cpu_kernels``: the same four functions with the same signatures, on flat
 contiguous CuPy arrays, producing payloads and decoded values that are bitwise identical
 to the CPU kernels' (FORMAT.md's canonical float32 arithmetic). The CUDA source is
-``codec_kernels.cu`` beside this file; each variant (operation, group size, dtype, FP8
+:data:`CODEC_SOURCES`, three files beside this one compiled as one text (the helpers, the
+encode kernels, the decode kernels and hops); each variant (operation, group size, dtype, FP8
 format, switches) is compiled on first use by NVRTC through ``cupy.RawModule`` with
 ``-D`` defines, cached per device in this process and on disk by CuPy. Kernels run on
 CuPy's current stream of the arrays' device.
@@ -44,6 +45,7 @@ from .intq_gpu import int_encode
 from .layout import GROUP_SIZES, int8_layout, num_groups, taco_nbytes
 
 __all__ = [
+    "CODEC_SOURCES",
     "get_tuning",
     "int8_decode",
     "int8_encode",
@@ -57,7 +59,13 @@ __all__ = [
     "tuning",
 ]
 
-_SOURCE_PATH = Path(__file__).with_name("codec_kernels.cu")
+# The taco and int8 kernels' CUDA source, in this order: codec_kernels.cu (the defines,
+# float32 arithmetic, conversions, memory helpers, reductions and the Hadamard, which the
+# int and tah kernels also build on), then the encode kernels, then the decodes and hops.
+CODEC_SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("codec_kernels.cu", "codec_encode_kernels.cu", "codec_decode_kernels.cu")
+)
 _FMT = {"e4m3": 0, "e5m2": 1}
 _INT8_FAST_GROUPS = (32, 64, 128, 256, 512, 1024)
 _TILE = 1024  # elements one warp handles per step in the fast kernels
@@ -419,7 +427,7 @@ def _launch_here(
         full = _variant_defines(defs, kind)
         threads = full["THREADS"]
         grid_cap = sm_count(cp) * int(_TUNING["blocks_per_sm"])
-        cached = (compile_function(_SOURCE_PATH, full), threads, threads // 32, grid_cap)
+        cached = (compile_function(CODEC_SOURCES, full), threads, threads // 32, grid_cap)
         _launches[key] = cached
     kern, threads, per_block, grid_cap = cached
     blocks = max(1, min(-(-warps // per_block), grid_cap))

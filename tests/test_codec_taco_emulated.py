@@ -1,4 +1,4 @@
-"""The taco kernels of compressors/codec_kernels.cu that run by default (encode 7 and ring
+"""The taco kernels of gpu_kernels.CODEC_SOURCES that run by default (encode 7 and ring
 hop 10, EPL elements a lane; decode and decode-accumulate 2, 32 a lane, staged) run on the
 CPU through a host emulation of the CUDA built-ins (tests/cuda_emulation/), against the
 numba kernels, bit for bit.
@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 
 from coccl.compressors import TacoCompressor
-from coccl.compressors.gpu_kernels import _inv_sqrt_bits
+from coccl.compressors.gpu_kernels import CODEC_SOURCES, _inv_sqrt_bits
 
-from emulation import CXX, EMULATION, KERNELS, builder
+from emulation import CXX, EMULATION, builder
 
 if CXX is None:
     pytest.skip("needs g++ for the CUDA host emulation", allow_module_level=True)
 
-SOURCES = [EMULATION / "emu.h", KERNELS / "codec_kernels.cu", EMULATION / "codec_launch.cpp"]
+SOURCES = [EMULATION / "emu.h", *CODEC_SOURCES, EMULATION / "codec_launch.cpp"]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 XT = {F32: 0, BF16: 2}

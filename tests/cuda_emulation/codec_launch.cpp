@@ -1,4 +1,4 @@
-// Compiled after emu.h and codec_kernels.cu (one variant, OP): runs the variant's
+// Compiled after emu.h and gpu_kernels.CODEC_SOURCES (one variant, OP): runs the variant's
 // coccl_codec on a grid of emu_grid blocks of EMU_THREADS threads (emu_run_grid), with the
 // arguments in the order gpu_kernels.py passes them (the ring hops, OP 8, 9 and 10 without
 // DEC, take own, the payload in and the payload out; with DEC, emu_launch_dec, also the
