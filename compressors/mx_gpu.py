@@ -3,7 +3,8 @@
 The GPU twin of ``mx_cpu`` and ``taco_fp_cpu``: the same functions with the same keyword
 arguments, on flat contiguous CuPy arrays (float32, float16, bfloat16; accumulate into
 float32), producing payloads and decoded values bitwise identical to the CPU kernels'.
-The CUDA source is ``mx_kernels.cu`` beside this file; each variant is compiled on first
+The CUDA source is :data:`MX_SOURCES`, ``mx_kernels.cu`` (the defines and helpers) then
+``mx_codec_kernels.cu`` (the kernels) beside this file; each variant is compiled on first
 use through ``gpu_build.compile_function`` and runs on CuPy's current stream of the
 arrays' device. ``scale="e4m3"`` encodes in three launches: per CUDA block the largest
 finite ``|x|`` into the payload's code area, then from those the per-payload scale ``S``
@@ -46,6 +47,7 @@ from .layout import GROUP_SIZES, num_groups
 from .mx_layout import BLOCK_SIZES, mx_layout, taco_fp_layout
 
 __all__ = [
+    "MX_SOURCES",
     "chunks_and_unroll",
     "grid_size",
     "last_kernel_attributes",
@@ -57,7 +59,7 @@ __all__ = [
     "taco_fp_encode",
 ]
 
-_SOURCE_PATH = Path(__file__).with_name("mx_kernels.cu")
+MX_SOURCES = tuple(Path(__file__).with_name(n) for n in ("mx_kernels.cu", "mx_codec_kernels.cu"))
 _ELEM = {"e2m1": 0, "e3m2": 1, "e2m3": 2}
 _SCALE = {"e8m0": 0, "e4m3": 1}
 _OP_MX_ENC, _OP_MX_DEC, _OP_MX_PARTS, _OP_TFP_ENC, _OP_TFP_DEC, _OP_MX_S = 1, 2, 3, 4, 5, 6
@@ -194,7 +196,7 @@ def _e4m3_encode(defs: dict[str, Any]) -> bool:
 
 
 def _lean_decode(defs: dict[str, Any]) -> bool:
-    """An mx decode into a float32 or bfloat16 out that overwrites it (mx_kernels.cu's
+    """An mx decode into a float32 or bfloat16 out that overwrites it (mx_codec_kernels.cu's
     FAST): compiled to fit ``resident_blocks`` CUDA blocks per SM."""
     return defs["OP"] == _OP_MX_DEC and not defs.get("ACC") and defs["XT"] != 1
 
@@ -235,7 +237,7 @@ def _launch(
     defs = {**defs, "THREADS": _THREADS, "UNR": unr}
     if _e4m3_encode(defs) or _lean_decode(defs):
         defs["RESIDENT"] = resident_blocks(defs)
-    kern = compile_function(_SOURCE_PATH, defs, name="coccl_mx")
+    kern = compile_function(MX_SOURCES, defs, name="coccl_mx")
     kern((blocks,), (_THREADS,), (src, dst, np.int64(count), np.int64(k)))
     _last_kernel[0] = kern
 

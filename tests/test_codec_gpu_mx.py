@@ -1,4 +1,4 @@
-"""The mx and taco_fp CUDA kernels (compressors/mx_kernels.cu) against the CPU kernels, bit
+"""The mx and taco_fp CUDA kernels (mx_gpu.MX_SOURCES) against the CPU kernels, bit
 for bit: payload bytes identical, decoded values and accumulations identical (NaNs as
 NaN-ness only: FORMAT.md fixes the NaN codes and scales stored in payloads, not the bits
 of a decoded NaN).

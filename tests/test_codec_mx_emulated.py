@@ -1,4 +1,4 @@
-"""The mx and taco_fp CUDA kernels (compressors/mx_kernels.cu) run on the CPU through a host
+"""The mx and taco_fp CUDA kernels (mx_gpu.MX_SOURCES) run on the CPU through a host
 emulation of the CUDA built-ins (tests/cuda_emulation/), against the numba kernels, bit for
 bit: payload bytes identical (every byte written), decoded values and accumulations
 identical (NaNs as NaN-ness only, as in tests/test_codec_gpu_mx.py).
@@ -38,7 +38,7 @@ if CXX is None:
 HERE = Path(__file__).parent
 SOURCES = [
     HERE / "cuda_emulation" / "emu.h",
-    HERE.parent / "compressors" / "mx_kernels.cu",
+    *mx_gpu.MX_SOURCES,
     HERE / "cuda_emulation" / "mx_launch.cpp",
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)

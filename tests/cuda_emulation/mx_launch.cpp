@@ -1,4 +1,4 @@
-// Compiled after emu.h and mx_kernels.cu (with -DMX_HOST): runs the variant's coccl_mx on
+// Compiled after emu.h and mx_gpu.MX_SOURCES (with -DMX_HOST): runs the variant's coccl_mx on
 // a grid of `blocks` CUDA blocks of THREADS threads, one block after another (each thread
 // a std::thread, as emu.h has it), with the arguments in the order mx_gpu.py passes them;
 // and the element conversions on their own, for tests/test_codec_mx_emulated.py.
