@@ -581,8 +581,11 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
       timeout 45 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:tah_kernel \
         --launch-skip 6 --launch-count 6 python3 -c "import sys, coccl.compressors.tah_gpu as m; \
 m._SELECT_MULTI = $sel; sys.argv[1:] = ['encode', '--count', '256M', '--compressor', 'tah:row=4096', '--launches', '3']; \
-import runpy; runpy.run_path('bench/scripts/codec_kernel_probe.py', run_name='__main__')" 2>&1 \
-        | grep -E "tah_kernel|gpu__time_duration" | tee -a "$OUT/k23b_ncu.txt" | tail -14
+import runpy; runpy.run_path('bench/scripts/codec_kernel_probe.py', run_name='__main__')" \
+        >> "$OUT/k23b_ncu.txt" 2>&1
+      # ncu's whole output is kept (session 23's run filtered it and printed nothing: ncu
+      # failed within seconds, why unknown); the launches' times, or its last lines.
+      grep -E "tah_kernel|gpu__time_duration" "$OUT/k23b_ncu.txt" | tail -14 || tail -8 "$OUT/k23b_ncu.txt"
     done ;;
   esac ;;
 t23_tah|t23_int|t23_mx|t23_taco)
@@ -618,6 +621,21 @@ t23_mxdec|t23_tacorest)
   t23_tacorest) timeout 230 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
     -k "taco and (hop_kernels_agree or whole_range)" ;;
   esac 2>&1 | tee "$OUT/pytest_$part.txt" | tail -4 ;;
+next23)
+  # What session 23 left for the device: the decodes' floor with the payload's reads spread
+  # through the writes as a decode's are (against the phased floor of
+  # h200-kernels-s23-floor.json) and the whole mx GPU test file at the final code (session
+  # 23 ran out of time in it); then part k23b_ncu (ncu's time per tah encode launch).
+  # Budget: ~400 s.
+  step "decode byte-mix floor, reads spread and phased"
+  for reads in spread phased; do
+    timeout 80 python3 bench/scripts/stream_floor.py --reads $reads --counts 16M,64M,256M \
+      --compressor taco,int:bits=4,hadamard=32,mx,mx:element=e2m3,tah:row=4096 \
+      --json "$JSONDIR/floor-$reads.json" 2>&1 | tee -a "$OUT/floor_log.txt" | tail -30
+  done
+  step "pytest gpu: mx (whole file)"
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
+    | tee "$OUT/pytest_next23_mx.txt" | tail -4 ;;
 *)
   echo "unknown part $part" >&2; exit 2 ;;
 esac; done
