@@ -40,33 +40,14 @@ DEV int int8_code(const u32* cw, int r) { return ((int)(cw[r >> 2] << (24 - 8 * 
 DEV i64 taco_decode_tiles_t(const unsigned char* pay, char* ob, i64 ncodes, i64 K, i64 tile,
                             i64 nfull, i64 stride, int lane, uint4* sb) {
   const int gl = lane / LPG, lig = lane % LPG;  // the lane's group in the tile, index in it
-#if PREFETCH
-  // The next tile's codes and scales are loaded while this one is computed: twice the
-  // payload bytes in flight of each warp (the loads are a third of the decode's bytes).
-  uint4 n0, n1;
-  float ns = as_f(BITS_ONE), na = as_f(BITS_ONE);
-  auto fetch = [&](i64 t) {
-    taco_load_scales(pay, ncodes, K, ((t << 10) >> LOG2_GS) + 32 * lane / GS, true, ns, na);
-    const uint4* cp = (const uint4*)(pay + (t << 10));
-    n0 = ldg4(cp + lane);
-    n1 = ldg4(cp + 32 + lane);
-  };
-  if (tile < nfull) fetch(tile);
-#endif
   for (; tile < nfull; tile += stride) {
     const i64 t0 = tile << 10;
     // the element of the lane's first run; run (b, r) starts 32 b + 4 LPG r after it
     const i64 e0 = t0 + (gl * GS + 4 * lig);
-#if PREFETCH
-    const float s = ns, alpha = na;
-    const uint4 c0 = n0, c1 = n1;
-    if (tile + stride < nfull) fetch(tile + stride);
-#else
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
     taco_load_scales(pay, ncodes, K, (t0 >> LOG2_GS) + 32 * lane / GS, true, s, alpha);
     const uint4* cp = (const uint4*)(pay + t0);
     const uint4 c0 = ldg4(cp + lane), c1 = ldg4(cp + 32 + lane);
-#endif
     // the codes, read coalesced (chunk 32 j + lane), to the lanes that own them (2 lane + j)
     sb[lane + (lane >> 3)] = c0;
     sb[36 + lane + (lane >> 3)] = c1;
@@ -164,21 +145,6 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 #endif
   // the rest: every tile where taco_decode_tiles_t is not compiled, else the partial last
   // tile and the tiles of unaligned buffers
-#define PREFETCH2 (OP == 2 && PREFETCH && STAGE && !TACO_T)
-#if PREFETCH2
-  // The codes and scales of the warp's next staged tile are loaded while this one is
-  // computed (as taco_decode_tiles_t does).
-  uint4 n0 = make_uint4(0u, 0u, 0u, 0u), n1 = n0;
-  float ns = as_f(BITS_ONE), na = as_f(BITS_ONE);
-  const i64 nstaged = vout && vpay ? count >> 10 : 0;  // tiles below it are staged
-  auto fetch = [&](i64 t) {
-    const uint4* cp = (const uint4*)(pay + (t << 10));
-    n0 = ldg4(cp + lane);
-    n1 = ldg4(cp + 32 + lane);
-    taco_load_scales(pay, ncodes, K, ((t << 10) + lane * 32) >> LOG2_GS, a4, ns, na);
-  };
-  if (tile < nstaged) fetch(tile);
-#endif
   for (; tile < ntiles; tile += stride) {
     const i64 t0 = tile << 10;
     const i64 base = t0 + lane * 32;
@@ -187,18 +153,7 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     // per-group scale(s)
 #if OP == 2
     float s = as_f(BITS_ONE), alpha = as_f(BITS_ONE);
-#if PREFETCH2
-    uint4 c0 = n0, c1 = n1;
-    if (staged) {
-      s = ns;
-      alpha = na;
-      if (tile + stride < nstaged) fetch(tile + stride);
-    } else if (g < K) {
-      taco_load_scales(pay, ncodes, K, g, a4, s, alpha);
-    }
-#else
     if (g < K) taco_load_scales(pay, ncodes, K, g, a4, s, alpha);
-#endif
 #else
     float scale = 0.0f;
     if (g < K) scale = as_f(ld32(pay + count + 4 * g, a4));
@@ -208,10 +163,8 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
     uint4 acc[8];
 #endif
     if (staged) {
-#if !PREFETCH2
       const uint4* cp = (const uint4*)(pay + t0);
       const uint4 c0 = ldg4(cp + lane), c1 = ldg4(cp + 32 + lane);
-#endif
 #if ACC
       const uint4* ap = (const uint4*)(ob + t0 * 4);
 #pragma unroll

@@ -84,7 +84,7 @@
 #define CINV_BITS 0x3db504f3u
 #endif
 #ifndef PREFETCH
-#define PREFETCH 0  // load the next tile while computing this one (kernel 1; kernel 2 staged)
+#define PREFETCH 0  // encode: load the next tile before computing this one (no staging)
 #endif
 #ifndef STAGE
 #define STAGE 1

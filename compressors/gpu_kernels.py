@@ -458,8 +458,7 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
             in 32..1024).
         stage: 1 stages global accesses through shared memory (fully coalesced), 0 lets
             each lane access its own 32 elements; per kernel kind.
-        prefetch: 1 loads the next tile while computing this one (the 32-per-lane
-            encode; the decodes' codes and scales); per kind.
+        prefetch: 1 loads the next tile while computing this one (encode); per kind.
         resident: threads per SM the register budget is sized for
             (``__launch_bounds__`` min blocks = resident // threads); per kind.
         blocks_per_sm: the grid is at most this many blocks per SM.

@@ -442,17 +442,14 @@ def test_taco_hop_with_decoded_is_hop_then_decode(G, fmt, ash, dual, dtype):
 
 @needs_cpu
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("prefetch", [0, 1])
-def test_taco_kernels_several_tiles_a_warp(prefetch, dtype):
-    """A grid of one block an SM gives each warp several tiles: the decodes' codes loaded a
-    tile ahead (prefetch) or not, and the encode and the hop copying the next tile in while
-    this one computes; the hop in blocks of two warps with a whole 128-group a lane.
-    Bitwise the CPU's, with a partial last tile."""
-    rng = np.random.default_rng(prefetch + 5)
+def test_taco_kernels_several_tiles_a_warp(dtype):
+    """A grid of one block an SM gives each warp several tiles: the decodes, and the encode
+    and the hop copying the next tile in while this one computes; the hop in blocks of two
+    warps with a whole 128-group a lane. Bitwise the CPU's, with a partial last tile."""
+    rng = np.random.default_rng(5)
     n, G = 3 * (1 << 20) + 77, 128
-    kinds = {"decode": prefetch, "accumulate": prefetch}
     hop = {"hop_epl": 128, "hop_epl_from": 0, "epl_threads": {"hop": 64}}
-    with gk.tuning(blocks_per_sm=1, prefetch=kinds, epl_resident={"hop": 256}, **hop):
+    with gk.tuning(blocks_per_sm=1, epl_resident={"hop": 256}, **hop):
         x = rng.standard_normal(n).astype(np.float32).astype(dtype)
         want = cpu_taco_encode(x, G, "e4m3", True, True)
         assert_bytes_equal(gpu_taco_encode(x, G, "e4m3", True, True), want, "encode")

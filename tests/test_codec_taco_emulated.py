@@ -34,7 +34,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 XT = {F32: 0, BF16: 2}
 OPS = {"encode": 7, "hop": 10, "decode": 2, "accumulate": 2}
-OPS.update(decode_prefetch=2, accumulate_prefetch=2)  # kernel 2 with PREFETCH=1
 OPS.update(hop_dec=10)  # the hop that also writes the decoded output (DEC)
 THREADS = 64  # two warps a block
 # (op, group size, elements a lane, dtype), one build each: the EPL kernels with two lanes
@@ -55,11 +54,6 @@ CASES = [
     ("decode", 64, 0, F32),
     ("decode", 64, 0, BF16),
     ("decode", 256, 0, BF16),
-    # kernel 2 loading a warp's next tile while decoding this one (tuning prefetch): the
-    # transposed whole tiles, and the staged ones
-    ("decode_prefetch", 128, 0, BF16),
-    ("decode_prefetch", 128, 0, F32),
-    ("accumulate_prefetch", 128, 0, BF16),
 ]
 # (count, blocks): one element, a partial group, whole tiles, several tiles a warp with a
 # partial last one
@@ -79,16 +73,14 @@ def build(tmp_path_factory):
 
 def variant(op: str, G: int, epl: int, dtype: np.dtype) -> dict:
     """The defines gpu_kernels gives the kernel (taco's defaults: e4m3, ash, dual scale);
-    the decodes are kernel 2 staged, accumulating into float32 for ``accumulate``, loading
-    the next tile ahead for ``*_prefetch``."""
+    the decodes are kernel 2 staged, accumulating into float32 for ``accumulate``."""
     defines = {
-        "OP": OPS[op], "GS": G, "XT": 0 if op.startswith("accumulate") else XT[dtype], "FMT": 0,
+        "OP": OPS[op], "GS": G, "XT": 0 if op == "accumulate" else XT[dtype], "FMT": 0,
         "ASH": 1, "DUAL": 1, "CINV_BITS": _inv_sqrt_bits(G), "THREADS": THREADS,
         "MIN_BLOCKS": 1,
     }  # fmt: skip
     if op not in ("encode", "hop", "hop_dec"):
-        acc, prefetch = op.startswith("accumulate"), op.endswith("_prefetch")
-        return {**defines, "ACC": int(acc), "STAGE": 1, "PREFETCH": int(prefetch)}
+        return {**defines, "ACC": int(op == "accumulate"), "STAGE": 1}
     return {**defines, "EXT": 1, "EPL": epl, "DEC": int(op == "hop_dec")}
 
 
@@ -135,13 +127,13 @@ def test_taco_kernel_emulated(build, op, G, epl, dtype):
                 out, frame = placed(np.zeros(payload.size, np.uint8), p_off)
                 run(build, op, G, epl, dtype, grid, xs, out, count=n)
                 np.testing.assert_array_equal(out, payload, err_msg=where)
-            elif op in ("decode", "decode_prefetch"):
+            elif op == "decode":
                 pin, _ = placed(payload, p_off)
                 out, frame = placed(np.zeros(n, dtype), x_off)
                 run(build, op, G, epl, dtype, grid, pin, out, count=n)
                 want = codec.decode(payload, count=n, dtype=dtype)
                 np.testing.assert_array_equal(out, want.view(np.uint8), err_msg=where)
-            elif op in ("accumulate", "accumulate_prefetch"):
+            elif op == "accumulate":
                 acc = data(n, F32, n + G + 2)
                 pin, _ = placed(payload, p_off)
                 out, frame = placed(acc, 4 * (x_off > 0))
