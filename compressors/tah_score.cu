@@ -112,8 +112,8 @@ DEV u64 chunk_terms(const u32* a, u32 amax, const u64* tc) {
   return acc;
 }
 
-// A thread's terms of its chunks at amax (tc: its copy of the table): those of its cached raw words w, then those it
-// reads again (the token's chunks past SC_CACHE THREADS).
+// A thread's terms of its chunks at amax (tc: its copy of the table): those of its cached
+// raw words w, then those it reads again (the token's chunks past SC_CACHE THREADS).
 template <bool Z>
 DEV u64 thread_terms(const char* xb, i64 s0, i64 n, i64 nch, bool vec, const u32 (*w)[SC_WORDS],
                      u32 amax, const u64* tc) {

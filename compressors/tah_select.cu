@@ -139,7 +139,6 @@ DEV void select_digit(const unsigned char* pay, i64 nfull, bool a4, bool cached,
   __syncthreads();  // pick and hist are rewritten by the next digit
 }
 
-
 // The multi-block selection (SEL_MULTI, tah_gpu's _SELECT_MULTI): the radix digits of the
 // scores themselves, fixed (bits [21, 32), [10, 21), [0, 10): no range pass), each one
 // launch of many blocks (TAH_OP 5) adding a shared-memory histogram of its tokens'
@@ -187,7 +186,8 @@ DEV u32 pick_bin(const u32* h, u32& k, u32* red, u32* pick) {
 // the scores sharing them (k), from the global histograms of digits 0..d-1 at hist.
 DEV void derive_prefix(const u32* hist, int d, u32& prefix, u32& k, u32* red, u32* pick) {
   prefix = 0;
-  for (int j = 0; j < d; ++j) prefix |= pick_bin(hist + j * SEL_BINS, k, red, pick) << digit_shift(j);
+  for (int j = 0; j < d; ++j)
+    prefix |= pick_bin(hist + j * SEL_BINS, k, red, pick) << digit_shift(j);
 }
 
 // The bitmap of one chunk: a token is low when its score is below s, or equal to s with

@@ -4,7 +4,7 @@ in and its output bytes out (no arithmetic), timed beside a copy of the same byt
 element is mostly writes; if this kernel's ``of copy`` sits where the decodes sit, the
 decodes are at the mix's floor, not short of instructions. ``--reads spread`` (the
 default) spreads the payload's reads through the writes as a decode does; ``phased``
-reads it all first (the kernel of session 23's recorded floor). A script beside coccl-bench.
+reads it all first. A script beside coccl-bench.
 
     python3 bench/scripts/stream_floor.py --counts 16M,64M,256M \\
         --compressor taco,int:bits=4,hadamard=32,mx --json floor.json
