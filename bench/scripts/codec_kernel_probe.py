@@ -7,7 +7,8 @@ Encodes (``encode``), decodes (``decode``), decodes into a float32 accumulator
 (``decode_accumulate``) or runs the fused ring hop (``hop``: payload = encode(x +
 decode(payload)), codecs that have one) on ``--count`` random ``--dtype`` elements with
 ``--compressor``, ``--launches`` times, after one encode that makes the payload. A
-script beside coccl-bench, not part of it: it uses coccl's public API only.
+script beside coccl-bench, not part of it: coccl's public API and coccl-bench's
+``--compressor`` parser.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import argparse
 
 import numpy as np
 
-import coccl
 from coccl.bench.cli import datatype, parse_size
+from coccl.bench.codec import codec_specs
 
 
 def main() -> None:
@@ -31,7 +32,8 @@ def main() -> None:
 
     import cupy as cp
 
-    codec = coccl.get_compressor(args.compressor)
+    (spec,) = codec_specs(args.compressor)  # 'name:key=value,...' as coccl-bench
+    codec = spec.codec
     dtype, count = datatype(args.dtype), parse_size(args.count)
     host = np.random.default_rng(1).standard_normal(count, dtype=np.float32).astype(dtype)
     x = cp.asarray(host.view(np.uint8)).view(dtype)

@@ -621,6 +621,17 @@ t23_mxdec|t23_tacorest)
   t23_tacorest) timeout 230 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
     -k "taco and (hop_kernels_agree or whole_range)" ;;
   esac 2>&1 | tee "$OUT/pytest_$part.txt" | tail -4 ;;
+s24split)
+  # Session 24: where the tah encode's time goes, launch by launch (CUDA events around each
+  # kernel; bench/scripts/launch_times.py), bfloat16 and float32 at 64M and 256M, and the
+  # decode beside it.
+  step "tah launch split"
+  for dt in bfloat16 float32; do for n in 64M 256M; do
+    timeout 60 python3 bench/scripts/launch_times.py encode --count $n --dtype $dt \
+      --compressor tah:row=4096 2>&1 | tee -a "$OUT/s24split.txt" | tail -8
+  done; done
+  timeout 60 python3 bench/scripts/launch_times.py decode --count 256M --dtype bfloat16 \
+    --compressor tah:row=4096 2>&1 | tee -a "$OUT/s24split.txt" | tail -4 ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of

@@ -19,27 +19,33 @@ from coccl.bench.cli import datatype, parse_size
 from coccl.bench.codec import codec_specs, gpu_device, rotation_sets
 from coccl.bench.table import provenance
 
-# Thread i writes the i-th 16 bytes of out and reads one of the payload's 16-byte words
+# SPREAD 0 ("phased"): thread i writes the i-th 16 bytes of out and reads payload word i
 # first (its value goes into the word written, so the load is not dead), grid-stride over
-# the output's words. SPREAD 0 ("phased"): output word i reads payload word i, so every
-# read happens in the first n_in / n_out of the run and the rest is pure writes. SPREAD 1
-# ("spread"): output word i reads payload word i * n_in / n_out where it is the first
-# output word of that payload word, so the reads are spread evenly through the writes,
-# as a decode's are (each tile reads its codes and writes its elements).
+# the output's words: every read happens in the first n_in / n_out of the run and the rest
+# is pure writes. SPREAD 1 ("spread"): the output in tiles of THREADS words (4 KiB, one
+# block's store), tile t reading payload words [t P, t P + P) with P = ceil(n_in / tiles),
+# so every tile reads its share of the payload and writes its output, as a decode's tiles
+# do; no division in the loop (a division per word would bound the kernel, not memory).
 _SOURCE = r"""
 extern "C" __global__ void stream_mix(const uint4* __restrict__ in, long long n_in,
                                       uint4* __restrict__ out, long long n_out) {
+#if SPREAD
+  const long long tiles = (n_out + blockDim.x - 1) / blockDim.x;
+  const long long per = (n_in + tiles - 1) / tiles;
+  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const long long i = t * blockDim.x + threadIdx.x, j = t * per + threadIdx.x;
+    uint4 v = make_uint4((unsigned)i, 0u, 0u, 0u);
+    if (threadIdx.x < per && j < n_in) v = in[j];
+    if (i < n_out) out[i] = v;
+  }
+#else
   long long stride = (long long)gridDim.x * blockDim.x;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_out; i += stride) {
     uint4 v = make_uint4((unsigned)i, 0u, 0u, 0u);
-#if SPREAD
-    long long k = i * n_in;
-    if (k % n_out < n_in) v = in[k / n_out];
-#else
     if (i < n_in) v = in[i];
-#endif
     out[i] = v;
   }
+#endif
 }
 """
 
