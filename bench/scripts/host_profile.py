@@ -29,6 +29,7 @@ from mpi4py import MPI
 
 import coccl
 from coccl.bench.cli import datatype, parse_size
+from coccl.bench.codec import codec_specs
 
 
 def main() -> None:
@@ -89,7 +90,8 @@ def contention(world: MPI.Comm, x: Any, args: argparse.Namespace, chunk: int) ->
     alone: wall time, this thread's CPU time, and when the last launch returned."""
     import cupy as cp
 
-    codec = coccl.get_compressor(args.compressor)
+    (spec,) = codec_specs(args.compressor)  # 'name:key=value,...' as coccl-bench
+    codec = spec.codec
     per_chunk = max(chunk // x.dtype.itemsize, 1)
     acc = cp.zeros(min(per_chunk, x.size), dtype=cp.float32)
 

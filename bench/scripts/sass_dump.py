@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-import coccl
 from coccl.bench.cli import datatype, parse_size
+from coccl.bench.codec import codec_specs
 from coccl.compressors import gpu_build
 
 
@@ -48,7 +48,8 @@ def main() -> None:
         if getattr(mod, "compile_function", None) is compile_function:
             mod.compile_function = recording
 
-    codec = coccl.get_compressor(args.compressor)
+    (spec,) = codec_specs(args.compressor)  # 'name:key=value,...' as coccl-bench
+    codec = spec.codec
     dtype, count = datatype(args.dtype), parse_size(args.count)
     x = cp.asarray(np.random.default_rng(1).standard_normal(count, np.float32))
     if dtype != np.float32:  # the top half of each float32 (a bfloat16; float16: any bits)
