@@ -15,6 +15,10 @@
 //   NPL     elements per lane: 32, or 64 for GS = 2048 (a group lies in GS / NPL lanes)
 //   ISTAGE  encode: 1 copies whole tiles into shared memory ahead (cp.async), 0 reads
 //           lane by lane one tile ahead in registers (the kernel's comment says more)
+//   IPREF   decode: 1 loads a tile's codes and scale one tile ahead (int_fetch into
+//           registers), 0 at the start of the tile's own iteration (fewer registers)
+//   ISTCS   decode: 1 writes whole tiles with st.global.cs (evict-first: the output is
+//           not read again by the kernel), 0 plain stores; the same bytes either way
 //
 // Layout: a warp works on tiles of 32 * NPL consecutive elements; lane l holds elements
 // [NPL l, NPL l + NPL) of its tile in registers, as NPL / 32 halves of 32. Its codes are
@@ -46,6 +50,12 @@
 #endif
 #ifndef ISTAGE
 #define ISTAGE 0
+#endif
+#ifndef IPREF
+#define IPREF 1
+#endif
+#ifndef ISTCS
+#define ISTCS 0
 #endif
 
 #define IQMAX ((1 << (BITS - 1)) - 1)
@@ -657,7 +667,13 @@ DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool 
       sb[sl.row ^ j] = make_uint4(ow[4 * j], ow[4 * j + 1], ow[4 * j + 2], ow[4 * j + 3]);
     __syncwarp();
 #pragma unroll
-    for (int j = 0; j < ICH; ++j) g[j * 32 + lane] = sb[col_slot(sl, j)];
+    for (int j = 0; j < ICH; ++j) {
+#if ISTCS
+      __stcs(g + j * 32 + lane, sb[col_slot(sl, j)]);
+#else
+      g[j * 32 + lane] = sb[col_slot(sl, j)];
+#endif
+    }
     __syncwarp();
 #else
     (void)sl;
@@ -712,18 +728,26 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   const IntSlots sl = int_slots(lane);
   const i64 stride = (i64)gridDim.x * WARPS;
   const i64 first = (i64)blockIdx.x * WARPS + wib;
+#if IPREF
   u32 nraw[ICW] = {};  // the next tile's loads (int_fetch)
   float nd = 0.0f;
   bool nwhole = first < lay.ntiles && int_fetch(pay, lay, K, first, lane, nraw, nd);
+#endif
   for (i64 tile = first; tile < lay.ntiles; tile += stride) {
     const i64 t0 = tile * ITILE;
     const i64 base = t0 + (i64)lane * NPL;
+#if IPREF
     const float d = nd;
     const bool cwhole = nwhole;
     u32 raw[ICW];
 #pragma unroll
     for (int j = 0; j < ICW; ++j) raw[j] = nraw[j];
     if (tile + stride < lay.ntiles) nwhole = int_fetch(pay, lay, K, tile + stride, lane, nraw, nd);
+#else
+    float d;
+    u32 raw[ICW];
+    const bool cwhole = int_fetch(pay, lay, K, tile, lane, raw, d);
+#endif
     // ---- codes
     u32 cw[ICW];
     if (cwhole) {
