@@ -69,6 +69,11 @@ _DECODE_PREFETCH = True
 # instruction) with st.global.cs, evict-first in L2 (ISTCS): the output is written once
 # and not read again by the kernel. The same bytes either way.
 _DECODE_STREAM_STORES = False
+# The decode's codes (IVEC): True loads a lane's own code words as 16-byte vectors where
+# they are a multiple of four words (4 and 8 bits at 32 a lane; 2, 4, 6 and 8 at 64) and
+# the payload is 16-byte aligned, one instruction a tile for 4 bits, without the
+# transposition through shared memory; False as coalesced words, transposed.
+_DECODE_VECTOR_CODES = False
 
 # (device, kind, defines) -> (kernel, threads, warps per block, largest grid, elements per lane)
 _launches: dict[tuple, tuple[Any, int, int, int, int]] = {}
@@ -125,6 +130,7 @@ def int_decode(
         "ACC": int(bool(accumulate)),
         "IPREF": int(bool(_DECODE_PREFETCH)),
         "ISTCS": int(bool(_DECODE_STREAM_STORES) and not accumulate),
+        "IVEC": int(bool(_DECODE_VECTOR_CODES)),
     }
     kind = "accumulate" if accumulate else "decode"
     _launch(cp, defs, kind, (payload, out), count, layout.groups, layout.coded, 0)

@@ -223,6 +223,8 @@ def test_warps_loop_over_tiles(variant: tuple, dtype: np.dtype, monkeypatch, req
             "_RESIDENT": {"encode": 1024, "decode": 1280, "accumulate": 512},
         },
         {"_DECODE_STREAM_STORES": True, "_DECODE_ONE_WAVE": True},
+        {"_DECODE_VECTOR_CODES": True},
+        {"_DECODE_VECTOR_CODES": True, "_DECODE_PREFETCH": False},
     ],
     ids=lambda s: "-".join(k.strip("_").lower() for k in s),
 )
