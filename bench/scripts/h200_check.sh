@@ -632,6 +632,49 @@ s24split)
   done; done
   timeout 60 python3 bench/scripts/launch_times.py decode --count 256M --dtype bfloat16 \
     --compressor tah:row=4096 2>&1 | tee -a "$OUT/s24split.txt" | tail -4 ;;
+s24tah)
+  # Session 24's tah kernels: the GPU tests (bitwise the CPU's), each encode launch's time
+  # (bench/scripts/launch_times.py), then the codec rows of record.
+  step "pytest gpu: tah"
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py 2>&1 \
+    | tee "$OUT/pytest_s24tah.txt" | tail -4
+  step "tah launch split"
+  for dt in bfloat16 float32; do
+    for n in 64M 256M; do
+      timeout 60 python3 bench/scripts/launch_times.py encode --count $n --dtype $dt \
+        --compressor tah:row=4096 --json "$JSONDIR/s24-tah-split.json" 2>&1 | tail -7
+    done
+    timeout 60 python3 bench/scripts/launch_times.py decode --count 256M --dtype $dt \
+      --compressor tah:row=4096 --json "$JSONDIR/s24-tah-split.json" 2>&1 | tail -3
+  done
+  step "tah codec rows"
+  timeout 90 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+    --compressor tah:row=4096 -d bfloat16,float32 -n 15 -c 0 \
+    --json "$JSONDIR/s24-tah.json" 2>&1 | tail -26 ;;
+s24int)
+  # The int decodes' A/B switches (merged from intk2, all off by default): their GPU tests,
+  # then each arm in its own process (4-bit H32, 16M-256M).
+  step "pytest gpu: int switches"
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py \
+    -k "switches or loop_over_tiles" 2>&1 | tee "$OUT/pytest_s24int.txt" | tail -4
+  for arm in base "wave:m._DECODE_ONE_WAVE = True" "nopref1280:m._DECODE_PREFETCH = False; \
+m._RESIDENT['decode'] = 1280" "cs:m._DECODE_STREAM_STORES = True" "vec:m._DECODE_VECTOR_CODES = True"; do
+    name=${arm%%:*}; set_=${arm#*:}; [ "$arm" = base ] && set_=pass
+    step "int decode arm $name"
+    timeout 70 python3 -c "import sys, coccl.compressors.intq_gpu as m; $set_; \
+from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
+      --counts 16M,64M,256M --compressor int:bits=4,hadamard=32 -d bfloat16,float32 -n 15 -c 0 \
+      --json "$JSONDIR/s24-int-$name.json" 2>&1 | grep -E "decode|encode" | tail -12
+  done ;;
+s24floor)
+  # The decodes' byte-mix floor, reads spread through the writes (no division a word now)
+  # and phased, beside a copy of the same bytes.
+  step "decode byte-mix floor, reads spread and phased"
+  for reads in spread phased; do
+    timeout 80 python3 bench/scripts/stream_floor.py --reads $reads --counts 16M,64M,256M \
+      --compressor taco,int:bits=4,hadamard=32,mx,mx:element=e2m3,tah:row=4096 \
+      --json "$JSONDIR/s24-floor-$reads.json" 2>&1 | tail -30
+  done ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of

@@ -15,7 +15,10 @@ not to a kernel's own time. A script beside coccl-bench: it patches the codec mo
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -23,6 +26,7 @@ import numpy as np
 
 from coccl.bench.cli import datatype, parse_size
 from coccl.bench.codec import codec_specs
+from coccl.bench.table import provenance
 
 _MODULES = ("tah_gpu", "intq_gpu", "mx_gpu", "gpu_kernels")
 _NAMING = ("TAH_OP", "OP", "ACC", "XT", "EPL", "THREADS")
@@ -69,6 +73,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--compressor", default="tah:row=4096")
     ap.add_argument("--launches", type=int, default=10)
+    ap.add_argument("--json", help="append the rows to this JSON file (provenance, rows)")
     args = ap.parse_args()
 
     import cupy as cp
@@ -105,11 +110,40 @@ def main() -> None:
     def median_us(pairs: list[tuple[Any, Any]]) -> float:
         return statistics.median(cp.cuda.get_elapsed_time(a, b) * 1e3 for a, b in pairs)
 
+    case = {"compressor": args.compressor, "op": args.op, "count": count, "dtype": dtype.name}
+    rows = [
+        {
+            **case,
+            "kernel": label,
+            "launches_per_call": len(pairs) / args.launches,
+            "median_us": median_us(pairs),
+        }
+        for label, pairs in times.items()
+    ]
+    rows.append(
+        {**case, "kernel": "whole call", "launches_per_call": None, "median_us": median_us(whole)}
+    )
     print(f"{args.compressor} {args.op} of {count} {dtype.name}, {args.launches} calls:")
-    for label, pairs in times.items():
-        per_call = len(pairs) / args.launches
-        print(f"  {median_us(pairs):9.1f} us  x{per_call:g} a call  {label}")
-    print(f"  {median_us(whole):9.1f} us  the whole call")
+    for row in rows:
+        per = row["launches_per_call"]
+        print(
+            f"  {row['median_us']:9.1f} us  {'' if per is None else f'x{per:g} a call'}  "
+            f"{row['kernel']}"
+        )
+    if args.json:
+        _append_json(args.json, rows)
+
+
+def _append_json(path: str, rows: list[dict[str, Any]]) -> None:
+    command = " ".join(["python3", *sys.argv])
+    doc = {**provenance(__file__), "command": command, "rows": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            doc = json.load(f)
+        doc["commands"] = [*doc.get("commands", [doc["command"]]), command]
+    doc["rows"].extend(rows)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":
