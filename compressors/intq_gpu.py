@@ -59,21 +59,6 @@ _ENCODE_ONE_WAVE = True
 # The same for the decodes (their next tile's codes loaded one tile ahead): off, not yet
 # measured against _BLOCKS_PER_SM.
 _DECODE_ONE_WAVE = False
-# The decode's (and decode-accumulate's) loads of a tile's codes and scale one tile ahead
-# (IPREF): True issues them an iteration early into registers (nraw), False at the start
-# of the tile's own iteration, as taco's decode does by default now. Off, the 4-bit
-# decodes need 55-56 registers instead of 56-63, and fit 48 without spilling: with
-# _RESIDENT["decode"] = 1280 five blocks of 256 (40 warps) an SM instead of four (32).
-_DECODE_PREFETCH = True
-# The plain decode's whole-tile stores (16-byte, a warp's 512 contiguous bytes an
-# instruction) with st.global.cs, evict-first in L2 (ISTCS): the output is written once
-# and not read again by the kernel. The same bytes either way.
-_DECODE_STREAM_STORES = False
-# The decode's codes (IVEC): True loads a lane's own code words as 16-byte vectors where
-# they are a multiple of four words (4 and 8 bits at 32 a lane; 2, 4, 6 and 8 at 64) and
-# the payload is 16-byte aligned, one instruction a tile for 4 bits, without the
-# transposition through shared memory; False as coalesced words, transposed.
-_DECODE_VECTOR_CODES = False
 
 # (device, kind, defines) -> (kernel, threads, warps per block, largest grid, elements per lane)
 _launches: dict[tuple, tuple[Any, int, int, int, int]] = {}
@@ -121,17 +106,7 @@ def int_decode(
     check_disjoint(payload, out)
     if count == 0:
         return
-    defs = {
-        "IOP": 2,
-        "BITS": bits,
-        "GS": G,
-        "HAD": H,
-        "XT": xt,
-        "ACC": int(bool(accumulate)),
-        "IPREF": int(bool(_DECODE_PREFETCH)),
-        "ISTCS": int(bool(_DECODE_STREAM_STORES) and not accumulate),
-        "IVEC": int(bool(_DECODE_VECTOR_CODES)),
-    }
+    defs = {"IOP": 2, "BITS": bits, "GS": G, "HAD": H, "XT": xt, "ACC": int(bool(accumulate))}
     kind = "accumulate" if accumulate else "decode"
     _launch(cp, defs, kind, (payload, out), count, layout.groups, layout.coded, 0)
 
@@ -160,16 +135,7 @@ def _launch(
 ) -> None:
     device_id = arrays[0].data.device_id
     with cp.cuda.Device(device_id):
-        # The switches below are read at the first launch of a variant: in the key, so
-        # that changing one (an A/B in one process) takes effect.
-        key_t = (
-            device_id,
-            kind,
-            _RESIDENT[kind],
-            _ENCODE_ONE_WAVE,
-            _DECODE_ONE_WAVE,
-            *sorted(defs.items()),
-        )
+        key_t = (device_id, kind, *sorted(defs.items()))
         cached = _launches.get(key_t)
         if cached is None:
             npl = 64 if defs["GS"] > 1024 else 32  # a group lies in at most 32 lanes

@@ -15,13 +15,6 @@
 //   NPL     elements per lane: 32, or 64 for GS = 2048 (a group lies in GS / NPL lanes)
 //   ISTAGE  encode: 1 copies whole tiles into shared memory ahead (cp.async), 0 reads
 //           lane by lane one tile ahead in registers (the kernel's comment says more)
-//   IPREF   decode: 1 loads a tile's codes and scale one tile ahead (int_fetch into
-//           registers), 0 at the start of the tile's own iteration (fewer registers)
-//   ISTCS   decode: 1 writes whole tiles with st.global.cs (evict-first: the output is
-//           not read again by the kernel), 0 plain stores; the same bytes either way
-//   IVEC    decode: 1 loads a lane's own code words as 16-byte vectors where they are a
-//           multiple of four (ICW % 4 == 0) and the payload 16-byte aligned, 0 (and
-//           elsewhere) as coalesced words transposed through shared memory (codes_load)
 //
 // Layout: a warp works on tiles of 32 * NPL consecutive elements; lane l holds elements
 // [NPL l, NPL l + NPL) of its tile in registers, as NPL / 32 halves of 32. Its codes are
@@ -53,15 +46,6 @@
 #endif
 #ifndef ISTAGE
 #define ISTAGE 0
-#endif
-#ifndef IPREF
-#define IPREF 1
-#endif
-#ifndef ISTCS
-#define ISTCS 0
-#endif
-#ifndef IVEC
-#define IVEC 0
 #endif
 
 #define IQMAX ((1 << (BITS - 1)) - 1)
@@ -128,7 +112,6 @@ struct IntPay {
   i64 ntiles;  // warp tiles over the coded elements
   bool p4;     // the payload is 4-byte aligned (a tile's codes: whole words)
   bool a4;     // the scales are 4-byte aligned
-  bool p16;    // the payload is 16-byte aligned (the decode's IVEC loads)
 };
 
 DEV IntPay int_pay(const void* pay, i64 count) {
@@ -137,7 +120,6 @@ DEV IntPay int_pay(const void* pay, i64 count) {
   p.cbytes = (p.coded * BITS + 7) >> 3;
   p.ntiles = (p.coded + ITILE - 1) / ITILE;
   p.p4 = (((u64)pay) & 3) == 0;
-  p.p16 = (((u64)pay) & 15) == 0;
   p.a4 = (((u64)pay + (u64)p.cbytes) & 3) == 0;
   return p;
 }
@@ -669,13 +651,7 @@ DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool 
       sb[sl.row ^ j] = make_uint4(ow[4 * j], ow[4 * j + 1], ow[4 * j + 2], ow[4 * j + 3]);
     __syncwarp();
 #pragma unroll
-    for (int j = 0; j < ICH; ++j) {
-#if ISTCS
-      __stcs(g + j * 32 + lane, sb[col_slot(sl, j)]);
-#else
-      g[j * 32 + lane] = sb[col_slot(sl, j)];
-#endif
-    }
+    for (int j = 0; j < ICH; ++j) g[j * 32 + lane] = sb[col_slot(sl, j)];
     __syncwarp();
 #else
     (void)sl;
@@ -692,36 +668,17 @@ DEV void int_store_lane(char* ob, i64 t0, i64 base, i64 count, bool whole, bool 
 // where the tile's codes are whole words (whole: the payload aligned and the tile within
 // the coded elements), the tile's code words j * 32 + lane in raw. Issued one tile ahead,
 // so that a warp's next loads are in flight while it transforms and stores this tile.
-// IVECW: raw is instead the lane's own ICW words (words lane * ICW + j of the tile), in
-// ICW / 4 16-byte loads: with ICW = 4 one instruction reads the tile's 512 contiguous
-// bytes, and the codes skip the transposition through shared memory.
-#define IVECW (IVEC && ICW % 4 == 0)
 DEV bool int_fetch(const unsigned char* pay, const IntPay& lay, i64 K, i64 tile, int lane,
                    u32* raw, float& d) {
   const i64 t0 = tile * ITILE;
   const i64 g = (t0 + (i64)lane * NPL) / GS;
   d = g < K ? as_f(ld32(pay + lay.cbytes + 4 * g, lay.a4)) : 0.0f;
-#if IVECW
-  const bool whole = lay.p16 && t0 + ITILE <= lay.coded;
-  if (whole) {
-    const uint4* gp = (const uint4*)(pay + t0 * BITS / 8) + lane * (ICW / 4);
-#pragma unroll
-    for (int k = 0; k < ICW / 4; ++k) {
-      const uint4 q = ldg4(gp + k);
-      raw[4 * k] = q.x;
-      raw[4 * k + 1] = q.y;
-      raw[4 * k + 2] = q.z;
-      raw[4 * k + 3] = q.w;
-    }
-  }
-#else
   const bool whole = lay.p4 && t0 + ITILE <= lay.coded;
   if (whole) {
     const u32* gp = (const u32*)(pay + t0 * BITS / 8);
 #pragma unroll
     for (int j = 0; j < ICW; ++j) raw[j] = __ldg(gp + j * 32 + lane);
   }
-#endif
   return whole;
 }
 
@@ -744,43 +701,27 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
   uint4* sb = smem + wib * 32 * ICH;
 #endif
   u32* cb = cbuf + wib * 32 * ICS;
-#if IVECW
-  (void)cb;
-#endif
   const IntPay lay = int_pay(pay, count);
   const bool vout = (((u64)ob) & 15) == 0;
   const IntSlots sl = int_slots(lane);
   const i64 stride = (i64)gridDim.x * WARPS;
   const i64 first = (i64)blockIdx.x * WARPS + wib;
-#if IPREF
   u32 nraw[ICW] = {};  // the next tile's loads (int_fetch)
   float nd = 0.0f;
   bool nwhole = first < lay.ntiles && int_fetch(pay, lay, K, first, lane, nraw, nd);
-#endif
   for (i64 tile = first; tile < lay.ntiles; tile += stride) {
     const i64 t0 = tile * ITILE;
     const i64 base = t0 + (i64)lane * NPL;
-#if IPREF
     const float d = nd;
     const bool cwhole = nwhole;
     u32 raw[ICW];
 #pragma unroll
     for (int j = 0; j < ICW; ++j) raw[j] = nraw[j];
     if (tile + stride < lay.ntiles) nwhole = int_fetch(pay, lay, K, tile + stride, lane, nraw, nd);
-#else
-    float d;
-    u32 raw[ICW];
-    const bool cwhole = int_fetch(pay, lay, K, tile, lane, raw, d);
-#endif
     // ---- codes
     u32 cw[ICW];
     if (cwhole) {
-#if IVECW
-#pragma unroll
-      for (int j = 0; j < ICW; ++j) cw[j] = raw[j];
-#else
       codes_load(raw, cb, sl, lane, cw);
-#endif
     } else {
       const i64 b0 = base * BITS / 8;
 #pragma unroll

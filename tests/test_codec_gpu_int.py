@@ -210,54 +210,6 @@ def test_warps_loop_over_tiles(variant: tuple, dtype: np.dtype, monkeypatch, req
     _assert_same(cupy.asnumpy(d_acc), acc, f"{msg} accumulate")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(
-    "variant", [(4, 128, 32, False), (4, 128, 0, False), (8, 128, 0, True)], ids=_vid
-)
-@pytest.mark.parametrize(
-    "switches",
-    [
-        {"_DECODE_PREFETCH": False},
-        {
-            "_DECODE_PREFETCH": False,
-            "_RESIDENT": {"encode": 1024, "decode": 1280, "accumulate": 512},
-        },
-        {"_DECODE_STREAM_STORES": True, "_DECODE_ONE_WAVE": True},
-        {"_DECODE_VECTOR_CODES": True},
-        {"_DECODE_VECTOR_CODES": True, "_DECODE_PREFETCH": False},
-    ],
-    ids=lambda s: "-".join(k.strip("_").lower() for k in s),
-)
-def test_decode_switches(
-    switches: dict, variant: tuple, dtype: np.dtype, monkeypatch, request
-) -> None:
-    # The decodes' A/B switches in intq_gpu, each on a one-multiprocessor grid (several
-    # tiles a warp, a partial one last) and the full grid: the CPU's values.
-    for name, value in switches.items():
-        monkeypatch.setattr(intq_gpu, name, value)
-    seed = seed_for(request)
-    rng = np.random.default_rng(seed)
-    x = grouped_gaussian(rng, 200003, variant[1], -4, 4).astype(dtype)
-    x[rng.integers(x.size)] = np.nan
-    cpu, dev, opts = _both(x, variant, stream_key(seed, 3))
-    msg = f"{_vid(variant)} {dtype} {switches} seed={seed}"
-    out = np.empty(x.size, dtype)
-    intq_cpu.int_decode(cpu, out, accumulate=False, **opts)
-    base = rng.standard_normal(x.size).astype(np.float32)
-    acc = base.copy()
-    intq_cpu.int_decode(cpu, acc, accumulate=True, **opts)
-    real = intq_gpu.sm_count
-    for sms in (1, None):
-        monkeypatch.setattr(intq_gpu, "_launches", {})
-        monkeypatch.setattr(intq_gpu, "sm_count", lambda cp, n=sms: n or real(cp))
-        d_out = to_dev(np.zeros(x.size, dtype))
-        intq_gpu.int_decode(dev, d_out, accumulate=False, **opts)
-        _assert_same(to_host(d_out), out, f"{msg} sms={sms}")
-        d_acc = cupy.asarray(base)
-        intq_gpu.int_decode(dev, d_acc, accumulate=True, **opts)
-        _assert_same(cupy.asnumpy(d_acc), acc, f"{msg} sms={sms} accumulate")
-
-
 @pytest.mark.parametrize(
     "cfg",
     [

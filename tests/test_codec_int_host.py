@@ -157,42 +157,6 @@ def test_cuda_decode_matches_numba_on_any_payload(variant: tuple, source: Path) 
     _same(z, summed)
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"b{v[0]}-g{v[1]}-h{v[2]}-{v[4]}")
-def test_cuda_decode_switches_match_numba(variant: tuple, source: Path) -> None:
-    """The decode's A/B switches (intq_gpu._DECODE_PREFETCH, _DECODE_STREAM_STORES,
-    _DECODE_VECTOR_CODES): a tile's loads in its own iteration (IPREF=0), the whole tiles'
-    stores by __stcs (ISTCS=1), a lane's own code words as 16-byte vectors (IVEC=1, where
-    they are a multiple of four: 4 and 8 bits here, with and without IPREF), plain and
-    accumulating, on edge payloads over several tiles of one warp and a partial one: the
-    same values."""
-    bits, g, h, _, dtype = variant
-    npl = 64 if g > 1024 else 32
-    opts = {"bits": bits, "group_size": g, "hadamard": h}
-    rng = np.random.default_rng(300 + bits)
-    common = {"IOP": 2, "BITS": bits, "GS": g, "HAD": h, "NPL": npl}
-    decs = [_build(source, {**common, "XT": XT[dtype], "IPREF": 0, "ISTCS": 1})]
-    accs = [_build(source, {**common, "XT": 0, "ACC": 1, "IPREF": 0})]
-    if npl * bits // 32 % 4 == 0:
-        decs += [_build(source, {**common, "XT": XT[dtype], "IVEC": 1, "IPREF": p}) for p in (0, 1)]
-        accs += [_build(source, {**common, "XT": 0, "ACC": 1, "IVEC": 1, "IPREF": 0})]
-    count = 3 * 32 * npl + 37
-    layout = int_layout(count, bits, g, h)
-    payload = int_edge_payload(rng, count, bits, g, h)
-    out = np.empty(count, dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
-        intq_cpu.int_decode(payload, out, accumulate=False, **opts)
-    for dec in decs:
-        y = _run(dec, payload, count, layout.groups, 0, count * dtype.itemsize).view(dtype)
-        _same(y, out)
-    base = rng.standard_normal(count).astype(np.float32)
-    summed = base.copy()
-    with np.errstate(over="ignore", invalid="ignore"):
-        intq_cpu.int_decode(payload, summed, accumulate=True, **opts)
-    for acc in accs:
-        z = _run(acc, payload, count, layout.groups, 0, 4 * count, init=base).view(np.float32)
-        _same(z, summed)
-
-
 @pytest.mark.parametrize(
     "variant", [v for v in VARIANTS if v[2]], ids=lambda v: f"b{v[0]}-g{v[1]}-h{v[2]}-{v[4]}"
 )

@@ -653,7 +653,8 @@ s24tah)
     --json "$JSONDIR/s24-tah.json" 2>&1 | tail -26 ;;
 s24int)
   # The int decodes' A/B switches (merged from intk2, all off by default): their GPU tests,
-  # then each arm in its own process (4-bit H32, 16M-256M).
+  # then each arm in its own process (4-bit H32, 16M-256M). Runs at commit bab722d only:
+  # the switches measured equal and were taken out after it.
   step "pytest gpu: int switches"
   timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py \
     -k "switches or loop_over_tiles" 2>&1 | tee "$OUT/pytest_s24int.txt" | tail -4

@@ -27,8 +27,6 @@ Dim blockIdx{0}, gridDim{1};
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 template <class T> T __ldg(const T* p) { return *p; }
-// st.global.cs (the int decode's ISTCS): a plain store here.
-template <class T> void __stcs(T* p, T v) { *p = v; }
 inline unsigned __vmaxu2(unsigned a, unsigned b) {
   unsigned lo = std::max(a & 0xffffu, b & 0xffffu), hi = std::max(a >> 16, b >> 16);
   return lo | (hi << 16);
