@@ -1,9 +1,11 @@
 """CUDA kernels of the tah codec, for CuPy arrays: the GPU twin of ``tah_cpu``.
 
 The same two functions with the same signatures, on flat contiguous CuPy arrays, giving
-payloads and decoded values bitwise identical to the CPU kernels'. Encoding runs three
+payloads and decoded values bitwise identical to the CPU kernels'. Encoding runs these
 kernels on the payload alone: the token scores (each token's score written into the
-payload's centre region, scratch until the last kernel), the choice of the low tokens
+payload's centre region, scratch until the last kernel; with ``_SCORE_SPLIT``, where the
+payload has room, in two launches: one block a token storing its warps' sums in the codes
+region, then one thread a token adding them into the score), the choice of the low tokens
 (one block's radix select of the nlow-th smallest score, ties to the lower index as the
 CPU's sort; with ``_SELECT_MULTI`` and many tokens its three digits first histogrammed by
 three launches of many blocks) into the token bitmap, and the tiles; decoding runs one
@@ -15,11 +17,12 @@ synchronisation, no copy from the host per call, so a CUDA graph may capture the
 ``codec_kernels.cu`` (whose float32 arithmetic and conversions it uses), ``tah_tables.cu``
 (the score's tables) and ``tah_select.cu`` (the selection) by
 ``gpu_build.compile_function``. Everything runs on CuPy's current stream of the arrays'
-device. The scores' kernel is ``tah_score.cu``, compiled after ``tah_kernels.cu``.
+device. The scores' kernels are ``tah_score.cu``, compiled after ``tah_kernels.cu``.
 Importing this module touches neither CuPy nor the GPU.
 
 Bytes moved per encode of n elements of e bytes (P the payload's bytes): the scores read
-the input (n e), the selection reads the NT scores three to five times in one block, the
+the input (n e) (split: and write then read 16 bytes a warp a token, 128 with 8 warps, and
+write the NT scores), the selection reads the NT scores three to five times in one block, the
 tiles read the input again and write P; a decode reads P and writes n e (twice that with
 ``accumulate``, which reads the output too). Each block of a tile kernel also reads the
 bitmap bytes before its range (NT / 8 bytes at most).
@@ -55,8 +58,20 @@ _PRELUDE = (
 )
 _THREADS = 256
 _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
-_BLOCKS_PER_SM = 16  # scores: at most this many blocks per SM (grid-stride over tokens)
-_OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT = 1, 2, 3, 4, 5
+_OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT, _OP_SCORE_SUMS = 1, 2, 3, 4, 5, 6
+# The scores kernel's blocks per SM, by split (below) and element type (XT: float32,
+# float16, bfloat16): its __launch_bounds__ minimum and its grid, one wave of them
+# (grid-stride over tokens), so that every block takes as many tokens as another, to within
+# one. The most that its registers allow without spilling (by ptxas: 48 a thread at 5, 64
+# at 4; the table, 33 KB of shared memory a block, would allow 6).
+_SCORE_BLOCKS_PER_SM = {True: {0: 4, 1: 5, 2: 5}, False: {0: 4, 1: 5, 2: 4}}
+# The scores in two launches (tah_score.cu's SC_SPLIT): the scores kernel stores each
+# warp's two sums in scratch in the payload's codes region, and a kernel of one thread a
+# token adds them and computes the score, off the blocks' serial path between tokens.
+# False computes them in the scores kernel (as payloads too small for the scratch do).
+# Bitwise the same scores; a module constant for a device A/B.
+_SCORE_SPLIT = True
+_SCORE_SUMS_BLOCKS_PER_SM = 8  # kernel 6's grid cap (one thread a token, grid-stride)
 # The low tokens' selection: True runs the multi-block one (tah_select.cu's SEL_MULTI: each
 # of the scores' three radix digits a launch of many blocks into a global histogram in the
 # payload's step region, then the one block reads the digits off them and writes the bitmap);
@@ -134,6 +149,19 @@ def _select_scratch(payload: Any, lay: Any) -> tuple[int, int]:
     return 4 * lay.tiles, words
 
 
+def _score_sums(ptr: int, lay: Any, warps: int = _THREADS // 32) -> int:
+    """The byte offset of the split scores' sums in the payload at address ``ptr`` (two
+    int64 a warp a token, 8-byte aligned, from the codes region's start on: nothing else
+    is written there before the tiles kernel, and the selection writes the bitmap only
+    after kernel 6 has read the sums), or 0 for scores in one kernel (the switch off or no
+    room)."""
+    start = 8 * lay.tiles
+    start += -(ptr + start) % 8
+    if not _SCORE_SPLIT or start + 16 * warps * lay.tokens > lay.nbytes:
+        return 0
+    return start
+
+
 def tah_encode(
     x: Any,
     payload: Any,
@@ -157,10 +185,20 @@ def tah_encode(
     with cp.cuda.Device(x.data.device_id):
         i64 = np.int64
         hist0, hwords = _select_scratch(payload, lay)
-        blocks = max(1, min(lay.tokens, sm_count(cp) * _BLOCKS_PER_SM))
-        score = _kernel({"TAH_OP": _OP_SCORE, "XT": xt})
+        sums = _score_sums(payload.data.ptr, lay)
+        per_sm = _SCORE_BLOCKS_PER_SM[sums > 0][xt]
+        score = _kernel(
+            {"TAH_OP": _OP_SCORE, "XT": xt, "MIN_BLOCKS": per_sm, "SC_SPLIT": int(sums > 0)}
+        )
+        blocks = max(1, min(lay.tokens, sm_count(cp) * per_sm))
         args = (x, payload, i64(count), i64(row), i64(lay.tokens), i64(hist0), i64(hwords))
-        score((blocks,), (_THREADS,), args)
+        score((blocks,), (_THREADS,), (*args, i64(sums)))
+        if sums:
+            add = _kernel({"TAH_OP": _OP_SCORE_SUMS})
+            cap = sm_count(cp) * _SCORE_SUMS_BLOCKS_PER_SM
+            grid = max(1, min(-(-lay.tokens // _THREADS), cap))
+            args = (payload, i64(lay.tokens), i64(sums), i64(_THREADS // 32), i64(0))
+            add((grid,), (_THREADS,), args)
         if hist0:
             digit = _kernel({"TAH_OP": _OP_DIGIT})
             grid = max(1, min(-(-lay.full_tokens // _DIGIT_TOKENS_PER_BLOCK), sm_count(cp) * 4))

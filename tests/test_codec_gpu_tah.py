@@ -220,3 +220,31 @@ def test_gpu_selection_over_many_tokens(monkeypatch, multi: bool) -> None:
         low_fraction=c.low_fraction, pivot=c.pivot == "auto", pivot_ratio=c.pivot_ratio,
     )  # fmt: skip
     np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"multi={multi}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])
+def test_gpu_scores_split_and_not(monkeypatch, split: bool, dtype: np.dtype) -> None:
+    # The scores in one kernel and in two (tah_gpu._SCORE_SPLIT): the same payload, over
+    # tokens not live (zeros, a NaN, an infinity), tiny ones (zeros on their own level), a
+    # short last token, many tokens (the multi-block selection), and an unaligned payload.
+    from coccl.compressors import tah_gpu
+
+    monkeypatch.setattr(tah_gpu, "_SCORE_SPLIT", split)
+    c = TahCompressor(row=4096)
+    rng = np.random.default_rng(31)
+    n = 9000 * 4096 + 1000
+    x = make_data(rng, n, 4096, dtype).astype(np.float64)
+    x[5 * 4096 : 6 * 4096] = 0.0
+    x[7 * 4096 + 9] = np.nan
+    x[8 * 4096 + 3] = np.inf
+    if dtype != np.float16:
+        x[9 * 4096 : 10 * 4096] *= 2.0**-110
+        x[9 * 4096 : 10 * 4096 : 5] = 0.0
+    x = x.astype(dtype)
+    want = c.encode(x)
+    for offset in (0, 3):
+        raw = cupy.zeros(want.size + 8, cupy.uint8)
+        got = raw[offset : offset + want.size]
+        c.encode(to_dev(x), got)
+        np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"{split=} {offset=}")

@@ -30,6 +30,7 @@ from coccl.compressors.tah_gpu import (  # launches' lane sizes, the selection's
     _EPL,
     _SELECT_BINS,
     _SELECT_DIGITS,
+    _score_sums,
 )
 
 from codec_reference import magnitude_sweep
@@ -63,6 +64,7 @@ def build(tmp_path_factory):
     """A function from a variant's defines to its compiled emulation (cached)."""
     argtypes = {
         "emu_launch": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 5,
+        "emu_launch8": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 6,
         "emu_set_grid": [ctypes.c_int],
     }
     return builder(tmp_path_factory.mktemp("tah_emulation"), SOURCES, argtypes, {"OP": 0})
@@ -78,6 +80,33 @@ def launch(lib: ctypes.CDLL, grid: int, *args) -> None:
 
 
 SELECT_WORDS = _SELECT_DIGITS * _SELECT_BINS  # the multi-block selection's histograms
+
+
+def emulated_scores(
+    build,
+    x: np.ndarray,
+    payload: np.ndarray,
+    row: int,
+    lay,
+    split: bool,
+    threads: int = 32,
+    cache: int = 2,
+    hist: tuple[int, int] = (0, 0),
+) -> int:
+    """tah_gpu's scores launches on a grid of three blocks of ``threads`` threads (blocks
+    that take several tokens, one none where there are two): with ``split`` and room for
+    the sums (tah_gpu's rule) kernel 1 storing its warps' sums and kernel 6 adding them,
+    else kernel 1 alone. ``hist``: the histograms' (byte offset, words) to zero. Returns
+    the sums' offset (0: one kernel)."""
+    sums = _score_sums(payload.ctypes.data, lay, threads // 32) if split else 0
+    defs = {"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": cache, "THREADS": threads}
+    score = build({**defs, "SC_SPLIT": int(sums > 0)})
+    score.emu_set_grid(3)
+    score.emu_launch8(x.ctypes.data, payload.ctypes.data, x.size, row, lay.tokens, *hist, sums)
+    if sums:  # two blocks of 32 threads: one thread a token, grid-stride past 64 tokens
+        launch(build({"TAH_OP": 6}), 2, payload.ctypes.data, None, lay.tokens, sums,
+               threads // 32, 0, 0)  # fmt: skip
+    return sums
 
 
 def emulated_select(build, payload: np.ndarray, lay, cache: int = 16, hist0: int = 0) -> None:
@@ -124,13 +153,13 @@ def emulated_encode(
     hwords = SELECT_WORDS if hist0 else 0
     # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice; then
     # two chunks a thread (512 elements: a token's second chunk may be past its end). Three
-    # blocks: a block's next token loaded ahead of its sums.
+    # blocks: a block's next token loaded ahead of its sums. Each in one kernel and split
+    # (where the payload has room for the sums), the split last, as tah_gpu's default.
     want = token_keys(x.astype(np.float32), c.row) >> 32
-    for sc_cache in (2, 1):
-        score = build({"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": sc_cache, "THREADS": 32})
-        launch(score, 3, x.ctypes.data, buf.ctypes.data, n, c.row, lay.tokens, hist0, hwords)
+    for sc_cache, split in ((2, False), (1, False), (1, True), (2, True)):
+        emulated_scores(build, x, payload, c.row, lay, split, 32, sc_cache, (hist0, hwords))
         scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
-        np.testing.assert_array_equal(scores, want, err_msg=f"SC_CACHE={sc_cache}")
+        np.testing.assert_array_equal(scores, want, err_msg=f"SC_CACHE={sc_cache} {split=}")
     if hist0:  # the scores kernel zeroed the histograms
         assert not buf[hist0:].any()
     emulated_select(build, buf, lay, cache, hist0)
@@ -270,9 +299,9 @@ def test_emulated_kernels_match_cpu_unaligned(build, cfg: dict, dtype) -> None:
     payload[:] = emulated_encode(build, c, x)  # the aligned encode checked first
     np.testing.assert_array_equal(payload, want)
     got = np.full(lay.nbytes + 1, 0xAB, np.uint8)[1:]
-    # the encode on the unaligned x into the unaligned payload
-    score = build({"TAH_OP": 1, "XT": XT[dtype], "SC_CACHE": 2, "THREADS": 32})
-    launch(score, 3, x.ctypes.data, got.ctypes.data, n, c.row, lay.tokens, 0, 0)
+    # the encode on the unaligned x into the unaligned payload, its sums realigned
+    sums = emulated_scores(build, x, got, c.row, lay, True)
+    assert sums > 0 and (got.ctypes.data + sums) % 8 == 0
     scores = got[: 4 * lay.tokens].copy().view(np.uint32).astype(np.int64)
     np.testing.assert_array_equal(scores, token_keys(x.astype(np.float32), c.row) >> 32)
     emulated_select(build, got, lay)
@@ -287,3 +316,65 @@ def test_emulated_kernels_match_cpu_unaligned(build, cfg: dict, dtype) -> None:
     expect = c.decode(want, count=n, dtype=dtype)
     out = np.full(n + 1, 7, dtype)[1:]
     assert_values_equal(emulated_decode(build, c, got, out, False), expect, f"{cfg} unaligned")
+
+
+def score_data(rng: np.random.Generator, tokens: int, row: int, dtype: np.dtype) -> np.ndarray:
+    """Tokens of every kind the scores tell apart: ordinary ones, all zeros, one with a
+    NaN, one with an infinity, one of magnitudes below 2^-94 (whose zeros need their own
+    level: the kernel's Z variant) with some zeros, and one short last token."""
+    x = data(rng, tokens * row - row // 3, row, dtype).astype(np.float32)
+    x[np.isnan(x)] = 1.0
+    kinds = [lambda t: t.fill(0.0), lambda t: t.__setitem__(5, np.nan),
+             lambda t: t.__setitem__(-1, -np.inf), lambda t: t.__imul__(2.0**-110)]  # fmt: skip
+    for k, t in enumerate(rng.permutation(tokens - 1)[: len(kinds)]):
+        kinds[k](x[t * row : (t + 1) * row])
+    if dtype != np.float16:  # float16 has no magnitudes that small (they flush to zero)
+        tiny = x[row * (tokens // 2) : row * (tokens // 2 + 1)]
+        tiny *= 2.0**-110
+        tiny[::7] = 0.0
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float16), BF16], ids=str)
+@pytest.mark.parametrize("tokens", [1, 2, 9])
+@pytest.mark.parametrize("threads, row", [(32, 256), (64, 1024), (128, 512)])
+def test_emulated_split_scores(build, dtype, tokens: int, threads: int, row: int) -> None:
+    # The scores in two launches (kernel 1's per-warp sums, kernel 6's adds) against the
+    # CPU's, and in one: tokens not live (zeros, NaN, infinity: score 0), the Z variant,
+    # a short last token, one token;
+    # 2 and 4 warps a block (several sums a token), some warps past a short token's end.
+    dtype = np.dtype(dtype)
+    x = score_data(np.random.default_rng(tokens * row), tokens, row, dtype)
+    lay = tah_layout(x.size, row, 64, 4, 3, 0.2)
+    want = token_keys(x.astype(np.float32), row) >> 32
+    for split in (True, False):
+        payload = np.full(lay.nbytes, 0xAB, np.uint8)
+        sums = emulated_scores(build, x, payload, row, lay, split, threads, cache=1)
+        assert sums > 0 or not split
+        got = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
+        np.testing.assert_array_equal(got, want, err_msg=f"{split=} {sums=}")
+    if tokens == 9:
+        assert (want == 0).sum() >= 3  # the zero, NaN and infinity tokens
+
+
+@pytest.mark.parametrize("cfg, dtype", [CASES[1], CASES[3]], ids=lambda v: str(v))
+def test_emulated_split_scores_many_tokens(build, cfg: dict, dtype) -> None:
+    # The whole encode over more tokens than the multi-block selection's threshold would
+    # take on the GPU (with its histograms here past the payload), the scores split.
+    dtype = np.dtype(dtype)
+    c = TahCompressor(**{**cfg, "row": 64, "tile": 64})
+    x = score_data(np.random.default_rng(5), 600, c.row, dtype)
+    want = c.encode(x)
+    got = emulated_encode(build, c, x, multi=True)
+    np.testing.assert_array_equal(got, want, err_msg=str(cfg))
+
+
+def test_split_scores_scratch() -> None:
+    # The sums lie 8-byte aligned at or after the codes region and inside the payload, or
+    # nowhere (0: the scores in one kernel) where they do not fit (tokens of 32 two-bit codes).
+    lay = tah_layout(4096 * 9 + 5, 4096, 64, 4, 3, 0.2)
+    for ptr in range(8):
+        sums = _score_sums(ptr, lay)
+        assert sums >= 8 * lay.tiles and (ptr + sums) % 8 == 0
+        assert sums + 16 * 8 * lay.tokens <= lay.nbytes
+    assert _score_sums(0, tah_layout(32 * 50, 32, 32, 2, 2, 0.2)) == 0

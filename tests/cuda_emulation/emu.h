@@ -79,6 +79,19 @@ inline unsigned __match_any_sync(unsigned, unsigned v) {
   for (int l = 0; l < 32; ++l) m |= (all[l] == v ? 1u : 0u) << l;
   return m;
 }
+// redux.sync: the 32 lanes' sum (modulo 2^32) and largest value of an unsigned.
+inline unsigned __reduce_add_sync(unsigned, unsigned v) {
+  uint64_t all[32]; emu_gather<uint64_t>(v, all);
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r += (unsigned)all[l];
+  return r;
+}
+inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+  uint64_t all[32]; emu_gather<uint64_t>(v, all);
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r = std::max(r, (unsigned)all[l]);
+  return r;
+}
 inline int __clz(unsigned x) { return x == 0u ? 32 : __builtin_clz(x); }
 inline int __ffs(unsigned x) { return x == 0u ? 0 : __builtin_ctz(x) + 1; }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }

@@ -9,7 +9,7 @@ extern "C" void emu_launch(void* a0, void* a1, long long c, long long r, long lo
                            long long q) {
   emu_run_grid(emu_grid, [=] {
 #if TAH_OP == 1
-    tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
+    tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q, 0);
 #elif TAH_OP == 2
     tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
 #elif TAH_OP == 3
@@ -20,4 +20,11 @@ extern "C" void emu_launch(void* a0, void* a1, long long c, long long r, long lo
     tah_kernel((unsigned char*)a0, c, r, k, p);
 #endif
   });
+}
+// The scores kernel (TAH_OP 1) with its eighth argument, the byte offset of its sums.
+extern "C" void emu_launch8(void* a0, void* a1, long long c, long long r, long long k,
+                            long long p, long long q, long long s) {
+#if TAH_OP == 1
+  emu_run_grid(emu_grid, [=] { tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q, s); });
+#endif
 }
