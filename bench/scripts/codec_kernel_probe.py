@@ -14,11 +14,25 @@ script beside coccl-bench, not part of it: coccl's public API and coccl-bench's
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 
 from coccl.bench.cli import datatype, parse_size
 from coccl.bench.codec import codec_specs
+
+
+def probe_case(compressor: str, dtype_name: str, count_text: str) -> tuple[Any, ...]:
+    """(codec, dtype, count, x, payload): ``compressor`` ('name:key=value,...' as
+    coccl-bench), ``count_text`` standard normal values of ``dtype_name`` on the current
+    GPU (the same seed every time), and their payload."""
+    import cupy as cp
+
+    (spec,) = codec_specs(compressor)
+    dtype, count = datatype(dtype_name), parse_size(count_text)
+    host = np.random.default_rng(1).standard_normal(count, dtype=np.float32).astype(dtype)
+    x = cp.asarray(host.view(np.uint8)).view(dtype)
+    return spec.codec, dtype, count, x, spec.codec.encode(x)
 
 
 def main() -> None:
@@ -32,12 +46,7 @@ def main() -> None:
 
     import cupy as cp
 
-    (spec,) = codec_specs(args.compressor)  # 'name:key=value,...' as coccl-bench
-    codec = spec.codec
-    dtype, count = datatype(args.dtype), parse_size(args.count)
-    host = np.random.default_rng(1).standard_normal(count, dtype=np.float32).astype(dtype)
-    x = cp.asarray(host.view(np.uint8)).view(dtype)
-    payload = codec.encode(x)
+    codec, dtype, count, x, payload = probe_case(args.compressor, args.dtype, args.count)
     acc = cp.zeros(count, dtype=cp.float32)
     out, sent = cp.empty_like(x), cp.empty_like(payload)
     hop = codec.reduce_encode_kernel(x, dtype)

@@ -14,6 +14,14 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 parts=${1:-"info codec tests mpitests sweep"}
 JSONDIR=${JSONDIR:-$OUT}
 step() { echo; echo "=== $* ($(date +%T))"; }
+floor_runs() {  # the decodes' byte-mix floor, reads spread and phased; JSON $JSONDIR/$1<reads>.json
+  step "decode byte-mix floor, reads spread and phased"
+  for reads in spread phased; do
+    timeout 80 python3 bench/scripts/stream_floor.py --reads $reads --counts 16M,64M,256M \
+      --compressor taco,int:bits=4,hadamard=32,mx,mx:element=e2m3,tah:row=4096 \
+      --json "$JSONDIR/$1$reads.json" 2>&1 | tee -a "$OUT/floor_log.txt" | tail -30
+  done
+}
 # An MPS control daemon, so that ranks sharing the GPU run their kernels side by side
 # instead of time-sliced between their contexts (as ranks on GPUs of their own would).
 mps_start() {
@@ -670,24 +678,14 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
 s24floor)
   # The decodes' byte-mix floor, reads spread through the writes (no division a word now)
   # and phased, beside a copy of the same bytes.
-  step "decode byte-mix floor, reads spread and phased"
-  for reads in spread phased; do
-    timeout 80 python3 bench/scripts/stream_floor.py --reads $reads --counts 16M,64M,256M \
-      --compressor taco,int:bits=4,hadamard=32,mx,mx:element=e2m3,tah:row=4096 \
-      --json "$JSONDIR/s24-floor-$reads.json" 2>&1 | tail -30
-  done ;;
+  floor_runs s24-floor- ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of
   # h200-kernels-s23-floor.json) and the whole mx GPU test file at the final code (session
   # 23 ran out of time in it); then part k23b_ncu (ncu's time per tah encode launch).
   # Budget: ~400 s.
-  step "decode byte-mix floor, reads spread and phased"
-  for reads in spread phased; do
-    timeout 80 python3 bench/scripts/stream_floor.py --reads $reads --counts 16M,64M,256M \
-      --compressor taco,int:bits=4,hadamard=32,mx,mx:element=e2m3,tah:row=4096 \
-      --json "$JSONDIR/floor-$reads.json" 2>&1 | tee -a "$OUT/floor_log.txt" | tail -30
-  done
+  floor_runs floor-
   step "pytest gpu: mx (whole file)"
   timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_mx.py 2>&1 \
     | tee "$OUT/pytest_next23_mx.txt" | tail -4 ;;

@@ -22,10 +22,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
+from codec_kernel_probe import probe_case  # this script's folder: sys.path[0]
 
-from coccl.bench.cli import datatype, parse_size
-from coccl.bench.codec import codec_specs
 from coccl.bench.table import provenance
 
 _MODULES = ("tah_gpu", "intq_gpu", "mx_gpu", "gpu_kernels")
@@ -80,12 +78,7 @@ def main() -> None:
 
     times: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
     _patch(cp, times)
-    (spec,) = codec_specs(args.compressor)  # 'name:key=value,...' as coccl-bench
-    codec = spec.codec
-    dtype, count = datatype(args.dtype), parse_size(args.count)
-    host = np.random.default_rng(1).standard_normal(count, dtype=np.float32).astype(dtype)
-    x = cp.asarray(host.view(np.uint8)).view(dtype)
-    payload = codec.encode(x)
+    codec, dtype, count, x, payload = probe_case(args.compressor, args.dtype, args.count)
     out = cp.zeros(count, dtype=cp.float32 if args.op == "decode_accumulate" else dtype)
 
     def call() -> None:
