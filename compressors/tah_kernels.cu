@@ -110,31 +110,6 @@ DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
   }
 }
 
-// A lane's EPL elements from element e0 (ml of them exist, zero after). All of them and
-// x aligned: every 16-byte load issued before the first is used (load8 chunk by chunk
-// would wait for each chunk's load before issuing the next); else chunk by chunk.
-DEV void load_lane(const char* xb, i64 e0, int ml, bool vec, float* v) {
-  if (vec && ml == EPL) {
-    constexpr int NQ = EPL * EB / 16;  // 16-byte vectors of the lane's elements
-    u32 w[4 * NQ];
-    const uint4* p = (const uint4*)(xb + e0 * EB);
-#pragma unroll
-    for (int i = 0; i < NQ; ++i) {
-      const uint4 a = ldg4(p + i);
-      w[4 * i] = a.x;
-      w[4 * i + 1] = a.y;
-      w[4 * i + 2] = a.z;
-      w[4 * i + 3] = a.w;
-    }
-#pragma unroll
-    for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
-  } else {
-#pragma unroll
-    for (int j = 0; j < CH; ++j)
-      load8(xb, e0 + 8 * j, min(max(ml - 8 * j, 0), 8), vec, v + 8 * j);
-  }
-}
-
 // The block's count of the set bits in the first nb bytes of bm (every thread gets it);
 // red: WARPS words of shared memory. Has barriers: the whole block calls it.
 DEV i64 block_popc(const unsigned char* bm, i64 nb, long long* red) {
@@ -210,26 +185,18 @@ DEV TileLane tile_lane(i64 g, int lane, int li, i64 count, i64 K) {
   return t;
 }
 
-// Where tile k's codes lie: its bit width b and the byte offset of its first code, from
-// l0, the low tokens before its token, and whether that token is low.
-DEV void tile_place(i64 l0, bool low, i64 k, i64 row, i64 codes0, int& b, i64& off) {
-  const i64 base = k * TILE;
-  const i64 t = base / row;
-  b = low ? BL : BH;
-  const i64 seg = ((t - l0) * BH + l0 * BL) * row / 8;
-  off = codes0 + seg + (base - t * row) * b / 8;
-}
-
-// A chunk's nb code bytes (the low bytes of codes) at p: one word where they are 4 or 8
-// whole aligned bytes, else byte by byte.
-DEV void put_codes(unsigned char* p, u64 codes, int nb) {
-  if (nb == 4 && (((u64)p) & 3) == 0) {
-    *(u32*)p = (u32)codes;
-  } else if (nb == 8 && (((u64)p) & 7) == 0) {
-    *(u64*)p = codes;
-  } else {
-    for (int j = 0; j < nb; ++j) p[j] = (unsigned char)(codes >> (8 * j));
-  }
+// Where the codes of lane li of tile k lie (FORMAT.md): token t's at 8 K + ((t - lb) BH +
+// lb BL) R / 8, lb its low tokens before it (the bitmap from run's byte), then the lane's
+// first element's place in t at b bits; low: whether t is low (b = BL). In unsigned
+// arithmetic, shifts where the row is a power of 2 (TILE divides it).
+DEV i64 tile_place(const unsigned char* bm, const LowRun& run, i64 k, int li, i64 row,
+                   i64 codes0, bool& low) {
+  const u64 tpr = (u64)(row / TILE), t = (u64)k / tpr;  // tiles a row; k's token
+  i64 l0;
+  low_before(bm, (i64)t, run, l0, low);
+  const u32 j = (u32)((u64)k - t * tpr) * TILE + EPL * li;  // the lane's element in t
+  return codes0 + (i64)t * (BH * row / 8) - l0 * ((BH - BL) * row / 8) +
+         (low ? j * BL / 8 : j * BH / 8);
 }
 
 DEV u64 get_codes(const unsigned char* p, int nb) {
@@ -573,19 +540,8 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
         }
       }
     }
-    // Where the tile's codes lie (FORMAT.md): token t's at 8 K + ((t - lb) BH + lb BL)
-    // R / 8, lb its low tokens before it, then the tile's place in the token at b bits.
     bool low = false;
-    i64 off = 0;
-    if (active) {
-      // unsigned: shifts where the row is a power of 2 (TILE divides it)
-      const u64 tpr = (u64)(rowc / TILE), t = (u64)k / tpr;  // tiles a row; k's token
-      i64 l0;
-      low_before(bm, (i64)t, run, l0, low);
-      const u32 j = (u32)((u64)k - t * tpr) * TILE + EPL * li;  // the lane's element in t
-      off = codes0 + (i64)t * (BH * rowc / 8) - l0 * ((BH - BL) * rowc / 8) +
-            (low ? j * BL / 8 : j * BH / 8);
-    }
+    const i64 off = active ? tile_place(bm, run, k, li, rowc, codes0, low) : 0;
     float c, step;
     if (low)  // the tile's width, a constant in each branch (no shuffle in them)
       quantize_store<BL>(v, flo, fhi, bad, ml, active, pay + off, c, step);
@@ -788,14 +744,13 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
 #pragma unroll
     for (int j = 0; j < CH; ++j) codes[j] = 0;
     if (tl.active) {
-      i64 l0, off;
       bool low;
-      low_before(bm, base / rowc, run, l0, low);
-      tile_place(l0, low, k, rowc, codes0, b, off);
+      const i64 off = tile_place(bm, run, k, li, rowc, codes0, low);
+      b = low ? BL : BH;
       c = as_f(ld32(pay + 4 * k, a4));
       step = as_f(ld32(pay + 4 * K + 4 * k, a4));
       p = pay[piv0 + k];
-      const unsigned char* q = pay + off + li * CH * b;
+      const unsigned char* q = pay + off;
       const bool words = ml == EPL && (((u64)q) & 3) == 0;  // whole lane, aligned
       if (words && b == BH && (CH * BH) % 4 == 0) {
         lane_codes<BH>(q, codes);
