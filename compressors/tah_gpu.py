@@ -88,11 +88,12 @@ _DIGIT_TOKENS_PER_BLOCK = 4 * _THREADS  # scores a block of a digit launch histo
 _ENCODE, _DECODE, _DECODE_ACC = (_OP_ENCODE, 0), (_OP_DECODE, 0), (_OP_DECODE, 1)
 # Elements a lane holds in the tile kernels (tah_kernels.cu's EPL): a tile's own work (its
 # range, its step's divisions, its place, its loads) is repeated by each of its TILE / EPL
-# lanes, so the decode, whose per-element work is a few instructions, holds 32 (the
-# encode's 16 values, their codes and the pivot's transform need its registers at 16).
-# The accumulating decode, which also reads out after its arithmetic and was bound by
-# memory at 16, keeps 16 and its 40 resident warps a SM.
-_EPL = {_ENCODE: 16, _DECODE: 32, _DECODE_ACC: 16}
+# lanes, so the encode and the decode, whose per-element work is a few instructions, hold
+# 32 (the encode at 64 registers, its pivot path's 32 floats included; 16 is the previous
+# launch, 48 registers at _TILE_MIN_BLOCKS 5). The accumulating decode, which also reads
+# out after its arithmetic and was bound by memory at 16, keeps 16 and its 40 resident
+# warps a SM.
+_EPL = {_ENCODE: 32, _DECODE: 32, _DECODE_ACC: 16}
 # __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers: 64,
 # 80 and 48 by ptxas, no spill). Their grids are two such waves of blocks, one range a block.
 _TILE_MIN_BLOCKS = {_ENCODE: 4, _DECODE: 3, _DECODE_ACC: 5}

@@ -23,11 +23,11 @@
 //   EPL     encode, decode: elements a lane holds, 8, 16 or 32 (at most TILE)
 //
 // Layout of encode and decode: a tile lives in LT = TILE / EPL consecutive lanes, lane li
-// of it holding elements [EPL li, EPL li + EPL) in registers as CH = EPL / 8 chunks of 8
-// (each chunk's codes are whole bytes, b of them), so a warp holds TPW = 32 / LT tiles
-// (a "tile group"). A tile's own work (its range, the divisions of its step, its place
-// in the payload) is done by each of its LT lanes: the more elements a lane holds, the
-// less of that work per element. Each block takes one contiguous range of tile groups,
+// of it holding elements [EPL li, EPL li + EPL) in registers (the decode as CH = EPL / 8
+// chunks of 8, each chunk's codes whole bytes, b of them; the encode packs its EPL b bits
+// into 32-bit words), so a warp holds TPW = 32 / LT tiles (a "tile group"). A tile's own
+// work (its range, the divisions of its step, its place in the payload) is done by each
+// of its LT lanes: the more elements a lane holds, the less of that work per element. Each block takes one contiguous range of tile groups,
 // its warps the consecutive groups of each step, so that the low tokens before a tile's
 // token (its place in the payload) are a running count: the block counts the bitmap
 // bytes before its range once, then adds the bytes it passes. Shuffles are never in
@@ -110,31 +110,6 @@ DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
   }
 }
 
-// A lane's EPL elements from element e0 (ml of them exist, zero after). All of them and
-// x aligned: every 16-byte load issued before the first is used (load8 chunk by chunk
-// would wait for each chunk's load before issuing the next); else chunk by chunk.
-DEV void load_lane(const char* xb, i64 e0, int ml, bool vec, float* v) {
-  if (vec && ml == EPL) {
-    constexpr int NQ = EPL * EB / 16;  // 16-byte vectors of the lane's elements
-    u32 w[4 * NQ];
-    const uint4* p = (const uint4*)(xb + e0 * EB);
-#pragma unroll
-    for (int i = 0; i < NQ; ++i) {
-      const uint4 a = ldg4(p + i);
-      w[4 * i] = a.x;
-      w[4 * i + 1] = a.y;
-      w[4 * i + 2] = a.z;
-      w[4 * i + 3] = a.w;
-    }
-#pragma unroll
-    for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
-  } else {
-#pragma unroll
-    for (int j = 0; j < CH; ++j)
-      load8(xb, e0 + 8 * j, min(max(ml - 8 * j, 0), 8), vec, v + 8 * j);
-  }
-}
-
 // The block's count of the set bits in the first nb bytes of bm (every thread gets it);
 // red: WARPS words of shared memory. Has barriers: the whole block calls it.
 DEV i64 block_popc(const unsigned char* bm, i64 nb, long long* red) {
@@ -210,26 +185,18 @@ DEV TileLane tile_lane(i64 g, int lane, int li, i64 count, i64 K) {
   return t;
 }
 
-// Where tile k's codes lie: its bit width b and the byte offset of its first code, from
-// l0, the low tokens before its token, and whether that token is low.
-DEV void tile_place(i64 l0, bool low, i64 k, i64 row, i64 codes0, int& b, i64& off) {
-  const i64 base = k * TILE;
-  const i64 t = base / row;
-  b = low ? BL : BH;
-  const i64 seg = ((t - l0) * BH + l0 * BL) * row / 8;
-  off = codes0 + seg + (base - t * row) * b / 8;
-}
-
-// A chunk's nb code bytes (the low bytes of codes) at p: one word where they are 4 or 8
-// whole aligned bytes, else byte by byte.
-DEV void put_codes(unsigned char* p, u64 codes, int nb) {
-  if (nb == 4 && (((u64)p) & 3) == 0) {
-    *(u32*)p = (u32)codes;
-  } else if (nb == 8 && (((u64)p) & 7) == 0) {
-    *(u64*)p = codes;
-  } else {
-    for (int j = 0; j < nb; ++j) p[j] = (unsigned char)(codes >> (8 * j));
-  }
+// Where the codes of lane li of tile k lie (FORMAT.md): token t's at 8 K + ((t - lb) BH +
+// lb BL) R / 8, lb its low tokens before it (the bitmap from run's byte), then the lane's
+// first element's place in t at b bits; low: whether t is low (b = BL). In unsigned
+// arithmetic, shifts where the row is a power of 2 (TILE divides it).
+DEV i64 tile_place(const unsigned char* bm, const LowRun& run, i64 k, int li, i64 row,
+                   i64 codes0, bool& low) {
+  const u64 tpr = (u64)(row / TILE), t = (u64)k / tpr;  // tiles a row; k's token
+  i64 l0;
+  low_before(bm, (i64)t, run, l0, low);
+  const u32 j = (u32)((u64)k - t * tpr) * TILE + EPL * li;  // the lane's element in t
+  return codes0 + (i64)t * (BH * row / 8) - l0 * ((BH - BL) * row / 8) +
+         (low ? j * BL / 8 : j * BH / 8);
 }
 
 DEV u64 get_codes(const unsigned char* p, int nb) {
@@ -242,63 +209,126 @@ DEV u64 get_codes(const unsigned char* p, int nb) {
 
 // ========================================================================= encode (2)
 #if TAH_OP == 2
-// A lane's codes q_r = clamp(rint(u_r + qh), 0, 2^B - 1) of its ml values, packed LSB
-// first, chunk j's 8 codes in codes[j]; the bits of codes past ml are cleared once a
-// chunk (the last code byte holds them), not tested a value. The rounding without a
-// conversion: u_r + qh clamped to [0, Q] in float (max/min drop a NaN: 0, as cvt.rni's
-// NaN -> 0 then the clamp), then + 1.5 2^23, whose sum holds rint (half to even, the
-// result's ulp being 1) in its low mantissa bits: the float's bits are M + q_r, M =
-// BITS_MAGIC. Those are summed times 2^(r B) and the sum of the M 2^(r B) taken off once
-// (mod 2^32, in 32 bits where a chunk's 8 B bits fit, else in 64).
-template <int B>
-DEV void pack_codes(const float* u, int ml, float qh, u64* codes) {
-  constexpr float qmax = (float)((1 << B) - 1);
-#pragma unroll
-  for (int j = 0; j < CH; ++j) {
-    u64 acc;
-    if (8 * B <= 32) {
-      u32 a = 0, m = 0;
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const float y = f_min(f_max(f_add(u[8 * j + r], qh), 0.0f), qmax);
-        a += as_u(f_add(y, as_f(BITS_MAGIC))) << (r * B);
-        m += BITS_MAGIC << (r * B);
-      }
-      acc = (u64)(a - m);
-    } else {
-      acc = 0;
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const float y = f_min(f_max(f_add(u[8 * j + r], qh), 0.0f), qmax);
-        acc |= (u64)(as_u(f_add(y, as_f(BITS_MAGIC))) - BITS_MAGIC) << (r * B);
-      }
-    }
-    const int mj = ml - 8 * j;
-    codes[j] = mj >= 8 ? acc : mj <= 0 ? 0ull : acc & ((1ull << (mj * B)) - 1ull);
-  }
+// Packed 16-bit integer min/max, both halves of a word at once (VIMNMX3.S16x2 and .U16x2
+// on sm_90, three operands an instruction).
+#if defined(__CUDA_ARCH__)
+DEV u32 max_s16x2(u32 a, u32 b) { u32 d; asm("max.s16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+DEV u32 min_u16x2(u32 a, u32 b) { u32 d; asm("min.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+DEV u32 max_u16x2(u32 a, u32 b) { u32 d; asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+#else
+DEV u32 max_s16x2(u32 a, u32 b) {
+  const u32 l = (u32)max((int)(short)a, (int)(short)b) & 0xffffu;
+  const u32 h = (u32)max((int)(short)(a >> 16), (int)(short)(b >> 16)) & 0xffffu;
+  return l | (h << 16);
 }
+DEV u32 min_u16x2(u32 a, u32 b) {
+  return min(a & 0xffffu, b & 0xffffu) | (min(a >> 16, b >> 16) << 16);
+}
+DEV u32 max_u16x2(u32 a, u32 b) {
+  return max(a & 0xffffu, b & 0xffffu) | (max(a >> 16, b >> 16) << 16);
+}
+#endif
 
-// The tile's smallest and largest value as order keys (over its LT lanes; ml of the
-// lane's EPL values v are real).
-DEV void tile_range(const float* v, int ml, int& lo, int& hi) {
-  lo = 0x7fffffff;
-  hi = (int)0x80000000;
-  if (ml == EPL) {  // the common case, without a test a value
+// float32 -> float64 (exact, subnormals kept: a C cast obeys -ftz=true) and the
+// float64 product.
+#if defined(__CUDA_ARCH__)
+DEV double f2d(float a) { double d; asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(a)); return d; }
+DEV double d_mul(double a, double b) { double d; asm("mul.rn.f64 %0, %1, %2;" : "=d"(d) : "d"(a), "d"(b)); return d; }
+#else
+DEV double f2d(float a) { return (double)a; }
+DEV double d_mul(double a, double b) { return a * b; }
+#endif
+
+#define NRAW (EPL * EB / 4)  // 32-bit words of a lane's raw elements
+#if XT == 0
+#define RAW_SIGN 0x80000000u
+#else
+#define RAW_SIGN 0x8000u
+#endif
+
+// A lane's EPL raw elements from element e0 into w (element r in word r / 2's half r % 2
+// for the 16-bit types): 16-byte loads, all issued before any is used, where the whole
+// lane exists and x is aligned (whole); else element by element, the ml real ones and
+// then copies of pad (the raw bits of one of the tile's own elements, so that a range
+// over all EPL is the range of the real ones).
+DEV void load_raw(const char* xb, i64 e0, int ml, bool whole, u32 pad, u32* w) {
+  if (whole) {
+    const uint4* p = (const uint4*)(xb + e0 * EB);
 #pragma unroll
-    for (int r = 0; r < EPL; ++r) {
-      const int k = order_key(as_u(v[r]));
-      lo = min(lo, k);
-      hi = max(hi, k);
+    for (int i = 0; i < NRAW / 4; ++i) {
+      const uint4 a = ldg4(p + i);
+      w[4 * i] = a.x;
+      w[4 * i + 1] = a.y;
+      w[4 * i + 2] = a.z;
+      w[4 * i + 3] = a.w;
     }
   } else {
 #pragma unroll
     for (int r = 0; r < EPL; ++r) {
-      if (r < ml) {
-        const int k = order_key(as_u(v[r]));
-        lo = min(lo, k);
-        hi = max(hi, k);
-      }
+      const u32 e = r < ml ? load_elem_raw(xb, e0 + r) : pad;
+#if XT == 0
+      w[r] = e;
+#else
+      if (r & 1)
+        w[r >> 1] |= e << 16;
+      else
+        w[r >> 1] = e;
+#endif
     }
+  }
+}
+
+// The tile's smallest and largest value (as float32) from its raw elements, over its LT
+// lanes, by three integer reductions instead of an order key a value: the largest bits as
+// signed (smax), the smallest and largest as unsigned (umin, umax). A positive float's
+// bits order as its value, a negative one's in reverse, and a negative's bits (sign set)
+// lie above every positive's as unsigned and below as signed. So the largest value is
+// smax where that is not negative (a positive value or +0 exists), else (all negative)
+// the one of the least magnitude, umin; the smallest is umax where that is negative, else
+// (none negative) umin. This is the order of FORMAT.md's integer keys (-0 < +0), NaNs
+// included (a positive NaN above +Inf, a negative one below -Inf), so a tile with a NaN
+// or an Inf has one at an end. The 16-bit types reduce both halves of a word at once.
+DEV void tile_ends(const u32* w, float& flo, float& fhi) {
+#if XT == 0
+  int smax = (int)w[0];
+  u32 umin = w[0], umax = w[0];
+#pragma unroll
+  for (int r = 1; r < EPL; ++r) {
+    smax = max(smax, (int)w[r]);
+    umin = min(umin, w[r]);
+    umax = max(umax, w[r]);
+  }
+#else
+  u32 s2 = w[0], n2 = w[0], x2 = w[0];
+#pragma unroll
+  for (int i = 1; i < NRAW; ++i) {
+    s2 = max_s16x2(s2, w[i]);
+    n2 = min_u16x2(n2, w[i]);
+    x2 = max_u16x2(x2, w[i]);
+  }
+  int smax = max((int)(short)s2, (int)(short)(s2 >> 16));
+  u32 umin = min(n2 & 0xffffu, n2 >> 16), umax = max(x2 & 0xffffu, x2 >> 16);
+#endif
+#pragma unroll
+  for (int t = 1; t < LT; t <<= 1) {
+    smax = max(smax, __shfl_xor_sync(FULL_MASK, smax, t));
+    umin = min(umin, __shfl_xor_sync(FULL_MASK, umin, t));
+    umax = max(umax, __shfl_xor_sync(FULL_MASK, umax, t));
+  }
+  fhi = raw_to_f32(smax >= 0 ? (u32)smax : umin);
+  flo = raw_to_f32((umax & RAW_SIGN) != 0u ? umax : umin);
+}
+
+// The tile's smallest and largest value as order keys (over its LT lanes) of EPL float
+// values (the pivot's transformed ones).
+DEV void tile_range(const float* v, int& lo, int& hi) {
+  lo = 0x7fffffff;
+  hi = (int)0x80000000;
+#pragma unroll
+  for (int r = 0; r < EPL; ++r) {
+    const int k = order_key(as_u(v[r]));
+    lo = min(lo, k);
+    hi = max(hi, k);
   }
 #pragma unroll
   for (int t = 1; t < LT; t <<= 1) {
@@ -307,61 +337,115 @@ DEV void tile_range(const float* v, int ml, int& lo, int& hi) {
   }
 }
 
-// One tile's asymmetric quantization (FORMAT.md) from its range (tile_range's lo, hi):
-// v holds the lane's EPL values (ml real), b the tile's width; sets the codes (packed LSB
-// first, pack_codes's chunks; zero where the tile's range is 0), c and step.
-DEV void quantize_lane(const float* v, int ml, int lo, int hi, int b, float& c, float& step,
-                       u64* codes) {
-  const float flo = from_key(lo), fhi = from_key(hi);
+// A lane's EPL codes at B bits, packed LSB first into cw (code r at bit r B: words of 32
+// bits, a code straddling two where 32 is not a multiple of B), from its values v, the
+// centre c and s: 1 / step (DIV false) or step (DIV true, where 1 / step overflows).
+// q_r = rint(u_r + qh), u_r = (v_r - c) * s or (v_r - c) / s. FORMAT.md clamps q_r to
+// [0, Q]; no code reaches the clamp, so it is left out: |v_r - c| <= r (round to nearest
+// is monotonic, r = max(hi - c, c - lo) rounded), and the step's fix-up makes
+// RN(r / step) <= qh, so r / step <= qh (1 + 2^-24); 1 / step rounds with a relative error
+// of at most 2^-22 (2^-24 where normal; subnormal only for step > 2^126, where 1 / step >
+// 2^-128), so |u_r| <= qh (1 + 2^-20) and u_r + qh lies in (-0.5, Q + 0.5) for Q <= 255.
+// The rounding without a conversion: + 1.5 2^23, whose sum holds rint (half to even) in its
+// low mantissa bits: the float's bits are M + q_r, M = BITS_MAGIC. Those are summed times
+// 2^(r B mod 32) into their word (mod 2^32: the bits past 32 of a straddling code are
+// dropped there and its q_r, shifted down, added to the next word) and the sum of the M
+// terms, a constant, is taken off once a word.
+template <int B, bool DIV>
+DEV void pack_words(const float* v, float c, float s, u32* cw) {
+  constexpr int NWB = (EPL * B + 31) / 32;
+  constexpr float qh = (float)((1 << B) - 1) * 0.5f;
+  u32 m[NWB];
+#pragma unroll
+  for (int j = 0; j < NWB; ++j) cw[j] = m[j] = 0u;
+#pragma unroll
+  for (int r = 0; r < EPL; ++r) {
+    const float d = f_sub(v[r], c);
+    const float u = DIV ? f_div(d, s) : f_mul(d, s);
+    const u32 q = as_u(f_add(f_add(u, qh), as_f(BITS_MAGIC)));  // M + q_r
+    const int j = (r * B) >> 5, o = (r * B) & 31;
+    cw[j] += q << o;
+    m[j] += BITS_MAGIC << o;
+    if (o + B > 32) cw[j + 1] += (q - BITS_MAGIC) >> (32 - o);
+  }
+#pragma unroll
+  for (int j = 0; j < NWB; ++j) cw[j] -= m[j];
+}
+
+// A lane's code bytes (EPL B / 8 of them, pack_words's words) at p: the widest aligned
+// stores where the lane is whole (ml = EPL), else the bytes of its ml codes byte by byte,
+// the bits past them cleared (the unused high bits of a last byte are 0).
+template <int B>
+DEV void store_codes(unsigned char* p, const u32* cw, int ml) {
+  constexpr int NB = EPL * B / 8;
+  const u64 a = (u64)p;
+  if (ml == EPL && NB % 16 == 0 && (a & 15) == 0) {
+#pragma unroll
+    for (int i = 0; i < NB / 16; ++i)
+      ((uint4*)p)[i] = make_uint4(cw[4 * i], cw[4 * i + 1], cw[4 * i + 2], cw[4 * i + 3]);
+  } else if (ml == EPL && NB % 8 == 0 && (a & 7) == 0) {
+#pragma unroll
+    for (int i = 0; i < NB / 8; ++i) ((uint2*)p)[i] = make_uint2(cw[2 * i], cw[2 * i + 1]);
+  } else if (ml == EPL && NB % 4 == 0 && (a & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < NB / 4; ++i) ((u32*)p)[i] = cw[i];
+  } else {
+    const int nbits = ml * B;
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+      const int keep = nbits - 8 * j;  // bits of byte j that hold real codes
+      const u32 byte = (cw[j >> 2] >> (8 * (j & 3))) & (keep >= 8 ? 0xffu : (1u << keep) - 1u);
+      if (keep > 0) p[j] = (unsigned char)byte;
+    }
+  }
+}
+
+// One tile's quantization at B bits (FORMAT.md) of a lane's values v from the tile's
+// range [flo, fhi]: sets c and step, and stores the lane's codes at p where store (the
+// tile exists); codes 0 where the range is 0 or the tile is bad (c and step then NaN,
+// set by the caller).
+template <int B>
+DEV void quantize_store(const float* v, float flo, float fhi, bool bad, int ml, bool store,
+                        unsigned char* p, float& c, float& step) {
+  constexpr int NWB = (EPL * B + 31) / 32;
+  constexpr float qh = (float)((1 << B) - 1) * 0.5f;
   c = f_add(f_mul(fhi, as_f(BITS_HALF)), f_mul(flo, as_f(BITS_HALF)));
   const float r1 = f_sub(fhi, c), r2 = f_sub(c, flo);
   const float rr = as_u(r1) > as_u(r2) ? r1 : r2;  // both >= 0
-  const int qmax = (1 << b) - 1;
-  const float qh = f_mul((float)qmax, as_f(BITS_HALF));
   step = 0.0f;
+  u32 cw[NWB];
+  if (bad || as_u(rr) == 0u) {
 #pragma unroll
-  for (int j = 0; j < CH; ++j) codes[j] = 0;
-  if (as_u(rr) == 0u) return;
-  step = f_div(rr, qh);
-  if (as_u(step) == 0u || as_u(f_div(rr, step)) > as_u(qh)) step = next_up(step);
-  // u_i = d_i / step where 1 / step would overflow (rare), else d_i * (1 / step): two
-  // loops behind one branch, so that the common path holds no division per value.
-  float u[EPL];
-  if (as_u(step) < BITS_MIN_NORMAL) {
-#pragma unroll
-    for (int r = 0; r < EPL; ++r) u[r] = f_div(f_sub(v[r], c), step);
+    for (int j = 0; j < NWB; ++j) cw[j] = 0u;
   } else {
-    const float inv = f_div(as_f(BITS_ONE), step);
-#pragma unroll
-    for (int r = 0; r < EPL; ++r) u[r] = f_mul(f_sub(v[r], c), inv);
+    step = f_div(rr, qh);
+    // FORMAT.md's RN(r / step) > qh, without the division: qh (in [2^(B-2), 2^(B-1)))
+    // has its last mantissa bit 0, so a quotient halfway to the next float rounds to qh,
+    // and RN(r / step) > qh exactly when r > step (qh + ulp(qh) / 2), a product of 24 and
+    // 25 significant bits that double holds exactly (step = 0 passes it: r > 0).
+    constexpr double qhm = (double)qh + 1.0 / (1 << (26 - B));  // qh + ulp(qh) / 2
+    if (f2d(rr) > d_mul(f2d(step), qhm)) step = next_up(step);
+    // u_i = d_i / step where 1 / step would overflow (rare), else d_i * (1 / step): two
+    // copies behind one branch, so that the common path holds no division a value.
+    if (as_u(step) < BITS_MIN_NORMAL)
+      pack_words<B, true>(v, c, step, cw);
+    else
+      pack_words<B, false>(v, c, f_div(as_f(BITS_ONE), step), cw);
   }
-  // The codes at the tile's width, a constant in each branch (no shuffle in them).
-  if (b == BH)
-    pack_codes<BH>(u, ml, qh, codes);
-  else
-    pack_codes<BL>(u, ml, qh, codes);
-}
-
-// A lane's codes (quantize_lane's chunks, ml values at b bits) at p, chunk by chunk.
-DEV void put_lane_codes(unsigned char* p, const u64* codes, int ml, int b) {
-#pragma unroll
-  for (int j = 0; j < CH; ++j) {
-    const int mj = min(max(ml - 8 * j, 0), 8);
-    if (mj > 0) put_codes(p + j * b, codes[j], (mj * b + 7) >> 3);
-  }
+  if (store) store_codes<B>(p, cw, ml);
 }
 
 // The tile's largest |v| bits (first), the lowest index holding it (idx) and the largest
 // of the others (second; equal to first on a tie), over the LT lanes: the merge of two
-// lanes' triples is symmetric, so both lanes of a pair agree, whatever the order. The
-// lane's values past its real ones are load_lane's zeros.
+// lanes' triples is symmetric, so both lanes of a pair agree, whatever the order. Only
+// full tiles pivot, so all EPL values are real where the result is used.
 DEV void tile_top2(const float* v, int li, u32& first, u32& second, int& idx) {
   first = 0;
   second = 0;
   idx = EPL * li;
 #pragma unroll
   for (int r = 0; r < EPL; ++r) {
-    const u32 a = as_u(v[r]) & 0x7fffffffu;  // a value past ml is 0: it changes nothing
+    const u32 a = as_u(v[r]) & 0x7fffffffu;
     if (a > first) {
       second = first;
       first = a;
@@ -406,19 +490,30 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
     low_advance(bm, gs * TPW * TILE / rowc, run);  // the same in every thread of the block
     const i64 g = gs + (threadIdx.x >> 5);
     if (g >= g1) break;  // the whole warp
-    const TileLane tl = tile_lane(g, lane, li, count, K);
-    const i64 k = tl.k, base = tl.base;
-    const bool active = tl.active;
-    const int m = tl.m, ml = tl.ml;
+    const i64 k = g * TPW + (lane / LT), base = k * TILE;
+    const bool active = k < K;
+    // The common case, warp-uniform: every tile of the group whole and x aligned.
+    const bool whole = vec && (g + 1) * (32 * EPL) <= count;
+    int m = TILE, ml = EPL;
+    u32 pad = 0;
+    if (!whole) {
+      const i64 left = active ? count - base : 0;
+      m = left < TILE ? (int)left : TILE;
+      ml = min(max(m - EPL * li, 0), EPL);
+      if (ml < EPL && active) pad = load_elem_raw(xb, base);
+    }
+    u32 w[NRAW];
+    load_raw(xb, base + EPL * li, ml, whole, pad, w);
+    float flo, fhi;
+    tile_ends(w, flo, fhi);
     float v[EPL];
-    load_lane(xb, base + EPL * li, ml, vec, v);
-    int lo, hi;
-    tile_range(v, ml, lo, hi);
+#pragma unroll
+    for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
     // The largest |v| is at the smallest or the largest value, and the second largest is
     // at least the smaller of those two magnitudes (another element, or all are equal):
     // a tile with first < ratio * that cannot pivot, and warps of such tiles only skip
     // the exact top two (FORMAT.md's test, on the same first).
-    const u32 alo = as_u(from_key(lo)) & 0x7fffffffu, ahi = as_u(from_key(hi)) & 0x7fffffffu;
+    const u32 alo = as_u(flo) & 0x7fffffffu, ahi = as_u(fhi) & 0x7fffffffu;
     const u32 first = max(alo, ahi);
     const bool bad = first >= 0x7f800000u;
     const bool maybe = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
@@ -430,40 +525,32 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
       u32 top, second;
       tile_top2(v, li, top, second, idx);
       piv = maybe && first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
-      if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms; pivoting tiles keep it
-        float w[EPL];
+      if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms, in place
+        swap_first(v, li, lane, idx);
+        wht_group<EPL, LT>(v, li);  // codec_kernels.cu's: h < EPL in the lane, then across
+        int klo, khi;
+        tile_range(v, klo, khi);
+        if (piv) {
+          flo = from_key(klo);
+          fhi = from_key(khi);
+        } else {  // tiles that do not pivot load their values again (no copy kept)
+          load_raw(xb, base + EPL * li, ml, whole, pad, w);
 #pragma unroll
-        for (int r = 0; r < EPL; ++r) w[r] = v[r];
-        swap_first(w, li, lane, idx);
-        wht_group<EPL, LT>(w, li);  // codec_kernels.cu's: h < EPL in the lane, then across
-        int wlo, whi;
-        tile_range(w, ml, wlo, whi);
-#pragma unroll
-        for (int r = 0; r < EPL; ++r) v[r] = piv ? w[r] : v[r];
-        lo = piv ? wlo : lo;
-        hi = piv ? whi : hi;
+          for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
+        }
       }
     }
-    int b = BH;
-    i64 off = 0;
-    if (active) {
-      i64 l0;
-      bool low;
-      low_before(bm, base / rowc, run, l0, low);
-      tile_place(l0, low, k, rowc, codes0, b, off);
-    }
+    bool low = false;
+    const i64 off = active ? tile_place(bm, run, k, li, rowc, codes0, low) : 0;
     float c, step;
-    u64 codes[CH];
-    quantize_lane(v, ml, lo, hi, b, c, step, codes);
-#pragma unroll
-    for (int j = 0; j < CH; ++j) codes[j] = bad ? 0ull : codes[j];
-    if (active) {
-      put_lane_codes(pay + off + li * CH * b, codes, ml, b);
-      if (li == 0) {
-        st32(pay + 4 * k, bad ? BITS_NAN : as_u(c), a4);
-        st32(pay + 4 * K + 4 * k, bad ? BITS_NAN : as_u(step), a4);
-        pay[piv0 + k] = piv ? (unsigned char)(0x80 | idx) : (unsigned char)0;
-      }
+    if (low)  // the tile's width, a constant in each branch (no shuffle in them)
+      quantize_store<BL>(v, flo, fhi, bad, ml, active, pay + off, c, step);
+    else
+      quantize_store<BH>(v, flo, fhi, bad, ml, active, pay + off, c, step);
+    if (active && li == 0) {
+      st32(pay + 4 * k, bad ? BITS_NAN : as_u(c), a4);
+      st32(pay + 4 * K + 4 * k, bad ? BITS_NAN : as_u(step), a4);
+      pay[piv0 + k] = piv ? (unsigned char)(0x80 | idx) : (unsigned char)0;
     }
   }
 }
@@ -657,14 +744,13 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
 #pragma unroll
     for (int j = 0; j < CH; ++j) codes[j] = 0;
     if (tl.active) {
-      i64 l0, off;
       bool low;
-      low_before(bm, base / rowc, run, l0, low);
-      tile_place(l0, low, k, rowc, codes0, b, off);
+      const i64 off = tile_place(bm, run, k, li, rowc, codes0, low);
+      b = low ? BL : BH;
       c = as_f(ld32(pay + 4 * k, a4));
       step = as_f(ld32(pay + 4 * K + 4 * k, a4));
       p = pay[piv0 + k];
-      const unsigned char* q = pay + off + li * CH * b;
+      const unsigned char* q = pay + off;
       const bool words = ml == EPL && (((u64)q) & 3) == 0;  // whole lane, aligned
       if (words && b == BH && (CH * BH) % 4 == 0) {
         lane_codes<BH>(q, codes);

@@ -248,3 +248,31 @@ def test_gpu_scores_split_and_not(monkeypatch, split: bool, dtype: np.dtype) -> 
         got = raw[offset : offset + want.size]
         c.encode(to_dev(x), got)
         np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"{split=} {offset=}")
+
+
+# Each width 2..8 as the high and as the low tokens' (the encode's codes are packed at a
+# width fixed at compile time).
+WIDTH_PAIRS = [(2, 2), (3, 2), (4, 3), (5, 4), (6, 5), (7, 6), (8, 7), (8, 2)]
+
+
+@pytest.mark.parametrize("epl", [16, 32])
+@pytest.mark.parametrize("bits", WIDTH_PAIRS, ids=lambda b: f"BH{b[0]}-BL{b[1]}")
+def test_gpu_encode_every_width(monkeypatch, bits: tuple[int, int], epl: int) -> None:
+    # The launch's encode (32 elements a lane) and the previous one (16, at 5 blocks a SM:
+    # tah_gpu's A/B switch), with NaN/Inf tiles, a tile of zeros and the whole range.
+    from coccl.compressors import tah_gpu
+
+    min_blocks = {16: 5, 32: 4}[epl]
+    monkeypatch.setitem(tah_gpu._EPL, tah_gpu._ENCODE, epl)
+    monkeypatch.setitem(tah_gpu._TILE_MIN_BLOCKS, tah_gpu._ENCODE, min_blocks)
+    bh, bl = bits
+    c = TahCompressor(row=128, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.5)
+    rng = np.random.default_rng(10 * bh + bl)
+    for dtype in DTYPES:
+        x = make_data(rng, 7 * c.row + 100, c.row, dtype)
+        x[300], x[450], x[700] = np.inf, -np.inf, -np.nan
+        x[600:664] = 0
+        check_roundtrip(c, x, f"{bits} {dtype} EPL={epl}")
+        sweep = TahCompressor(row=64, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.5)
+        xs = magnitude_sweep(np.random.default_rng(3), 64, dtype).astype(dtype)
+        check_roundtrip(sweep, xs, f"{bits} {dtype} EPL={epl} sweep")

@@ -50,6 +50,7 @@ SOURCES = [
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DECODE_EPLS = sorted({_EPL[_DECODE], _EPL[_DECODE_ACC], 16, 32})
+ENCODE_EPLS = sorted({_EPL[_ENCODE], 16, 32})
 XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, BF16: 2}
 CASES = [
     ({"row": 256}, np.dtype(np.float32)),
@@ -142,7 +143,12 @@ def tile_grid(lay, tile: int, epl: int) -> int:
 
 
 def emulated_encode(
-    build, c: TahCompressor, x: np.ndarray, cache: int = 16, multi: bool = False
+    build,
+    c: TahCompressor,
+    x: np.ndarray,
+    cache: int = 16,
+    multi: bool = False,
+    epl: int | None = None,
 ) -> np.ndarray:
     n = x.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
@@ -165,7 +171,7 @@ def emulated_encode(
     emulated_select(build, buf, lay, cache, hist0)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 2, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
-    epl = _EPL[_ENCODE]
+    epl = _EPL[_ENCODE] if epl is None else epl
     launch(
         build({**defs, **_variant(c, epl)}), tile_grid(lay, c.tile, epl), x.ctypes.data,
         buf.ctypes.data, n, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
@@ -222,6 +228,10 @@ def test_emulated_kernels_match_cpu(build, cfg: dict, dtype) -> None:
         for multi in (False, True):
             got = emulated_encode(build, codec, x, multi=multi)
             np.testing.assert_array_equal(got, want, err_msg=f"{msg} multi={multi}")
+        for epl in ENCODE_EPLS:  # the launch's (above) and the other
+            if epl != _EPL[_ENCODE] and epl <= codec.tile:
+                got = emulated_encode(build, codec, x, epl=epl)
+                np.testing.assert_array_equal(got, want, err_msg=f"{msg} EPL={epl}")
         expect = codec.decode(want, count=x.size, dtype=dtype)
         acc = rng.standard_normal(x.size).astype(np.float32)
         expect_acc = codec.decode(want, acc.copy(), count=x.size, dtype=dtype, accumulate=True)
@@ -378,3 +388,49 @@ def test_split_scores_scratch() -> None:
         assert sums >= 8 * lay.tiles and (ptr + sums) % 8 == 0
         assert sums + 16 * 8 * lay.tokens <= lay.nbytes
     assert _score_sums(0, tah_layout(32 * 50, 32, 32, 2, 2, 0.2)) == 0
+
+
+# Each width 2..8 as the high and as the low tokens' (the encode packs codes at a width
+# fixed at compile time, straddling words where 32 is not a multiple of it).
+WIDTH_PAIRS = [(2, 2), (3, 2), (4, 3), (5, 4), (6, 5), (7, 6), (8, 7), (8, 2)]
+
+
+@pytest.mark.parametrize("bits", WIDTH_PAIRS, ids=lambda b: f"BH{b[0]}-BL{b[1]}")
+@pytest.mark.parametrize("epl", ENCODE_EPLS)
+def test_emulated_encode_every_width(build, bits: tuple[int, int], epl: int) -> None:
+    # Pivot tiles (outliers), NaN/Inf tiles, a short last token and tile, half the tokens
+    # low; bfloat16 (the 16-bit range reductions) and float32.
+    bh, bl = bits
+    c = TahCompressor(row=128, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.5)
+    rng = np.random.default_rng(10 * bh + bl)
+    for dtype in (BF16, np.dtype(np.float32)):
+        x = data(rng, 7 * c.row + 100, c.row, dtype)
+        x[300] = np.inf
+        x[450] = -np.inf
+        x[600:664] = 0  # a tile whose range is 0
+        x[700] = -np.nan
+        want = c.encode(x)
+        got = emulated_encode(build, c, x, epl=epl)
+        np.testing.assert_array_equal(got, want, err_msg=f"{bits} {dtype} EPL={epl}")
+        expect = c.decode(want, count=x.size, dtype=dtype)
+        out = emulated_decode(build, c, want, np.full(x.size, 7, dtype), False)
+        assert_values_equal(out, expect, f"{bits} {dtype} decode")
+
+
+@pytest.mark.parametrize("b", range(2, 9))
+def test_step_fixup_without_division(b: int) -> None:
+    # The encode's test of FORMAT.md's RN(r / step) > qh: r > step (qh + ulp(qh) / 2) in
+    # float64, over ranges from subnormal to the top of float32 and steps a few ulps
+    # around RN(r / qh).
+    rng = np.random.default_rng(b)
+    qh = np.float32((2**b - 1) * 0.5)
+    qhm = np.float64(qh) + 2.0 ** (b - 26)
+    bits = rng.integers(1, 0x7F7FFFFF, 200_000, dtype=np.uint32)
+    rr = bits.view(np.float32)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        step0 = (rr / qh).view(np.uint32).astype(np.int64)
+        for d in (-2, -1, 0, 1, 2):
+            s = np.clip(step0 + d, 0, 0x7F7FFFFF).astype(np.uint32).view(np.float32)
+            want = (s == 0) | (rr / s > qh)
+            got = rr.astype(np.float64) > s.astype(np.float64) * qhm
+            np.testing.assert_array_equal(got, want, err_msg=f"b={b} d={d}")
