@@ -299,7 +299,7 @@ p2psweep)
 p2psweeps)
   # The 2-rank staged send/recv sweeps of record: float32 and bfloat16 as the ranks share the
   # GPU by default (time-sliced), then float32 under MPS. Budget: about 4 minutes.
-  for dt in float32 bfloat16 mps; do
+  for dt in ${P2P_DTYPES:-float32 bfloat16 mps}; do
     step "2-rank staged send/recv sweep on the GPU, $dt, 1 MiB to 1 GiB, overlap from 64 MiB"
     if [ $dt = mps ]; then mps_start || continue; fi
     timeout 120 python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 1M -e 1G -f 4 \
