@@ -199,14 +199,6 @@ DEV i64 tile_place(const unsigned char* bm, const LowRun& run, i64 k, int li, i6
          (low ? j * BL / 8 : j * BH / 8);
 }
 
-DEV u64 get_codes(const unsigned char* p, int nb) {
-  if (nb == 4 && (((u64)p) & 3) == 0) return (u64)__ldg((const u32*)p);
-  if (nb == 8 && (((u64)p) & 7) == 0) return __ldg((const u64*)p);
-  u64 c = 0;
-  for (int j = 0; j < nb; ++j) c |= (u64)p[j] << (8 * j);
-  return c;
-}
-
 // ========================================================================= encode (2)
 #if TAH_OP == 2
 // Packed 16-bit integer min/max, both halves of a word at once (VIMNMX3.S16x2 and .U16x2
@@ -653,40 +645,22 @@ DEV constexpr int code_pos(int r) {
   return r == 0 ? 4 : (B <= 7 ? (r * B - 1) % 16 + 1 : (r * B - 1) % 8 + 1);
 }
 
-// A whole lane's codes (CH chunks of B bytes from q, 4-byte aligned, CH B a multiple of 4)
-// as CH B / 4 word loads issued together, chunk j's B bytes then cut from them (the
-// byte-wise get_codes takes B loads a chunk where B is odd).
-template <int B>
-DEV void lane_codes(const unsigned char* q, u64* codes) {
-  constexpr int LCW = (CH * B) / 4 > 0 ? (CH * B) / 4 : 1;
-  u32 w[LCW];
-#pragma unroll
-  for (int i = 0; i < LCW; ++i) w[i] = __ldg((const u32*)q + i);
-#pragma unroll
-  for (int j = 0; j < CH; ++j) {
-    const int lo = (j * B) / 4, sh = ((j * B) % 4) * 8;  // chunk j's first word and bit
-    const u64 w0 = w[lo], w1 = lo + 1 < LCW ? w[lo + 1] : 0u;
-    const u64 w2 = lo + 2 < LCW ? w[lo + 2] : 0u;
-    u64 x = (w0 | (w1 << 32)) >> sh;
-    if (sh > 0) x |= w2 << (64 - sh);
-    codes[j] = B == 8 ? x : x & ((1ull << (8 * B)) - 1ull);
-  }
-}
-
 // A chunk's 8 values from its codes (code r at bit r B):
 // sat(c + ((float) q_r - qh) * step), B bits a code. (float) q_r - qh is exact either way,
 // so it is taken without a conversion: the code OR'd into the mantissa of 2^(23 - p), p its
 // bit, is the float 2^(23 - p) + q_r, and minus 2^(23 - p) + qh (exact for p >= 1: qh has
 // one fractional bit) leaves q_r - qh. SAT 0 where the caller knows that no value can
-// overflow (sat is then the identity).
+// overflow (sat is then the identity). z: zero, which the compiler cannot know where the
+// caller passes a value only known at run time: the exponents are then loop-invariant
+// registers and the code's mask and exponent one three-input LOP3, not two.
 template <int B, bool SAT>
-DEV void unpack8(u64 code, float c, float step, float* v) {
+DEV void unpack8(u64 code, float c, float step, float* v, u32 z = 0u) {
   constexpr float qh = (float)((1 << B) - 1) * 0.5f;
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
     const int p = code_pos<B>(r), s = r * B - p;  // s = -4 only for r = 0
     const u32 w = s >= 0 ? (u32)(code >> (s & 63)) : (u32)(code << ((-s) & 63));
-    const u32 e = (u32)(150 - p) << 23;  // the exponent of 2^(23 - p)
+    const u32 e = ((u32)(150 - p) << 23) + z;  // the exponent of 2^(23 - p)
     const float k8 =
         f_sub(as_f((w & ((u32)((1 << B) - 1) << p)) | e), (float)(1 << (23 - p)) + qh);
     const float y = f_add(c, f_mul(k8, step));
@@ -804,8 +778,15 @@ DEV void dec_load(const DecArgs& a, LowRun& run, i64 g, bool go, int lane, int l
   bool low;
   const i64 off = tile_place(a.bm, run, tl.k, li, a.rowc, a.codes0, low);
   in.b = low ? BL : BH;
-  in.c = as_f(ld32(a.pay + 4 * tl.k, a.a4));
-  in.step = as_f(ld32(a.pay + 4 * a.K + 4 * tl.k, a.a4));
+  const unsigned char* pc = a.pay + 4 * tl.k;
+  if (a.a4) {
+    in.c = as_f(__ldg((const u32*)pc));
+    in.step = as_f(__ldg((const u32*)(pc + 4 * a.K)));
+  } else {  // out of line: no predicated byte loads on the common path
+    const u64 cs = ld32x2_bytes(pc, pc + 4 * a.K);
+    in.c = as_f((u32)cs);
+    in.step = as_f((u32)(cs >> 32));
+  }
   in.p = a.pay[a.piv0 + tl.k];
   if (low)
     code_words<BL>(a.pay + off, tl.ml, in.w);
@@ -816,11 +797,11 @@ DEV void dec_load(const DecArgs& a, LowRun& run, i64 g, bool go, int lane, int l
 // A lane's EPL values of a whole group that does not pivot, decoded and staged chunk by
 // chunk (8 values live at a time).
 template <int B, bool SAT>
-DEV void stage_lane(const DecIn& in, uint4* sb, int lane) {
+DEV void stage_lane(const DecIn& in, uint4* sb, int lane, u32 z) {
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
     float v[8];
-    unpack8<B, SAT>(chunk_code<B>(in.w, j), in.c, in.step, v);
+    unpack8<B, SAT>(chunk_code<B>(in.w, j), in.c, in.step, v, z);
     stage8(sb, lane, j, v);
   }
 }
@@ -893,6 +874,7 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
   run.byte0 = (g0 * TPW * TILE / a.rowc) >> 3;
   run.pre = block_popc(a.bm, run.byte0, red);
   i64 g = g0 + warp;
+  const u32 z = (u32)(count >> 63);  // 0 (count >= 0), unknown to the compiler: see unpack8
   DecIn cur;
 #if DEC_AHEAD
   dec_load(a, run, g, g < g1, lane, li, cur);
@@ -908,14 +890,14 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
     if (whole && !__any_sync(FULL_MASK, (cur.p & 0x80u) != 0u)) {
       if (!__any_sync(FULL_MASK, !no_overflow(cur.c, cur.step))) {
         if (cur.b == BH)
-          stage_lane<BH, false>(cur, sb, lane);
+          stage_lane<BH, false>(cur, sb, lane, z);
         else
-          stage_lane<BL, false>(cur, sb, lane);
+          stage_lane<BL, false>(cur, sb, lane, z);
       } else {
         if (cur.b == BH)
-          stage_lane<BH, true>(cur, sb, lane);
+          stage_lane<BH, true>(cur, sb, lane, z);
         else
-          stage_lane<BL, true>(cur, sb, lane);
+          stage_lane<BL, true>(cur, sb, lane, z);
       }
       flush_group(a.ob, g * TPW * TILE, sb, lane);
     } else {
