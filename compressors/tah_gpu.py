@@ -96,7 +96,15 @@ _ENCODE, _DECODE, _DECODE_ACC = (_OP_ENCODE, 0), (_OP_DECODE, 0), (_OP_DECODE, 1
 _EPL = {_ENCODE: 32, _DECODE: 32, _DECODE_ACC: 16}
 # __launch_bounds__ minimum blocks per SM of the tile kernels (sizes their registers: 64,
 # 80 and 48 by ptxas, no spill). Their grids are two such waves of blocks, one range a block.
-_TILE_MIN_BLOCKS = {_ENCODE: 4, _DECODE: 3, _DECODE_ACC: 5}
+# The accumulating decode at 4 (64 registers): its loop (shared with the plain decode since
+# the look-ahead) spills at 48 registers (5 blocks), 24 bytes without the look-ahead.
+_TILE_MIN_BLOCKS = {_ENCODE: 4, _DECODE: 3, _DECODE_ACC: 4}
+# The decodes' look-ahead (tah_kernels.cu's DEC_AHEAD), by kind: each warp issues its next
+# tile group's loads (the bitmap byte of its place, then the centres, steps, pivot bytes
+# and codes) before this group's arithmetic and stores, 8-16 more registers a thread.
+# False loads each group when it decodes it (the accumulating decode: with the look-ahead
+# it spills at 64 registers). Bitwise the same output; module constants for a device A/B.
+_DECODE_AHEAD = {_DECODE: True, _DECODE_ACC: False}
 
 
 def _kernel(defines: dict[str, Any]) -> Any:
@@ -251,6 +259,7 @@ def tah_decode(
             "XT": xt,
             **_tile_defines(kind, row, tile, bits_high, bits_low),
             "ACC": int(bool(accumulate)),
+            "DEC_AHEAD": int(_DECODE_AHEAD[kind]),
         }
         warps = _tile_warps(kind, lay.tiles, tile)
         i64 = np.int64

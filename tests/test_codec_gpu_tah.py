@@ -276,3 +276,25 @@ def test_gpu_encode_every_width(monkeypatch, bits: tuple[int, int], epl: int) ->
         sweep = TahCompressor(row=64, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.5)
         xs = magnitude_sweep(np.random.default_rng(3), 64, dtype).astype(dtype)
         check_roundtrip(sweep, xs, f"{bits} {dtype} EPL={epl} sweep")
+
+
+@pytest.mark.parametrize("min_blocks", [3, 4])
+@pytest.mark.parametrize("ahead", [True, False], ids=["ahead", "not-ahead"])
+@pytest.mark.parametrize("bits", [(4, 3), (8, 2), (5, 5)], ids=lambda b: f"BH{b[0]}-BL{b[1]}")
+def test_gpu_decode_switches(monkeypatch, bits: tuple[int, int], ahead: bool, min_blocks: int):
+    # Both decodes with and without the look-ahead (tah_gpu._DECODE_AHEAD) at 3 and 4 blocks
+    # a SM (80 and 64 registers): many groups a warp (2000 tokens), low and high tokens,
+    # pivots, NaN/Inf tiles, a zero tile, a short last token; accumulating too.
+    from coccl.compressors import tah_gpu
+
+    for kind in (tah_gpu._DECODE, tah_gpu._DECODE_ACC):
+        monkeypatch.setitem(tah_gpu._DECODE_AHEAD, kind, ahead)
+        monkeypatch.setitem(tah_gpu._TILE_MIN_BLOCKS, kind, min_blocks)
+    bh, bl = bits
+    c = TahCompressor(row=256, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.4)
+    rng = np.random.default_rng(7 * bh + bl)
+    for dtype in DTYPES:
+        x = make_data(rng, 2000 * c.row + 77, c.row, dtype)
+        x[300], x[450], x[700] = np.inf, -np.inf, -np.nan
+        x[600:664] = 0
+        check_roundtrip(c, x, f"{bits} {dtype} {ahead=} {min_blocks=}")

@@ -26,6 +26,7 @@ from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
 from coccl.compressors.tah_gpu import (  # launches' lane sizes, the selection's histograms
     _DECODE,
     _DECODE_ACC,
+    _DECODE_AHEAD,
     _ENCODE,
     _EPL,
     _SELECT_BINS,
@@ -180,8 +181,18 @@ def emulated_encode(
 
 
 def emulated_decode(
-    build, c, payload, out: np.ndarray, accumulate: bool, epl: int | None = None
+    build,
+    c,
+    payload,
+    out: np.ndarray,
+    accumulate: bool,
+    epl: int | None = None,
+    ahead: int | None = None,
+    threads: int | None = None,
+    grid: int | None = None,
 ) -> np.ndarray:
+    """The decode kernel (tah_gpu's defines unless given): ``ahead`` its DEC_AHEAD,
+    ``threads`` a block's, ``grid`` the blocks (tile_grid's by default)."""
     n = out.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
     if lay.tiles == 0:
@@ -189,9 +200,14 @@ def emulated_decode(
     if epl is None:  # the launch's
         epl = _EPL[_DECODE_ACC if accumulate else _DECODE]
     defs = {"TAH_OP": 3, "XT": XT[out.dtype], "ACC": int(accumulate), **_variant(c, epl)}
+    kind = _DECODE_ACC if accumulate else _DECODE
+    defs["DEC_AHEAD"] = int(_DECODE_AHEAD[kind] if ahead is None else ahead)
+    if threads is not None:
+        defs["THREADS"] = threads
+    grid = tile_grid(lay, c.tile, epl) if grid is None else grid
     launch(
-        build(defs), tile_grid(lay, c.tile, epl), payload.ctypes.data, out.ctypes.data, n, c.row,
-        lay.tiles, lay.pivot_offset, lay.bitmap_offset,
+        build(defs), grid, payload.ctypes.data, out.ctypes.data, n, c.row, lay.tiles,
+        lay.pivot_offset, lay.bitmap_offset,
     )  # fmt: skip
     return out
 
@@ -434,3 +450,37 @@ def test_step_fixup_without_division(b: int) -> None:
             want = (s == 0) | (rr / s > qh)
             got = rr.astype(np.float64) > s.astype(np.float64) * qhm
             np.testing.assert_array_equal(got, want, err_msg=f"b={b} d={d}")
+
+
+@pytest.mark.parametrize("ahead", [1, 0], ids=["ahead", "not-ahead"])
+@pytest.mark.parametrize("epl", DECODE_EPLS)
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=str)
+def test_emulated_decode_many_groups_a_warp(build, ahead: int, epl: int, dtype) -> None:
+    # Two warps a block and at most three blocks, so that each warp decodes many tile
+    # groups in turn (with DEC_AHEAD the next one's loads before this one's stores): low and
+    # high tokens in one warp's group (row 128), pivot tiles, a NaN, infinities beyond the
+    # float32 range's steps (the sat vote), a zero tile, the short last token and tile; out
+    # whole (the chunked staging) and one element past 16 bytes (every group from registers);
+    # accumulating and not.
+    c = TahCompressor(row=128, tile=64, bits_high=5, bits_low=3, low_fraction=0.5)
+    rng = np.random.default_rng(epl + ahead)
+    n = 41 * c.row + 70
+    x = data(rng, n, c.row, dtype)
+    x[300], x[450], x[600:664] = np.inf, -np.inf, 0
+    if dtype == np.float32:
+        x[2000:2064] = rng.choice([-3.0e38, 3.0e38], 64)  # steps near the top: sat
+    want = c.encode(x)
+    expect = c.decode(want, count=n, dtype=dtype)
+    acc = rng.standard_normal(n).astype(np.float32)
+    expect_acc = c.decode(want, acc.copy(), count=n, dtype=dtype, accumulate=True)
+    for grid in (1, 3):
+        for shift in (0, 1):
+            msg = f"{dtype} EPL={epl} {ahead=} {grid=} {shift=}"
+            out = np.full(n + shift, 7, dtype)[shift:]
+            got = emulated_decode(build, c, want, out, False, epl, ahead, 64, grid)
+            assert_values_equal(got, expect, msg)
+            if dtype == np.float32:
+                out = np.empty(n + shift, np.float32)[shift:]
+                out[:] = acc
+                got = emulated_decode(build, c, want, out, True, epl, ahead, 64, grid)
+                assert_values_equal(got, expect_acc, msg + " accumulate")
