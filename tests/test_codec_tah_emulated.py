@@ -51,7 +51,8 @@ SOURCES = [
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DECODE_EPLS = sorted({_EPL[_DECODE], _EPL[_DECODE_ACC], 16, 32})
 ENCODE_EPLS = sorted({_EPL[_ENCODE], 16, 32})
-XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, BF16: 2}
+XT32 = np.dtype(np.float32)
+XT = {XT32: 0, np.dtype(np.float16): 1, BF16: 2}
 CASES = [
     ({"row": 256}, np.dtype(np.float32)),
     ({"row": 256}, BF16),
@@ -93,15 +94,17 @@ def emulated_scores(
     threads: int = 32,
     cache: int = 2,
     hist: tuple[int, int] = (0, 0),
+    pair: bool = True,
 ) -> int:
     """tah_gpu's scores launches on a grid of three blocks of ``threads`` threads (blocks
     that take several tokens, one none where there are two): with ``split`` and room for
     the sums (tah_gpu's rule) kernel 1 storing its warps' sums and kernel 6 adding them,
-    else kernel 1 alone. ``hist``: the histograms' (byte offset, words) to zero. Returns
-    the sums' offset (0: one kernel)."""
+    else kernel 1 alone. ``hist``: the histograms' (byte offset, words) to zero; ``pair``:
+    16-bit types on pairs of elements (SC_PAIR, tah_gpu's default). Returns the sums'
+    offset (0: one kernel)."""
     sums = _score_sums(payload.ctypes.data, lay, threads // 32) if split else 0
-    defs = {"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": cache, "THREADS": threads}
-    score = build({**defs, "SC_SPLIT": int(sums > 0)})
+    defs = {"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": cache, "THREADS": threads, "ROW": row}
+    score = build({**defs, "SC_SPLIT": int(sums > 0), "SC_PAIR": int(pair and x.dtype != XT32)})
     score.emu_set_grid(3)
     score.emu_launch8(x.ctypes.data, payload.ctypes.data, x.size, row, lay.tokens, *hist, sums)
     if sums:  # two blocks of 32 threads: one thread a token, grid-stride past 64 tokens
@@ -160,12 +163,17 @@ def emulated_encode(
     # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice; then
     # two chunks a thread (512 elements: a token's second chunk may be past its end). Three
     # blocks: a block's next token loaded ahead of its sums. Each in one kernel and split
-    # (where the payload has room for the sums), the split last, as tah_gpu's default.
+    # (where the payload has room for the sums), the split last, as tah_gpu's default;
+    # 16-bit types also without SC_PAIR (every element through float32).
     want = token_keys(x.astype(np.float32), c.row) >> 32
-    for sc_cache, split in ((2, False), (1, False), (1, True), (2, True)):
-        emulated_scores(build, x, payload, c.row, lay, split, 32, sc_cache, (hist0, hwords))
+    forms = [(2, False, False), (1, True, False)] if x.dtype != XT32 else []
+    forms += [(2, False, True), (1, False, True), (1, True, True), (2, True, True)]
+    for sc_cache, split, pair in forms:
+        hist = (hist0, hwords)
+        emulated_scores(build, x, payload, c.row, lay, split, 32, sc_cache, hist, pair)
         scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
-        np.testing.assert_array_equal(scores, want, err_msg=f"SC_CACHE={sc_cache} {split=}")
+        msg = f"SC_CACHE={sc_cache} {split=} {pair=}"
+        np.testing.assert_array_equal(scores, want, err_msg=msg)
     if hist0:  # the scores kernel zeroed the histograms
         assert not buf[hist0:].any()
     emulated_select(build, buf, lay, cache, hist0)
