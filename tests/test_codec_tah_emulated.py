@@ -387,6 +387,59 @@ def test_emulated_split_scores_many_tokens(build, cfg: dict, dtype) -> None:
     np.testing.assert_array_equal(got, want, err_msg=str(cfg))
 
 
+def pair_edge_tokens(rng: np.random.Generator, dtype: np.dtype, row: int) -> np.ndarray:
+    """16-bit tokens around SC_PAIR's bound (PAIR_MIN: bfloat16 bits 0x0800, float16
+    0x4400 = 4.0), each with zeros, -0, the smallest magnitudes (float16 subnormals) and
+    random bits below its largest: at the bound, one above and below it, the largest
+    finite, and below the bound where the 16-bit form would be wrong (float16: a zero's
+    level under 0x4000, subnormals' levels under 0x4400; bfloat16: a zero's level)."""
+    top = {
+        BF16: (0x0800, 0x07FF, 0x7F7F, 0x0801, 0x0400),
+        np.dtype(np.float16): (0x4400, 0x43FF, 0x7BFF, 0x4401, 0x4100, 0x3FFF),
+    }
+    toks = []
+    for hi in top[dtype]:
+        h = rng.integers(0, hi + 1, row, dtype=np.uint16)
+        h[rng.random(row) < 0.5] >>= np.uint16(rng.integers(1, 15))  # spread over exponents
+        h[:8] = (hi, 0, 0, 1, 2, 0x3FF, 0x400, 0x401)
+        h |= (rng.random(row) < 0.5).astype(np.uint16) << 15  # signs, -0 among them
+        toks.append(rng.permutation(h))
+    return np.concatenate(toks).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=str)
+@pytest.mark.parametrize("threads, row, cache", [(32, 256, 1), (64, 512, 1), (32, 256, 2)])
+def test_emulated_pair_scores_at_the_bound(build, dtype, threads: int, row: int, cache) -> None:
+    # The pairs' form exactly where it starts (a zero's level 256, float16 subnormals far
+    # enough below) and the float32 path one step under it, against the CPU's scores;
+    # with one chunk a thread cached, tokens longer than the cache (chunk_pairs' sweeps).
+    x = pair_edge_tokens(np.random.default_rng(row + threads), dtype, row)
+    lay = tah_layout(x.size, row, 64, 4, 3, 0.2)
+    want = token_keys(x.astype(np.float32), row) >> 32
+    assert (want > 0).all()
+    for split in (True, False):
+        payload = np.full(lay.nbytes, 0xAB, np.uint8)
+        emulated_scores(build, x, payload, row, lay, split, threads, cache)
+        got = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
+        np.testing.assert_array_equal(got, want, err_msg=f"{split=}")
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=str)
+def test_emulated_scores_long_rows(build, dtype) -> None:
+    # Rows of more than 2^11 elements a thread (32 threads, 2^17 elements): the warps'
+    # sums in 16-bit pieces (four reductions), most chunks read twice.
+    row = 1 << 17
+    x = data(np.random.default_rng(17), 2 * row - 100, row, dtype)
+    x[np.isnan(x.astype(np.float32))] = 0
+    lay = tah_layout(x.size, row, 64, 4, 3, 0.2)
+    want = token_keys(x.astype(np.float32), row) >> 32
+    for split in (True, False):
+        payload = np.full(lay.nbytes, 0xAB, np.uint8)
+        emulated_scores(build, x, payload, row, lay, split, 32, 2)
+        got = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
+        np.testing.assert_array_equal(got, want, err_msg=f"{split=}")
+
+
 def test_split_scores_scratch() -> None:
     # The sums lie 8-byte aligned at or after the codes region and inside the payload, or
     # nowhere (0: the scores in one kernel) where they do not fit (tokens of 32 two-bit codes).
