@@ -281,8 +281,7 @@ struct ScoreBlock {
   u32 c8;                    // this thread's copy of it (byte offset)
   u32 (*red_m)[WARPS];       // the warps' largest |x| bits, by token parity
 #if SC_SPLIT
-  long long* sum_s;  // this warp's S of token t at sum_s[t], its M at sum_l[t]
-  long long* sum_l;
+  long long* sums;  // this warp's S of token t at sums[2 t], its M at sums[2 t + 1]
 #else
   long long* red_s;  // the warps' sums, for thread 0's score
   long long* red_l;
@@ -378,8 +377,8 @@ DEV bool score_token(const ScoreBlock& b, i64 t, int par, u32 (*w)[SC_WORDS],
   warp_sums(acc, s, l);
 #if SC_SPLIT
   if (lane == 0) {
-    b.sum_s[t] = s;
-    b.sum_l[t] = l;
+    b.sums[2 * t] = s;
+    b.sums[2 * t + 1] = l;
   }
 #else
   if (lane == 0) {
@@ -407,8 +406,8 @@ DEV bool score_token(const ScoreBlock& b, i64 t, int par, u32 (*w)[SC_WORDS],
 // for the second sweep (the sums), those of the block's next token loaded while this
 // token's reduction and sums run: two arrays of them, whose roles the loop's two calls
 // swap (no copy from one to the other). With SC_SPLIT, warp w's sums of token t are int64
-// words w ntok + t (S) and (WARPS + w) ntok + t (M) at payload byte `sums` (8-byte
-// aligned), which kernel 6 reads; else token t's score, a uint32, is written
+// words 2 (w ntok + t) (S) and the next (M) at payload byte `sums` (8-byte aligned: one
+// address a store pair), which kernel 6 reads; else token t's score, a uint32, is written
 // little-endian at payload bytes [4 t, 4 t + 4) (scratch until the encode kernel writes
 // the tiles' centres). With SC_PAIR the largest |x| is found on the 16-bit bits, two
 // elements a word (the order of the bits is the order of the values), and tokens at or
@@ -430,8 +429,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
   b.c8 = 8u * (u32)(threadIdx.x & (SC_COPIES - 1));
   b.red_m = red_m;
 #if SC_SPLIT
-  b.sum_s = (long long*)(pay + sums) + (i64)(threadIdx.x >> 5) * ntok;
-  b.sum_l = b.sum_s + (i64)WARPS * ntok;
+  b.sums = (long long*)(pay + sums) + 2 * (i64)(threadIdx.x >> 5) * ntok;
 #else
   __shared__ long long red_s[WARPS], red_l[WARPS];
   b.red_s = red_s;
@@ -472,8 +470,8 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
 
 #if TAH_OP == 6
 // The scores from kernel 1's sums (SC_SPLIT): thread t adds token t's `parts` pairs of
-// int64 sums at payload byte `sums` (part w's S at word w ntok + t, its M at word
-// (parts + w) ntok + t: a warp's loads are consecutive words) and writes its score, a
+// int64 sums at payload byte `sums` (part w's S at word 2 (w ntok + t), its M at the word
+// after: a warp's loads are consecutive pairs of words) and writes its score, a
 // uint32, little-endian at payload bytes [4 t, 4 t + 4). The sums lie past byte 4 ntok.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 sums, i64 parts, i64 unused) {
@@ -482,8 +480,8 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 sums, i64 parts, i64 u
   for (i64 t = (i64)blockIdx.x * THREADS + threadIdx.x; t < ntok; t += (i64)gridDim.x * THREADS) {
     long long ss = 0, ll = 0;
     for (i64 w = 0; w < parts; ++w) {
-      ss += p[w * ntok + t];
-      ll += p[(parts + w) * ntok + t];
+      ss += p[2 * (w * ntok + t)];
+      ll += p[2 * (w * ntok + t) + 1];
     }
     st32(pay + 4 * t, token_score(ss, ll), a4);
   }
