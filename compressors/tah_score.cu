@@ -80,7 +80,8 @@ DEV u32 token_score(long long ss, long long ll) {
 // takes this form, zeros included (their level must be 256): bfloat16 HA >= 256 << 3,
 // else the kernel's Z variant; float16 HA >= 0x4400 (|x| >= 4), where a zero or a
 // subnormal (h < 0x400, whose float32 bits are not linear in h) is more than 256 << 6
-// below HA in both forms. Tokens below it take the float32 path.
+// below HA in both forms. A float16 token without zeros or subnormals (every h >= 0x400:
+// all of them normal) takes it at any HA. Other tokens take the float32 path.
 #if SC_PAIR
 #if XT == 2
 #define PAIR_SHIFT 3
@@ -301,22 +302,28 @@ DEV bool score_token(const ScoreBlock& b, i64 t, int par, u32 (*w)[SC_WORDS],
   const bool more = TROW > 8 * (i64)SC_CACHE * THREADS;
 #if SC_PAIR
   u32 a[SC_CACHE][SC_WORDS];  // the |x| words of the cached chunks
-  u32 m2 = 0;
+  u32 m2 = 0, n2 = ~0u;         // their largest and (float16) smallest |x| bits
 #pragma unroll
   for (int c = 0; c < SC_CACHE; ++c)
 #pragma unroll
     for (int q = 0; q < SC_WORDS; ++q) {
       a[c][q] = w[c][q] & 0x7fff7fffu;
       m2 = __vmaxu2(m2, a[c][q]);
+      if (XT == 1) n2 = __vminu2(n2, a[c][q]);
     }
   if (more)
     for (i64 ch = threadIdx.x + (i64)SC_CACHE * THREADS; ch < nch; ch += THREADS) {
       u32 c4[4];
       chunk_pairs(b.xb, s0, n, ch, b.vec, c4);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) m2 = __vmaxu2(m2, c4[q]);
+      for (int q = 0; q < 4; ++q) {
+        m2 = __vmaxu2(m2, c4[q]);
+        if (XT == 1) n2 = __vminu2(n2, c4[q]);
+      }
     }
   u32 m = max(m2 & 0xffffu, m2 >> 16);  // the element's own |x| bits
+  // float16: whether the thread has a zero or a subnormal (zeros past n count too).
+  const bool tiny = XT == 1 && min(n2 & 0xffffu, n2 >> 16) < 0x400u;
 #else
   u32 m = 0;
 #pragma unroll
@@ -339,20 +346,30 @@ DEV bool score_token(const ScoreBlock& b, i64 t, int par, u32 (*w)[SC_WORDS],
   const bool next = tn < b.ntok;
   if (next) load_token(b.xb, tn, b.count, b.vec, wn);
   m = __reduce_max_sync(FULL_MASK, m);
+#if SC_PAIR
+  // The warp's largest |x| bits (16) and, in the high half, 0xffff if a float16 lane has
+  // a zero or a subnormal: a 16x2 max over the warps gives both the block's.
+  if (XT == 1 && __any_sync(FULL_MASK, tiny)) m |= 0xffff0000u;
+  if (lane == 0) b.red_m[par][wib] = m;
+  __syncthreads();
+  u32 hb = 0;
+#pragma unroll
+  for (int w8 = 0; w8 < WARPS; ++w8) hb = __vmaxu2(hb, b.red_m[par][w8]);
+  const u32 ha = hb & 0xffffu;
+  u32 amax = as_u(raw_to_f32(ha));
+  const bool exact = ha >= PAIR_MIN || (XT == 1 && hb < 0x10000u);  // see PAIR_MIN
+#else
   if (lane == 0) b.red_m[par][wib] = m;
   __syncthreads();
   u32 amax = 0;
 #pragma unroll
   for (int w8 = 0; w8 < WARPS; ++w8) amax = max(amax, b.red_m[par][w8]);
-#if SC_PAIR
-  const u32 ha = amax;
-  amax = as_u(raw_to_f32(ha));
 #endif
   const bool live = amax != 0u && amax < 0x7f800000u;
   const i64 nmore = more ? nch : 0;
   u64 acc = 0;
 #if SC_PAIR
-  if (live && ha >= PAIR_MIN) {
+  if (live && exact) {
     const u32 ha2 = ha * 0x10001u;
 #pragma unroll
     for (int c = 0; c < SC_CACHE; ++c) acc += pair_terms(a[c], ha2, b.tab, b.c8);

@@ -392,7 +392,8 @@ def pair_edge_tokens(rng: np.random.Generator, dtype: np.dtype, row: int) -> np.
     0x4400 = 4.0), each with zeros, -0, the smallest magnitudes (float16 subnormals) and
     random bits below its largest: at the bound, one above and below it, the largest
     finite, and below the bound where the 16-bit form would be wrong (float16: a zero's
-    level under 0x4000, subnormals' levels under 0x4400; bfloat16: a zero's level)."""
+    level under 0x4000, subnormals' levels under 0x4400; bfloat16: a zero's level);
+    float16 tokens of normal values only, at any largest |x|, and one with a subnormal."""
     top = {
         BF16: (0x0800, 0x07FF, 0x7F7F, 0x0801, 0x0400),
         np.dtype(np.float16): (0x4400, 0x43FF, 0x7BFF, 0x4401, 0x4100, 0x3FFF),
@@ -404,6 +405,13 @@ def pair_edge_tokens(rng: np.random.Generator, dtype: np.dtype, row: int) -> np.
         h[:8] = (hi, 0, 0, 1, 2, 0x3FF, 0x400, 0x401)
         h |= (rng.random(row) < 0.5).astype(np.uint16) << 15  # signs, -0 among them
         toks.append(rng.permutation(h))
+    if dtype == np.float16:  # all normal (the pairs at any largest |x|), then one subnormal
+        for hi in (0x3FFF, 0x0800, 0x0400, 0x3C00):
+            h = rng.integers(0x400, hi + 1, row, dtype=np.uint16)
+            h |= (rng.random(row) < 0.5).astype(np.uint16) << 15
+            toks.append(h)
+        toks.append(toks[-1].copy())
+        toks[-1][rng.integers(row)] = 0x3FF
     return np.concatenate(toks).view(dtype)
 
 
