@@ -63,7 +63,8 @@ _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT, _OP_SCORE_SUMS = 1, 2,
 # float16, bfloat16): its __launch_bounds__ minimum and its grid, one wave of them
 # (grid-stride over tokens), so that every block takes as many tokens as another, to within
 # one. The most that its registers allow without spilling (by ptxas: 48 a thread at 5, 64
-# at 4; the table, 33 KB of shared memory a block, would allow 6).
+# at 4, either way of _SCORE_PAIRS; the table, 33 KB of shared memory a block, would allow
+# 6).
 _SCORE_BLOCKS_PER_SM = {True: {0: 4, 1: 5, 2: 5}, False: {0: 4, 1: 5, 2: 5}}
 # The scores in two launches (tah_score.cu's SC_SPLIT): the scores kernel stores each
 # warp's two sums in scratch in the payload's codes region, and a kernel of one thread a
@@ -74,9 +75,9 @@ _SCORE_SPLIT = True
 _SCORE_SUMS_BLOCKS_PER_SM = 8  # kernel 6's grid cap (one thread a token, grid-stride)
 # The 16-bit types' scores on pairs of elements (tah_score.cu's SC_PAIR): the largest |x|
 # and the levels computed on the elements' own 16-bit bits, two a 32-bit word, for tokens
-# whose largest |x| makes that exact (bfloat16 >= 2^-111, float16 >= 4; others take the
-# float32 path). False converts every element to float32 (the kernel before). Bitwise the
-# same scores; a module constant for a device A/B.
+# where that is exact (bfloat16: largest |x| >= 2^-111; float16: >= 4, or no zero or
+# subnormal in the token; others take the float32 path). False takes every element through
+# float32 (as round 1 did). Bitwise the same scores; a module constant for a device A/B.
 _SCORE_PAIRS = True
 # The low tokens' selection: True runs the multi-block one (tah_select.cu's SEL_MULTI: each
 # of the scores' three radix digits a launch of many blocks into a global histogram in the

@@ -13,6 +13,8 @@
 // the scratch) the block adds its warps' sums (a second barrier) and thread 0 writes the
 // score. Either way the score is 0 where S = 0: a token of zeros or with a NaN or an
 // infinity (whose terms are never summed); any other token's largest element adds W[0] > 0.
+// Kernel 1 also takes ROW (the token length at compile time, as the tile kernels) and
+// SC_PAIR (16-bit types: levels from the elements' own bits, two a word; see PAIR_MIN).
 #if TAH_OP == 1 || TAH_OP == 6
 #ifndef SC_SPLIT
 #define SC_SPLIT 0
