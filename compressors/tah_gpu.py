@@ -63,8 +63,9 @@ _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT, _OP_SCORE_SUMS = 1, 2,
 # float16, bfloat16): its __launch_bounds__ minimum and its grid, one wave of them
 # (grid-stride over tokens), so that every block takes as many tokens as another, to within
 # one. The most that its registers allow without spilling (by ptxas: 48 a thread at 5, 64
-# at 4; the table, 33 KB of shared memory a block, would allow 6).
-_SCORE_BLOCKS_PER_SM = {True: {0: 4, 1: 5, 2: 5}, False: {0: 4, 1: 5, 2: 4}}
+# at 4, either way of _SCORE_PAIRS; the table, 33 KB of shared memory a block, would allow
+# 6).
+_SCORE_BLOCKS_PER_SM = {True: {0: 4, 1: 5, 2: 5}, False: {0: 4, 1: 5, 2: 5}}
 # The scores in two launches (tah_score.cu's SC_SPLIT): the scores kernel stores each
 # warp's two sums in scratch in the payload's codes region, and a kernel of one thread a
 # token adds them and computes the score, off the blocks' serial path between tokens.
@@ -72,6 +73,12 @@ _SCORE_BLOCKS_PER_SM = {True: {0: 4, 1: 5, 2: 5}, False: {0: 4, 1: 5, 2: 4}}
 # Bitwise the same scores; a module constant for a device A/B.
 _SCORE_SPLIT = True
 _SCORE_SUMS_BLOCKS_PER_SM = 8  # kernel 6's grid cap (one thread a token, grid-stride)
+# The 16-bit types' scores on pairs of elements (tah_score.cu's SC_PAIR): the largest |x|
+# and the levels computed on the elements' own 16-bit bits, two a 32-bit word, for tokens
+# where that is exact (bfloat16: largest |x| >= 2^-111; float16: >= 4, or no zero or
+# subnormal in the token; others take the float32 path). False takes every element through
+# float32 (as round 1 did). Bitwise the same scores; a module constant for a device A/B.
+_SCORE_PAIRS = True
 # The low tokens' selection: True runs the multi-block one (tah_select.cu's SEL_MULTI: each
 # of the scores' three radix digits a launch of many blocks into a global histogram in the
 # payload's step region, then the one block reads the digits off them and writes the bitmap);
@@ -197,7 +204,14 @@ def tah_encode(
         sums = _score_sums(payload.data.ptr, lay)
         per_sm = _SCORE_BLOCKS_PER_SM[sums > 0][xt]
         score = _kernel(
-            {"TAH_OP": _OP_SCORE, "XT": xt, "MIN_BLOCKS": per_sm, "SC_SPLIT": int(sums > 0)}
+            {
+                "TAH_OP": _OP_SCORE,
+                "XT": xt,
+                "ROW": int(row),
+                "MIN_BLOCKS": per_sm,
+                "SC_SPLIT": int(sums > 0),
+                "SC_PAIR": int(_SCORE_PAIRS and xt != 0),
+            }
         )
         blocks = max(1, min(lay.tokens, sm_count(cp) * per_sm))
         args = (x, payload, i64(count), i64(row), i64(lay.tokens), i64(hist0), i64(hwords))

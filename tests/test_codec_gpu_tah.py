@@ -223,14 +223,20 @@ def test_gpu_selection_over_many_tokens(monkeypatch, multi: bool) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pairs", [False, True], ids=["float32-levels", "pairs"])
 @pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])
-def test_gpu_scores_split_and_not(monkeypatch, split: bool, dtype: np.dtype) -> None:
-    # The scores in one kernel and in two (tah_gpu._SCORE_SPLIT): the same payload, over
-    # tokens not live (zeros, a NaN, an infinity), tiny ones (zeros on their own level), a
-    # short last token, many tokens (the multi-block selection), and an unaligned payload.
+def test_gpu_scores_split_and_not(monkeypatch, split: bool, pairs: bool, dtype) -> None:
+    # The scores in one kernel and in two (tah_gpu._SCORE_SPLIT), 16-bit types on pairs of
+    # elements or not (_SCORE_PAIRS): the same payload, over tokens not live (zeros, a NaN,
+    # an infinity), tiny ones (zeros on their own level), float16 tokens below 4 (the
+    # float32 path), a short last token, many tokens (the multi-block selection), and an
+    # unaligned payload.
     from coccl.compressors import tah_gpu
 
+    if pairs and dtype == np.float32:
+        pytest.skip("pairs are for 16-bit types")
     monkeypatch.setattr(tah_gpu, "_SCORE_SPLIT", split)
+    monkeypatch.setattr(tah_gpu, "_SCORE_PAIRS", pairs)
     c = TahCompressor(row=4096)
     rng = np.random.default_rng(31)
     n = 9000 * 4096 + 1000
@@ -241,6 +247,12 @@ def test_gpu_scores_split_and_not(monkeypatch, split: bool, dtype: np.dtype) -> 
     if dtype != np.float16:
         x[9 * 4096 : 10 * 4096] *= 2.0**-110
         x[9 * 4096 : 10 * 4096 : 5] = 0.0
+    else:  # largest |x| at and below 4, with zeros and subnormals
+        for t, top in ((9, 4.0), (10, 3.99), (11, 2.1)):
+            tok = x[t * 4096 : (t + 1) * 4096]
+            tok *= top / np.abs(tok).max()
+            tok[::9] = 0.0
+            tok[1::9] = 2.0**-20
     x = x.astype(dtype)
     want = c.encode(x)
     for offset in (0, 3):

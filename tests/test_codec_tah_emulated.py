@@ -52,7 +52,8 @@ SOURCES = [
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DECODE_EPLS = sorted({_EPL[_DECODE], _EPL[_DECODE_ACC], 16, 32})
 ENCODE_EPLS = sorted({_EPL[_ENCODE], 16, 32})
-XT = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, BF16: 2}
+XT32 = np.dtype(np.float32)
+XT = {XT32: 0, np.dtype(np.float16): 1, BF16: 2}
 CASES = [
     ({"row": 256}, np.dtype(np.float32)),
     ({"row": 256}, BF16),
@@ -94,15 +95,17 @@ def emulated_scores(
     threads: int = 32,
     cache: int = 2,
     hist: tuple[int, int] = (0, 0),
+    pair: bool = True,
 ) -> int:
     """tah_gpu's scores launches on a grid of three blocks of ``threads`` threads (blocks
     that take several tokens, one none where there are two): with ``split`` and room for
     the sums (tah_gpu's rule) kernel 1 storing its warps' sums and kernel 6 adding them,
-    else kernel 1 alone. ``hist``: the histograms' (byte offset, words) to zero. Returns
-    the sums' offset (0: one kernel)."""
+    else kernel 1 alone. ``hist``: the histograms' (byte offset, words) to zero; ``pair``:
+    16-bit types on pairs of elements (SC_PAIR, tah_gpu's default). Returns the sums'
+    offset (0: one kernel)."""
     sums = _score_sums(payload.ctypes.data, lay, threads // 32) if split else 0
-    defs = {"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": cache, "THREADS": threads}
-    score = build({**defs, "SC_SPLIT": int(sums > 0)})
+    defs = {"TAH_OP": 1, "XT": XT[x.dtype], "SC_CACHE": cache, "THREADS": threads, "ROW": row}
+    score = build({**defs, "SC_SPLIT": int(sums > 0), "SC_PAIR": int(pair and x.dtype != XT32)})
     score.emu_set_grid(3)
     score.emu_launch8(x.ctypes.data, payload.ctypes.data, x.size, row, lay.tokens, *hist, sums)
     if sums:  # two blocks of 32 threads: one thread a token, grid-stride past 64 tokens
@@ -161,12 +164,17 @@ def emulated_encode(
     # One warp keeping one chunk a thread: tokens beyond 256 elements are read twice; then
     # two chunks a thread (512 elements: a token's second chunk may be past its end). Three
     # blocks: a block's next token loaded ahead of its sums. Each in one kernel and split
-    # (where the payload has room for the sums), the split last, as tah_gpu's default.
+    # (where the payload has room for the sums), the split last, as tah_gpu's default;
+    # 16-bit types also without SC_PAIR (every element through float32).
     want = token_keys(x.astype(np.float32), c.row) >> 32
-    for sc_cache, split in ((2, False), (1, False), (1, True), (2, True)):
-        emulated_scores(build, x, payload, c.row, lay, split, 32, sc_cache, (hist0, hwords))
+    forms = [(2, False, False), (1, True, False)] if x.dtype != XT32 else []
+    forms += [(2, False, True), (1, False, True), (1, True, True), (2, True, True)]
+    for sc_cache, split, pair in forms:
+        hist = (hist0, hwords)
+        emulated_scores(build, x, payload, c.row, lay, split, 32, sc_cache, hist, pair)
         scores = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
-        np.testing.assert_array_equal(scores, want, err_msg=f"SC_CACHE={sc_cache} {split=}")
+        msg = f"SC_CACHE={sc_cache} {split=} {pair=}"
+        np.testing.assert_array_equal(scores, want, err_msg=msg)
     if hist0:  # the scores kernel zeroed the histograms
         assert not buf[hist0:].any()
     emulated_select(build, buf, lay, cache, hist0)
@@ -393,6 +401,67 @@ def test_emulated_split_scores_many_tokens(build, cfg: dict, dtype) -> None:
     want = c.encode(x)
     got = emulated_encode(build, c, x, multi=True)
     np.testing.assert_array_equal(got, want, err_msg=str(cfg))
+
+
+def pair_edge_tokens(rng: np.random.Generator, dtype: np.dtype, row: int) -> np.ndarray:
+    """16-bit tokens around SC_PAIR's bound (PAIR_MIN: bfloat16 bits 0x0800, float16
+    0x4400 = 4.0), each with zeros, -0, the smallest magnitudes (float16 subnormals) and
+    random bits below its largest: at the bound, one above and below it, the largest
+    finite, and below the bound where the 16-bit form would be wrong (float16: a zero's
+    level under 0x4000, subnormals' levels under 0x4400; bfloat16: a zero's level);
+    float16 tokens of normal values only, at any largest |x|, and one with a subnormal."""
+    top = {
+        BF16: (0x0800, 0x07FF, 0x7F7F, 0x0801, 0x0400),
+        np.dtype(np.float16): (0x4400, 0x43FF, 0x7BFF, 0x4401, 0x4100, 0x3FFF),
+    }
+    toks = []
+    for hi in top[dtype]:
+        h = rng.integers(0, hi + 1, row, dtype=np.uint16)
+        h[rng.random(row) < 0.5] >>= np.uint16(rng.integers(1, 15))  # spread over exponents
+        h[:8] = (hi, 0, 0, 1, 2, 0x3FF, 0x400, 0x401)
+        h |= (rng.random(row) < 0.5).astype(np.uint16) << 15  # signs, -0 among them
+        toks.append(rng.permutation(h))
+    if dtype == np.float16:  # all normal (the pairs at any largest |x|), then one subnormal
+        for hi in (0x3FFF, 0x0800, 0x0400, 0x3C00):
+            h = rng.integers(0x400, hi + 1, row, dtype=np.uint16)
+            h |= (rng.random(row) < 0.5).astype(np.uint16) << 15
+            toks.append(h)
+        toks.append(toks[-1].copy())
+        toks[-1][rng.integers(row)] = 0x3FF
+    return np.concatenate(toks).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=str)
+@pytest.mark.parametrize("threads, row, cache", [(32, 256, 1), (64, 512, 1), (32, 256, 2)])
+def test_emulated_pair_scores_at_the_bound(build, dtype, threads: int, row: int, cache) -> None:
+    # The pairs' form exactly where it starts (a zero's level 256, float16 subnormals far
+    # enough below) and the float32 path one step under it, against the CPU's scores;
+    # with one chunk a thread cached, tokens longer than the cache (chunk_pairs' sweeps).
+    x = pair_edge_tokens(np.random.default_rng(row + threads), dtype, row)
+    lay = tah_layout(x.size, row, 64, 4, 3, 0.2)
+    want = token_keys(x.astype(np.float32), row) >> 32
+    assert (want > 0).all()
+    for split in (True, False):
+        payload = np.full(lay.nbytes, 0xAB, np.uint8)
+        emulated_scores(build, x, payload, row, lay, split, threads, cache)
+        got = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
+        np.testing.assert_array_equal(got, want, err_msg=f"{split=}")
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=str)
+def test_emulated_scores_long_rows(build, dtype) -> None:
+    # Rows of more than 2^11 elements a thread (32 threads, 2^17 elements): the warps'
+    # sums in 16-bit pieces (four reductions), most chunks read twice.
+    row = 1 << 17
+    x = data(np.random.default_rng(17), 2 * row - 100, row, dtype)
+    x[np.isnan(x.astype(np.float32))] = 0
+    lay = tah_layout(x.size, row, 64, 4, 3, 0.2)
+    want = token_keys(x.astype(np.float32), row) >> 32
+    for split in (True, False):
+        payload = np.full(lay.nbytes, 0xAB, np.uint8)
+        emulated_scores(build, x, payload, row, lay, split, 32, 2)
+        got = payload[: 4 * lay.tokens].view(np.uint32).astype(np.int64)
+        np.testing.assert_array_equal(got, want, err_msg=f"{split=}")
 
 
 def test_split_scores_scratch() -> None:

@@ -38,6 +38,10 @@ inline unsigned __vmaxu2(unsigned a, unsigned b) {
   unsigned lo = std::max(a & 0xffffu, b & 0xffffu), hi = std::max(a >> 16, b >> 16);
   return lo | (hi << 16);
 }
+inline unsigned __vminu2(unsigned a, unsigned b) {
+  unsigned lo = std::min(a & 0xffffu, b & 0xffffu), hi = std::min(a >> 16, b >> 16);
+  return lo | (hi << 16);
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
 constexpr int EMU_THREADS = THREADS;
