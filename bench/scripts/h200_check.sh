@@ -679,6 +679,32 @@ s24floor)
   # The decodes' byte-mix floor, reads spread through the writes (no division a word now)
   # and phased, beside a copy of the same bytes.
   floor_runs s24-floor- ;;
+s24final)
+  # Session 24's last tah kernels (scores on pairs, the decode's look-ahead): the GPU tests,
+  # the A/B arms of their switches (tah_gpu._SCORE_PAIRS; _DECODE_AHEAD), the codec rows of
+  # record, and the host's launch cost in a call (--launch-cost). Budget: ~450 s.
+  step "pytest gpu: tah (whole file)"
+  timeout ${TAH_TESTS_S:-260} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
+    2>&1 | tee "$OUT/pytest_s24final.txt" | tail -4
+  step "tah scores, pairs on and off"
+  for pairs in True False; do
+    timeout 60 python3 -c "import sys, runpy, coccl.compressors.tah_gpu as m; m._SCORE_PAIRS = $pairs; \
+sys.path.insert(0, 'bench/scripts'); \
+sys.argv[1:] = ['encode', '--count', '256M', '--dtype', 'bfloat16', '--compressor', 'tah:row=4096', \
+'--json', '$JSONDIR/s24-tah-pairs$pairs.json']; runpy.run_path('bench/scripts/launch_times.py', run_name='__main__')" \
+      2>&1 | tail -8
+  done
+  step "tah decode, look-ahead on and off"
+  for ahead in True False; do
+    timeout 60 python3 -c "import sys, coccl.compressors.tah_gpu as m; m._DECODE_AHEAD[m._DECODE] = $ahead; \
+from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu --counts 64M,256M \
+      --compressor tah:row=4096 -d bfloat16,float32 -n 15 -c 0 --json "$JSONDIR/s24-tah-ahead$ahead.json" \
+      2>&1 | grep decode | tail -8
+  done
+  step "tah codec rows of record, with the launch cost"
+  timeout 120 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
+    --compressor tah:row=4096 -d bfloat16,float16,float32 -n 15 -c 0 --launch-cost \
+    --json "$JSONDIR/s24-tah-final.json" 2>&1 | tail -40 ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of
