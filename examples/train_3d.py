@@ -2,9 +2,9 @@
 
 The repo's byte-level GPT (examples/tp_gpt.py) on a ``(pp, dp, tp)`` DeviceMesh built by a
 ``coccl.torch.policy`` (``--policy``: ``none``, ``identity``, ``taco3d``, ``taco3d_pp6``,
-``tp_mx6_nv4`` or a .json / .toml file), in torchtitan's order: the model is cut into
-``--pp`` stages by hand (stage s holds its share of the blocks; the first the embeddings,
-the last the final norm and LM head), each stage is tensor-parallelized by
+``taco3d_pp4h``, ``tp_mx6_nv4`` or a .json / .toml file), in torchtitan's order: the model
+is cut into ``--pp`` stages by hand (stage s holds its share of the blocks; the first the
+embeddings, the last the final norm and LM head), each stage is tensor-parallelized by
 ``parallelize_module`` (QKV and fc1 ``ColwiseParallel``, proj and fc2 ``RowwiseParallel``
 over ``mesh["tp"]``), then sharded by FSDP2's ``fully_shard`` over ``mesh["dp"]`` (each
 layer norm and block, then the stage; the row-parallel biases stay out: see

@@ -70,6 +70,16 @@ def test_taco3d_recipes() -> None:
     CocclOptions(**changes)  # what coccl.torch.options takes
 
 
+def test_taco3d_pp4h_is_taco3d_with_4bit_hadamard_activations() -> None:
+    taco3d = named_policy("taco3d").fill(d_model=64).traffic
+    pp4h = named_policy("taco3d_pp4h").traffic
+    assert pp4h["pp"]["backward"] == taco3d["pp"]["backward"]
+    codec = pp4h["pp"]["forward"].codec
+    want = {"id": "int", "bits": 4, "group_size": 32, "hadamard": 32}
+    assert {k: codec[k] for k in want} == want
+    assert {**pp4h, "pp": taco3d["pp"]} == taco3d
+
+
 def test_taco3d_pp6_is_taco3d_with_6bit_activations() -> None:
     taco3d = named_policy("taco3d").fill(d_model=768).traffic
     pp6 = named_policy("taco3d_pp6").traffic

@@ -49,7 +49,7 @@ def test_the_6bit_pp_arm_is_taco3d_with_int6_activations() -> None:
     assert dataclasses.replace(pp6, name="taco3d", pp_fwd=taco3d.pp_fwd) == taco3d
 
 
-@pytest.mark.parametrize("name", ["taco3d", "taco3d_pp6"])
+@pytest.mark.parametrize("name", ["taco3d", "taco3d_pp6", "taco3d_pp4h"])
 def test_the_shipped_policies_are_the_tables_arms(name: str) -> None:
     """What the accuracy table measured is what ``named_policy`` ships."""
     import train3d_convergence_gpu as t3d  # noqa: PLC0415

@@ -456,6 +456,7 @@ def _entry_spec(dim: str, t: Traffic) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- named ones
 _INT6_GROUPS_OF_32 = {"id": "int", "bits": 6, "group_size": 32}
+_INT4_H32_GROUPS_OF_32 = {"id": "int", "bits": 4, "group_size": 32, "hadamard": 32}
 # issue #33's TP frontier (examples/tp_convergence_gpu.py's fwd_mxfp6_bwd_nvfp4 arm)
 MXFP6 = {"id": "mx", "element": "e2m3", "block": 32, "scale": "e8m0"}
 NVFP4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
@@ -483,6 +484,7 @@ NAMED: dict[str, dict[str, Any]] = {
     "identity": {"backend": "coccl"},
     "taco3d": _taco3d({"id": "tah", "row": "{d_model}"}),
     "taco3d_pp6": _taco3d(_INT6_GROUPS_OF_32),
+    "taco3d_pp4h": _taco3d(_INT4_H32_GROUPS_OF_32),
     "tp_mx6_nv4": {"backend": "coccl", "tp": {"allreduce": _TP_MX6_NV4}},
 }
 
@@ -493,7 +495,9 @@ def named_policy(name: str) -> Policy:
     recipe on DP, TAH-Quant's on PP; fill ``d_model`` before use) and ``taco3d_pp6``
     (``taco3d`` with the PP activations at 6 bits, the backward's ``int`` codec, in place
     of TAH-Quant's 4/3-bit ``tah``: the one of the two within the 3D accuracy table's
-    target, README) and ``tp_mx6_nv4`` (issue #33's TP recipe: TP AllReduces two-shot,
+    target, README), ``taco3d_pp4h`` (``taco3d`` with the PP activations as 4-bit integers
+    in groups of 32 after a 32-point Hadamard: ``tah``'s bytes, within the same target on
+    its 9 seeds) and ``tp_mx6_nv4`` (issue #33's TP recipe: TP AllReduces two-shot,
     MXFP6 (mx e2m3, blocks of 32, E8M0 scales) in the forward pass, NVFP4 (mx e2m1,
     blocks of 16, E4M3 scales) in the backward, 0.67 bytes per element, within +0.5% of
     uncompressed in the TP convergence table (README: its NVFP4 runs simulated a coarser
