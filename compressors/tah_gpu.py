@@ -59,13 +59,13 @@ _PRELUDE = (
 _THREADS = 256
 _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT, _OP_SCORE_SUMS = 1, 2, 3, 4, 5, 6
-# The scores kernel's blocks per SM, by split (below) and element type (XT: float32,
-# float16, bfloat16): its __launch_bounds__ minimum and its grid, one wave of them
+# The scores kernel's blocks per SM, by element type (XT: float32, float16, bfloat16; the
+# same split or not, below): its __launch_bounds__ minimum and its grid, one wave of them
 # (grid-stride over tokens), so that every block takes as many tokens as another, to within
 # one. The most that its registers allow without spilling (by ptxas: 48 a thread at 5, 64
 # at 4, either way of _SCORE_PAIRS; the table, 33 KB of shared memory a block, would allow
 # 6).
-_SCORE_BLOCKS_PER_SM = {True: {0: 4, 1: 5, 2: 5}, False: {0: 4, 1: 5, 2: 5}}
+_SCORE_BLOCKS_PER_SM = {0: 4, 1: 5, 2: 5}
 # The scores in two launches (tah_score.cu's SC_SPLIT): the scores kernel stores each
 # warp's two sums in scratch in the payload's codes region, and a kernel of one thread a
 # token adds them and computes the score, off the blocks' serial path between tokens.
@@ -202,7 +202,7 @@ def tah_encode(
         i64 = np.int64
         hist0, hwords = _select_scratch(payload, lay)
         sums = _score_sums(payload.data.ptr, lay)
-        per_sm = _SCORE_BLOCKS_PER_SM[sums > 0][xt]
+        per_sm = _SCORE_BLOCKS_PER_SM[xt]
         score = _kernel(
             {
                 "TAH_OP": _OP_SCORE,
