@@ -435,12 +435,13 @@ t3dseeds)
   tar czf "$OUT/t3d-runs.tgz" -C $W --exclude='*.ckpt' . ;;
 t3dpp4h)
   # Issue #32's 3D table, one more arm: taco3d with the PP forward as int 4 bits in groups of
-  # 32 after a 32-point Hadamard (tah's bytes), seeds 0-8 in one wave of 9 workers under MPS,
+  # 32 after a 32-point Hadamard (tah's bytes), seeds PP4H_FIRST..PP4H_LAST (0-8: one wave of
+  # 9 workers under MPS; the record ran 0-8, then 9-17),
   # paired afterwards with the recorded uncompressed runs of the same seeds
   # (tp3d-convergence-gpu-seeds.json: that arm uses no codec and reproduced bitwise).
   step "3D table: taco3d_pp4h"
   timeout ${T3D_TIMEOUT:-380} python3 examples/train3d_convergence_gpu.py run \
-    --arms taco3d_pp4h --seeds "$(seq -s, 0 8)" --jobs-per-gpu 9 \
+    --arms taco3d_pp4h --seeds "$(seq -s, ${PP4H_FIRST:-0} ${PP4H_LAST:-8})" --jobs-per-gpu 9 \
     --time-limit-s ${T3D_LIMIT_S:-330} --work-dir /tmp/coccl-t3d-pp4h \
     --out "$JSONDIR/tp3d-convergence-gpu-pp4h.json" 2>&1 | tee "$OUT/t3d_pp4h_log.txt" | tail -20 ;;
 mxstores)

@@ -497,7 +497,7 @@ def named_policy(name: str) -> Policy:
     of TAH-Quant's 4/3-bit ``tah``: the one of the two within the 3D accuracy table's
     target, README), ``taco3d_pp4h`` (``taco3d`` with the PP activations as 4-bit integers
     in groups of 32 after a 32-point Hadamard: ``tah``'s bytes, within the same target on
-    its 9 seeds) and ``tp_mx6_nv4`` (issue #33's TP recipe: TP AllReduces two-shot,
+    18 seeds) and ``tp_mx6_nv4`` (issue #33's TP recipe: TP AllReduces two-shot,
     MXFP6 (mx e2m3, blocks of 32, E8M0 scales) in the forward pass, NVFP4 (mx e2m1,
     blocks of 16, E4M3 scales) in the backward, 0.67 bytes per element, within +0.5% of
     uncompressed in the TP convergence table (README: its NVFP4 runs simulated a coarser
