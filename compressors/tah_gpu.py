@@ -13,11 +13,12 @@ kernel. The tile kernels give each block one contiguous range of tiles, whose pl
 finds by counting the bitmap bytes before the range once and then those it passes. No
 allocation, no host
 synchronisation, no copy from the host per call, so a CUDA graph may capture them
-(``TahCompressor.graph_safe``). The CUDA source is ``tah_kernels.cu``, compiled after
+(``TahCompressor.graph_safe``). The CUDA source is ``tah_kernels.cu`` (defines and shared
+helpers), ``tah_encode.cu`` and ``tah_decode.cu``, compiled after
 ``codec_kernels.cu`` (whose float32 arithmetic and conversions it uses), ``tah_tables.cu``
 (the score's tables) and ``tah_select.cu`` (the selection) by
 ``gpu_build.compile_function``. Everything runs on CuPy's current stream of the arrays'
-device. The scores' kernels are ``tah_score.cu``, compiled after ``tah_kernels.cu``.
+device. The scores' kernels are ``tah_score.cu``, compiled after those.
 Importing this module touches neither CuPy nor the GPU.
 
 Bytes moved per encode of n elements of e bytes (P the payload's bytes): the scores read
@@ -47,9 +48,9 @@ from .gpu_build import (
 )
 from .tah_format import tah_layout
 
-_SOURCE = (
-    Path(__file__).with_name("tah_kernels.cu"),
-    Path(__file__).with_name("tah_score.cu"),
+_SOURCE = tuple(
+    Path(__file__).with_name(name)
+    for name in ("tah_kernels.cu", "tah_encode.cu", "tah_decode.cu", "tah_score.cu")
 )
 _PRELUDE = (
     Path(__file__).with_name("codec_kernels.cu"),
@@ -106,7 +107,7 @@ _EPL = {_ENCODE: 32, _DECODE: 32, _DECODE_ACC: 16}
 # The accumulating decode at 4 (64 registers): its loop (shared with the plain decode since
 # the look-ahead) spills at 48 registers (5 blocks), 24 bytes without the look-ahead.
 _TILE_MIN_BLOCKS = {_ENCODE: 4, _DECODE: 3, _DECODE_ACC: 4}
-# The decodes' look-ahead (tah_kernels.cu's DEC_AHEAD), by kind: each warp issues its next
+# The decodes' look-ahead (tah_decode.cu's DEC_AHEAD), by kind: each warp issues its next
 # tile group's loads (the bitmap byte of its place, then the centres, steps, pivot bytes
 # and codes) before this group's arithmetic and stores, 8-16 more registers a thread.
 # False loads each group when it decodes it (the accumulating decode: with the look-ahead

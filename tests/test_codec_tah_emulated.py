@@ -1,5 +1,6 @@
-"""The tah CUDA kernels (compressors/tah_kernels.cu) run on the CPU through a host emulation
-of the CUDA built-ins (tests/cuda_emulation/), against the numba kernels, bit for bit.
+"""The tah CUDA kernels (compressors/tah_kernels.cu, tah_encode.cu, tah_decode.cu,
+tah_score.cu) run on the CPU through a host emulation of the CUDA built-ins
+(tests/cuda_emulation/), against the numba kernels, bit for bit.
 
 This checks the kernels' logic (lanes, shuffles, packing, the pivot's swaps, the scores,
 the choice of low tokens, the bitmap prefixes) where there is no GPU;
@@ -46,6 +47,8 @@ SOURCES = [
     KERNELS / "tah_tables.cu",
     KERNELS / "tah_select.cu",
     KERNELS / "tah_kernels.cu",
+    KERNELS / "tah_encode.cu",
+    KERNELS / "tah_decode.cu",
     KERNELS / "tah_score.cu",
     EMULATION / "launch.cpp",
 ]
