@@ -177,14 +177,8 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
       __syncwarp();
       cw[0] = d0.x; cw[1] = d0.y; cw[2] = d0.z; cw[3] = d0.w;
       cw[4] = d1.x; cw[5] = d1.y; cw[6] = d1.z; cw[7] = d1.w;
-    } else if (base + 32 <= ncodes) {
-      load_bytes32(pay + base, cw, vpay);
     } else {
-#pragma unroll
-      for (int r = 0; r < 8; ++r) cw[r] = 0;
-#pragma unroll
-      for (int r = 0; r < 32; ++r)
-        if (base + r < ncodes) cw[r >> 2] |= (u32)pay[base + r] << (8 * (r & 3));
+      load_codes32(pay, base, ncodes, cw, vpay);
     }
     float v[32];
 #if OP == 2
@@ -436,15 +430,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     float scale = 0.0f;
     u32 cw[8];
     if (base < count) scale = as_f(ld32(pin + count + 4 * g, a4i));
-    if (base + 32 <= count) {
-      load_bytes32(pin + base, cw, vpi);
-    } else {
-#pragma unroll
-      for (int r = 0; r < 8; ++r) cw[r] = 0;
-#pragma unroll
-      for (int r = 0; r < 32; ++r)
-        if (base + r < count) cw[r >> 2] |= (u32)pin[base + r] << (8 * (r & 3));
-    }
+    load_codes32(pin, base, count, cw, vpi);
     u32 w[NW];
     lane_load(xb, base, count, vin, w);  // zero past count
     float v[32];

@@ -580,6 +580,20 @@ DEV void load_bytes32(const unsigned char* p, u32* c, bool vec) {
   }
 }
 
+// The 32 code bytes at p[base, base + 32) as 8 little-endian words: load_bytes32 where all
+// 32 are below n, else byte by byte with the bytes at and past n zero.
+DEV void load_codes32(const unsigned char* p, i64 base, i64 n, u32* c, bool vec) {
+  if (base + 32 <= n) {
+    load_bytes32(p + base, c, vec);
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < 8; ++r) c[r] = 0;
+#pragma unroll
+  for (int r = 0; r < 32; ++r)
+    if (base + r < n) c[r >> 2] |= (u32)p[base + r] << (8 * (r & 3));
+}
+
 DEV void st32(unsigned char* p, u32 v, bool aligned) {
   if (aligned) {
     *(u32*)p = v;
