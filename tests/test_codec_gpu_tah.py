@@ -79,6 +79,14 @@ def make_data(rng: np.random.Generator, count: int, row: int, dtype: np.dtype) -
     return x.astype(dtype)
 
 
+def with_special_tiles(x: np.ndarray) -> np.ndarray:
+    """``x`` (at least 700 elements) with tiles holding +Inf, -Inf and -NaN, and the tile
+    [600, 664) all zeros (its range 0)."""
+    x[300], x[450], x[700] = np.inf, -np.inf, -np.nan
+    x[600:664] = 0
+    return x
+
+
 def check_roundtrip(c: TahCompressor, x: np.ndarray, msg: str) -> None:
     rng = np.random.default_rng(x.size)
     n = x.size
@@ -281,9 +289,7 @@ def test_gpu_encode_every_width(monkeypatch, bits: tuple[int, int], epl: int) ->
     c = TahCompressor(row=128, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.5)
     rng = np.random.default_rng(10 * bh + bl)
     for dtype in DTYPES:
-        x = make_data(rng, 7 * c.row + 100, c.row, dtype)
-        x[300], x[450], x[700] = np.inf, -np.inf, -np.nan
-        x[600:664] = 0
+        x = with_special_tiles(make_data(rng, 7 * c.row + 100, c.row, dtype))
         check_roundtrip(c, x, f"{bits} {dtype} EPL={epl}")
         sweep = TahCompressor(row=64, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.5)
         xs = magnitude_sweep(np.random.default_rng(3), 64, dtype).astype(dtype)
@@ -306,7 +312,5 @@ def test_gpu_decode_switches(monkeypatch, bits: tuple[int, int], ahead: bool, mi
     c = TahCompressor(row=256, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.4)
     rng = np.random.default_rng(7 * bh + bl)
     for dtype in DTYPES:
-        x = make_data(rng, 2000 * c.row + 77, c.row, dtype)
-        x[300], x[450], x[700] = np.inf, -np.inf, -np.nan
-        x[600:664] = 0
+        x = with_special_tiles(make_data(rng, 2000 * c.row + 77, c.row, dtype))
         check_roundtrip(c, x, f"{bits} {dtype} {ahead=} {min_blocks=}")
