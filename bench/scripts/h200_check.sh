@@ -641,7 +641,7 @@ t23_mxdec|t23_tacorest)
     -k "taco and (hop_kernels_agree or whole_range)" ;;
   esac 2>&1 | tee "$OUT/pytest_$part.txt" | tail -4 ;;
 s24split)
-  # Session 24: where the tah encode's time goes, launch by launch (CUDA events around each
+  # Where the tah encode's time goes, launch by launch (CUDA events around each
   # kernel; bench/scripts/launch_times.py), bfloat16 and float32 at 64M and 256M, and the
   # decode beside it.
   step "tah launch split"
@@ -652,7 +652,7 @@ s24split)
   timeout 60 python3 bench/scripts/launch_times.py decode --count 256M --dtype bfloat16 \
     --compressor tah:row=4096 2>&1 | tee -a "$OUT/s24split.txt" | tail -4 ;;
 s24tah)
-  # Session 24's tah kernels: the GPU tests (bitwise the CPU's), each encode launch's time
+  # The tah kernels: the GPU tests (bitwise the CPU's), each encode launch's time
   # (bench/scripts/launch_times.py), then the codec rows of record.
   step "pytest gpu: tah"
   timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py 2>&1 \
@@ -670,28 +670,12 @@ s24tah)
   timeout 90 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
     --compressor tah:row=4096 -d bfloat16,float32 -n 15 -c 0 \
     --json "$JSONDIR/s24-tah.json" 2>&1 | tail -26 ;;
-s24int)
-  # The int decodes' A/B switches (merged from intk2, all off by default): their GPU tests,
-  # then each arm in its own process (4-bit H32, 16M-256M). Runs at commit bab722d only:
-  # the switches measured equal and were taken out after it.
-  step "pytest gpu: int switches"
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_int.py \
-    -k "switches or loop_over_tiles" 2>&1 | tee "$OUT/pytest_s24int.txt" | tail -4
-  for arm in base "wave:m._DECODE_ONE_WAVE = True" "nopref1280:m._DECODE_PREFETCH = False; \
-m._RESIDENT['decode'] = 1280" "cs:m._DECODE_STREAM_STORES = True" "vec:m._DECODE_VECTOR_CODES = True"; do
-    name=${arm%%:*}; set_=${arm#*:}; [ "$arm" = base ] && set_=pass
-    step "int decode arm $name"
-    timeout 70 python3 -c "import sys, coccl.compressors.intq_gpu as m; $set_; \
-from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
-      --counts 16M,64M,256M --compressor int:bits=4,hadamard=32 -d bfloat16,float32 -n 15 -c 0 \
-      --json "$JSONDIR/s24-int-$name.json" 2>&1 | grep -E "decode|encode" | tail -12
-  done ;;
 s24floor)
   # The decodes' byte-mix floor, reads spread through the writes (no division a word now)
   # and phased, beside a copy of the same bytes.
   floor_runs s24-floor- ;;
 s24final)
-  # Session 24's last tah kernels (scores on pairs, the decode's look-ahead): the GPU tests,
+  # The tah kernels with scores on pairs and the decode's look-ahead: the GPU tests,
   # the A/B arms of their switches (tah_gpu._SCORE_PAIRS; _DECODE_AHEAD), the codec rows of
   # record, and the host's launch cost in a call (--launch-cost). Budget: ~450 s.
   step "pytest gpu: tah (whole file)"
