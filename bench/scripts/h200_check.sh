@@ -700,6 +700,50 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
   timeout 120 python3 -m coccl.bench.cli codec --device gpu --counts 4M,16M,64M,256M \
     --compressor tah:row=4096 -d bfloat16,float16,float32 -n 15 -c 0 --launch-cost \
     --json "$JSONDIR/s24-tah-final.json" 2>&1 | tail -40 ;;
+s25prof)
+  # Where the kernels that miss issue #33's and #30's bars wait: ncu's speed-of-light,
+  # occupancy, scheduler and warp-state sections and every stall reason per issued
+  # instruction, one launch each (the probe's first encode and first launch skipped), a
+  # copy beside them; then the tah decode's A/B of (elements a lane, blocks an SM,
+  # look-ahead), and the host time a codec call costs (cProfile). Budget: ~450 s.
+  step "ncu: stall profiles"
+  if command -v ncu >/dev/null; then
+    ncu_one() {  # tag, kernel regex, launches to skip, probe arguments...
+      local tag=$1 k=$2 skip=$3; shift 3
+      echo "=== $tag" >> "$OUT/ncu_s25.txt"
+      timeout 75 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+        --section SchedulerStats --section WarpStateStats --section LaunchStats \
+        --section MemoryWorkloadAnalysis \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+        -k "regex:$k" --launch-skip $skip --launch-count 1 "$@" >> "$OUT/ncu_s25.txt" 2>&1
+      echo "$tag: $(grep -E 'Duration|Issue Slots Busy' "$OUT/ncu_s25.txt" | tail -2 | tr -s ' ' | tr '\n' ';')"
+    }
+    P="python3 bench/scripts/codec_kernel_probe.py"
+    ncu_one copy-64M-u16 copy 1 python3 -c "import cupy as cp; x = cp.zeros(64 << 20, cp.uint16); \
+y = cp.empty_like(x); [y.__setitem__(Ellipsis, x) for _ in range(3)]; cp.cuda.runtime.deviceSynchronize()"
+    ncu_one taco-hop-bf16-64M coccl_codec 2 $P hop --count 64M --compressor taco --launches 3
+    ncu_one taco-encode-bf16-16M coccl_codec 2 $P encode --count 16M --compressor taco --launches 3
+    ncu_one taco-decode-bf16-256M coccl_codec 2 $P decode --count 256M --compressor taco --launches 3
+    ncu_one tah-decode-bf16-64M tah_kernel 10 $P decode --count 64M --compressor tah:row=4096 --launches 6
+    ncu_one tah-tiles-bf16-64M tah_kernel 13 $P encode --count 64M --compressor tah:row=4096 --launches 3
+    ncu_one int-h32-decode-f32-256M coccl_int 2 $P decode --count 256M --dtype float32 \
+      --compressor int:bits=4,hadamard=32 --launches 3
+    ncu_one mx6-decode-bf16-256M coccl_mx 2 $P decode --count 256M --compressor mx:element=e2m3 --launches 3
+  else
+    echo "no ncu"
+  fi
+  step "tah decode: elements a lane, blocks an SM, look-ahead"
+  for arm in "32 3 True" "16 4 False" "16 5 False" "32 4 False"; do
+    set -- $arm
+    timeout 60 python3 -c "import sys, coccl.compressors.tah_gpu as m; k = m._DECODE; \
+m._EPL[k] = $1; m._TILE_MIN_BLOCKS[k] = $2; m._DECODE_AHEAD[k] = $3; \
+from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu --counts 64M,256M \
+      --compressor tah:row=4096 -d bfloat16,float32 -n 15 -c 0 --json "$JSONDIR/s25-tah-dec-$1-$2-$3.json" \
+      2>&1 | grep -E " decode " | sed "s/^/[$arm] /" | tee -a "$OUT/s25_tahdec.txt"
+  done
+  step "host cost a call, 4M elements"
+  timeout 90 python3 bench/scripts/host_costs.py --count 4M --calls 200 --profile \
+    --compressors tah:row=4096,taco,int:bits=4,hadamard=32 2>&1 | tee "$OUT/s25_host.txt" | grep us/call ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of

@@ -22,6 +22,7 @@ import numpy as np
 
 import coccl
 from coccl.bench.cli import parse_size
+from coccl.bench.codec import codec_specs
 
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
@@ -41,6 +42,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", default="1M", help="elements per chunk")
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument(
+        "--compressors",
+        default="",
+        help="more codecs ('name:key=value', as coccl-bench): encode and decode each, bfloat16",
+    )
+    ap.add_argument("--profile", action="store_true", help="cProfile each added codec's calls")
     args = ap.parse_args()
 
     import cupy as cp
@@ -90,8 +97,44 @@ def main() -> None:
         }
         if hop is not None:
             ops["taco fused hop (reduce_encode)"] = lambda: hop(x, tp, tp2)
-        for name, fn in ops.items():
+        added: dict[str, Callable[[], object]] = {}
+        for spec in codec_specs(args.compressors) if args.compressors else ():
+            added.update(codec_ops(spec.label, spec.codec, n))
+        for name, fn in {**ops, **added}.items():
             print(f"{name:34s} {per_call_us(fn, args.calls):8.1f} us/call", flush=True)
+            if args.profile and name in added:
+                profile(fn, args.calls)
+
+
+def codec_ops(label: str, codec: object, n: int) -> dict[str, Callable[[], object]]:
+    """Encode and decode of ``n`` bfloat16 elements by ``codec`` (the current stream)."""
+    import cupy as cp
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    host = np.random.default_rng(0).standard_normal(n, dtype=np.float32).astype(bf16)
+    x = cp.asarray(host.view(np.uint16)).view(bf16)
+    out = cp.empty_like(x)
+    payload = codec.encode(x)
+    return {
+        f"{label} encode (bfloat16)": lambda: codec.encode(x, out=payload),
+        f"{label} decode (bfloat16)": lambda: codec.decode(payload, out=out, count=n, dtype=bf16),
+    }
+
+
+def profile(fn: Callable[[], object], calls: int) -> None:
+    """The functions with the most own time over ``calls`` calls of ``fn``."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    print(text.getvalue(), flush=True)
 
 
 if __name__ == "__main__":
