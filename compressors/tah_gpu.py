@@ -9,10 +9,11 @@ region, then one thread a token adding them into the score), the choice of the l
 (one block's radix select of the nlow-th smallest score, ties to the lower index as the
 CPU's sort; with ``_SELECT_MULTI`` and many tokens its three digits first histogrammed by
 three launches of many blocks) into the token bitmap, and the tiles; decoding runs one
-kernel. The tile kernels give each block one contiguous range of tiles, whose places it
-finds by counting the bitmap bytes before the range once and then those it passes. No
-allocation, no host
-synchronisation, no copy from the host per call, so a CUDA graph may capture them
+kernel. Each call's launches (kernels, grids, arguments) are planned once per shape,
+options and payload alignment and replayed. The tile kernels give each block one
+contiguous range of tiles, whose places it finds by counting the bitmap bytes before the
+range once and then those it passes. No allocation, no host synchronisation, no copy
+from the host per call, so a CUDA graph may capture them
 (``TahCompressor.graph_safe``). The CUDA source is ``tah_kernels.cu`` (defines and shared
 helpers), ``tah_encode.cu`` and ``tah_decode.cu``, compiled after
 ``codec_kernels.cu`` (whose float32 arithmetic and conversions it uses), ``tah_tables.cu``
@@ -32,7 +33,7 @@ bitmap bytes before its range (NT / 8 bytes at most).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -120,13 +121,42 @@ def _kernel(defines: dict[str, Any]) -> Any:
     return compile_function((*_PRELUDE, *_SOURCE), full, "tah_kernel")
 
 
-def _tile_kernel(defs: dict[str, Any], cp: Any, warps: int, args: tuple) -> None:
-    """Launch tile kernel ``defs`` (encode or decode) over ``warps`` warps' tile groups."""
+class _Launch(NamedTuple):
+    """One kernel launch of a plan: its arguments after the call's arrays."""
+
+    kern: Any
+    grid: tuple[int]
+    block: tuple[int]
+    args: tuple
+    first: int = 0  # the index of the call's first array it takes (1: the payload alone)
+
+
+# (device, call's shape and options, the switches above that tests and A/Bs flip) -> the
+# launches of one encode or decode; the other module constants are read when a plan is
+# built. A chunk of a pipelined message is tens of microseconds of GPU time, so a call's
+# host cost matters: with its plan built once, a call checks its arrays and launches.
+_plans: dict[tuple, tuple[_Launch, ...]] = {}
+
+
+def _run(cp: Any, plan: tuple[_Launch, ...], arrays: tuple, device_id: int) -> None:
+    """Launch ``plan`` on ``arrays`` (its kernels' first arguments) on the current stream
+    of device ``device_id``."""
+    if cp.cuda.runtime.getDevice() != device_id:
+        with cp.cuda.Device(device_id):
+            _run(cp, plan, arrays, device_id)
+        return
+    for launch in plan:
+        launch.kern(launch.grid, launch.block, (*arrays[launch.first :], *launch.args))
+    note_launch(plan[-1].kern)
+
+
+def _tile_launch(defs: dict[str, Any], cp: Any, warps: int, args: tuple) -> _Launch:
+    """The launch of tile kernel ``defs`` (encode or decode) over ``warps`` warps' tile
+    groups."""
     min_blocks = _TILE_MIN_BLOCKS[(defs["TAH_OP"], defs.get("ACC", 0))]
     kern = _kernel({**defs, "MIN_BLOCKS": min_blocks})
     grid = max(1, min(-(-warps // (_THREADS // 32)), sm_count(cp) * 2 * min_blocks))
-    kern((grid,), (_THREADS,), args)
-    note_launch(kern)
+    return _Launch(kern, (grid,), (_THREADS,), args)
 
 
 def _ratio_bits(ratio: float) -> str:
@@ -150,16 +180,17 @@ def _tile_warps(kind: tuple[int, int], tiles: int, tile: int) -> int:
     return -(-tiles // (32 // (tile // _EPL[kind])))
 
 
-def _select_scratch(payload: Any, lay: Any) -> tuple[int, int]:
+def _select_scratch(ptr: int, lay: Any) -> tuple[int, int]:
     """The multi-block selection's histograms: (payload byte offset, u32 words), or (0, 0)
-    for the one-block selection (the switch off, few tokens, none low, or an unaligned
-    payload). They lie in the step region (bytes [4 K, 8 K)), which the tiles overwrite."""
+    for the one-block selection (the switch off, few tokens, none low, or a payload at
+    address ``ptr`` not 4-byte aligned). They lie in the step region (bytes [4 K, 8 K)),
+    which the tiles overwrite."""
     words = _SELECT_DIGITS * _SELECT_BINS
     if (
         not _SELECT_MULTI
         or lay.full_tokens < _SELECT_MULTI_MIN_TOKENS
         or lay.low_tokens == 0
-        or payload.data.ptr % 4
+        or ptr % 4
         or lay.tiles < words
     ):
         return 0, 0
@@ -199,50 +230,67 @@ def tah_encode(
     check_payload(cp, payload, lay.nbytes, x)
     if lay.tiles == 0:
         return
-    with cp.cuda.Device(x.data.device_id):
-        i64 = np.int64
-        hist0, hwords = _select_scratch(payload, lay)
-        sums = _score_sums(payload.data.ptr, lay)
-        per_sm = _SCORE_BLOCKS_PER_SM[xt]
-        score = _kernel(
-            {
-                "TAH_OP": _OP_SCORE,
-                "XT": xt,
-                "ROW": int(row),
-                "MIN_BLOCKS": per_sm,
-                "SC_SPLIT": int(sums > 0),
-                "SC_PAIR": int(_SCORE_PAIRS and xt != 0),
-            }
-        )
-        blocks = max(1, min(lay.tokens, sm_count(cp) * per_sm))
-        args = (x, payload, i64(count), i64(row), i64(lay.tokens), i64(hist0), i64(hwords))
-        score((blocks,), (_THREADS,), (*args, i64(sums)))
-        if sums:
-            add = _kernel({"TAH_OP": _OP_SCORE_SUMS})
-            cap = sm_count(cp) * _SCORE_SUMS_BLOCKS_PER_SM
-            grid = max(1, min(-(-lay.tokens // _THREADS), cap))
-            args = (payload, i64(lay.tokens), i64(sums), i64(_THREADS // 32), i64(0))
-            add((grid,), (_THREADS,), args)
-        if hist0:
-            digit = _kernel({"TAH_OP": _OP_DIGIT})
-            grid = max(1, min(-(-lay.full_tokens // _DIGIT_TOKENS_PER_BLOCK), sm_count(cp) * 4))
-            for d in range(_SELECT_DIGITS):
-                args = (payload, i64(lay.full_tokens), i64(lay.low_tokens), i64(hist0), i64(d))
-                digit((grid,), (_THREADS,), args)
-        counts = (i64(lay.tokens), i64(lay.full_tokens), i64(lay.low_tokens))
-        args = (payload, *counts, i64(lay.bitmap_offset), i64(hist0))
-        select = _kernel({"TAH_OP": _OP_SELECT, "THREADS": _SELECT_THREADS, "MIN_BLOCKS": 1})
-        select((1,), (_SELECT_THREADS,), args)
-        defs = {
-            "TAH_OP": _OP_ENCODE,
+    device_id = x.data.device_id
+    options = (row, tile, bits_high, bits_low, low_fraction, bool(pivot), float(pivot_ratio))
+    switches = (_SCORE_SPLIT, _SCORE_PAIRS, _SELECT_MULTI, _EPL[_ENCODE], _TILE_MIN_BLOCKS[_ENCODE])
+    # The scratch offsets depend on the payload's address modulo 8 (_score_sums).
+    key = ("encode", device_id, count, xt, options, payload.data.ptr % 8, switches)
+    plan = _plans.get(key)
+    if plan is None:
+        with cp.cuda.Device(device_id):
+            plan = _plans[key] = _encode_plan(cp, xt, count, lay, payload.data.ptr, options)
+    _run(cp, plan, (x, payload), device_id)
+
+
+def _encode_plan(
+    cp: Any, xt: int, count: int, lay: Any, payload_ptr: int, options: tuple
+) -> tuple[_Launch, ...]:
+    """The launches of an encode (see the module docstring) of ``count`` elements, layout
+    ``lay``, into a payload at an address congruent to ``payload_ptr`` modulo 8."""
+    row, tile, bits_high, bits_low, _, pivot, pivot_ratio = options
+    i64 = np.int64
+    hist0, hwords = _select_scratch(payload_ptr, lay)
+    sums = _score_sums(payload_ptr, lay)
+    per_sm = _SCORE_BLOCKS_PER_SM[xt]
+    score = _kernel(
+        {
+            "TAH_OP": _OP_SCORE,
             "XT": xt,
-            **_tile_defines(_ENCODE, row, tile, bits_high, bits_low),
-            "PIVOT": int(bool(pivot)),
-            "RATIO_BITS": _ratio_bits(pivot_ratio),
+            "ROW": int(row),
+            "MIN_BLOCKS": per_sm,
+            "SC_SPLIT": int(sums > 0),
+            "SC_PAIR": int(_SCORE_PAIRS and xt != 0),
         }
-        warps = _tile_warps(_ENCODE, lay.tiles, tile)
-        args = (x, payload, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
-        _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
+    )
+    blocks = max(1, min(lay.tokens, sm_count(cp) * per_sm))
+    args = (i64(count), i64(row), i64(lay.tokens), i64(hist0), i64(hwords), i64(sums))
+    plan = [_Launch(score, (blocks,), (_THREADS,), args)]
+    if sums:
+        cap = sm_count(cp) * _SCORE_SUMS_BLOCKS_PER_SM
+        grid = max(1, min(-(-lay.tokens // _THREADS), cap))
+        args = (i64(lay.tokens), i64(sums), i64(_THREADS // 32), i64(0))
+        plan.append(_Launch(_kernel({"TAH_OP": _OP_SCORE_SUMS}), (grid,), (_THREADS,), args, 1))
+    if hist0:
+        digit = _kernel({"TAH_OP": _OP_DIGIT})
+        grid = max(1, min(-(-lay.full_tokens // _DIGIT_TOKENS_PER_BLOCK), sm_count(cp) * 4))
+        for d in range(_SELECT_DIGITS):
+            args = (i64(lay.full_tokens), i64(lay.low_tokens), i64(hist0), i64(d))
+            plan.append(_Launch(digit, (grid,), (_THREADS,), args, 1))
+    counts = (i64(lay.tokens), i64(lay.full_tokens), i64(lay.low_tokens))
+    args = (*counts, i64(lay.bitmap_offset), i64(hist0))
+    select = _kernel({"TAH_OP": _OP_SELECT, "THREADS": _SELECT_THREADS, "MIN_BLOCKS": 1})
+    plan.append(_Launch(select, (1,), (_SELECT_THREADS,), args, 1))
+    defs = {
+        "TAH_OP": _OP_ENCODE,
+        "XT": xt,
+        **_tile_defines(_ENCODE, row, tile, bits_high, bits_low),
+        "PIVOT": int(pivot),
+        "RATIO_BITS": _ratio_bits(pivot_ratio),
+    }
+    warps = _tile_warps(_ENCODE, lay.tiles, tile)
+    args = (i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
+    plan.append(_tile_launch(defs, cp, warps, (*args, i64(lay.bitmap_offset))))
+    return tuple(plan)
 
 
 def tah_decode(
@@ -267,8 +315,13 @@ def tah_decode(
     check_disjoint(payload, out)
     if lay.tiles == 0:
         return
-    with cp.cuda.Device(out.data.device_id):
-        kind = _DECODE_ACC if accumulate else _DECODE
+    device_id = out.data.device_id
+    kind = _DECODE_ACC if accumulate else _DECODE
+    switches = (_EPL[kind], _TILE_MIN_BLOCKS[kind], _DECODE_AHEAD[kind])
+    key = ("decode", device_id, count, xt, kind, row, tile, bits_high, bits_low, low_fraction)
+    key = (*key, switches)
+    plan = _plans.get(key)
+    if plan is None:
         defs = {
             "TAH_OP": _OP_DECODE,
             "XT": xt,
@@ -278,5 +331,8 @@ def tah_decode(
         }
         warps = _tile_warps(kind, lay.tiles, tile)
         i64 = np.int64
-        args = (payload, out, i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
-        _tile_kernel(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
+        args = (i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
+        with cp.cuda.Device(device_id):
+            launch = _tile_launch(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
+        plan = _plans[key] = (launch,)
+    _run(cp, plan, (payload, out), device_id)
