@@ -744,6 +744,43 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
   step "host cost a call, 4M elements"
   timeout 90 python3 bench/scripts/host_costs.py --count 4M --calls 200 --profile \
     --compressors tah:row=4096,taco,int:bits=4,hadamard=32 2>&1 | tee "$OUT/s25_host.txt" | grep us/call ;;
+s25host)
+  # tah's launches from plans (host cost a call): the GPU tests (bitwise the CPU's, the
+  # switches flipped between calls), the host cost a call of each codec with its profile,
+  # then the 2-rank staged send/recv sweep (P2P_DTYPES, default float32). Budget: ~500 s.
+  step "pytest gpu: tah (whole file)"
+  timeout ${TAH_TESTS_S:-260} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
+    2>&1 | tee "$OUT/pytest_s25host.txt" | tail -4
+  step "host cost a call, 4M elements"
+  timeout 120 python3 bench/scripts/host_costs.py --count 4M --calls 200 --profile \
+    --compressors tah:row=4096,taco,int:bits=4,hadamard=32,mx:element=e2m3 2>&1 \
+    | tee "$OUT/s25_host2.txt" | grep us/call
+  P2P_DTYPES=${P2P_DTYPES:-float32} bash "$0" p2psweeps ;;
+s25hop)
+  # taco's EPL hop with one copy of its Hadamard (tuning hop_compact): the GPU tests
+  # (bitwise the CPU's), the A/B in one process, ncu's stalls of one compact launch; and the
+  # tah tests that s25host's time limit cut (the switches flipped between calls, which the
+  # launch plans key on). Budget: ~520 s.
+  step "pytest gpu: taco hop, compact and not"
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
+    -k "taco and (hop_kernels_agree or several_tiles)" 2>&1 | tee "$OUT/pytest_s25hop.txt" | tail -3
+  step "pytest gpu: tah switches"
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
+    -k "decode_switches or every_width" 2>&1 | tee "$OUT/pytest_s25tah.txt" | tail -3
+  step "taco hop: hop_compact A/B"
+  timeout 150 python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M,256M \
+    --ops hop --tuning '{"hop_compact": 1}' --json "$JSONDIR/s25-taco-hop-compact-ab.json" 2>&1 \
+    | tee "$OUT/s25_hop_ab.txt" | tail -20
+  if command -v ncu >/dev/null; then
+    step "ncu: compact hop, bfloat16 64M"
+    timeout 75 ncu --clock-control none --section SpeedOfLight --section SchedulerStats \
+      --section WarpStateStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      -k regex:coccl_codec --launch-skip 2 --launch-count 1 python3 -c "import sys, runpy; \
+from coccl.compressors import gpu_kernels; gpu_kernels.set_tuning(hop_compact=1); \
+sys.argv[1:] = ['hop', '--count', '64M', '--compressor', 'taco', '--launches', '3']; \
+runpy.run_path('bench/scripts/codec_kernel_probe.py', run_name='__main__')" > "$OUT/ncu_s25hop.txt" 2>&1
+    grep -E "Duration|Issued Warp|no_instruction|not_selected|long_scoreboard" "$OUT/ncu_s25hop.txt"
+  fi ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of
