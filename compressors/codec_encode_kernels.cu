@@ -67,12 +67,14 @@ DEV u32 group_absmax_bits(const float* v) {
   return group_umax<L>(m);
 }
 
-#if ASH
-// taco_encode_lane's steps before its Hadamard: the group's energy, whether it holds a
-// NaN or Inf (bad), and alpha; v scaled by alpha.
+// One lane's part of a group: N consecutive elements, as exact float32 values v (which
+// the encode overwrites), of a group spread over L lanes (lig: the lane's index in it).
+// Codes: N/4 words; sbits/abits: the group's scales, the same in all its lanes.
 template <int N, int L>
-DEV void taco_encode_alpha(float* v, bool& bad, float& alpha) {
+DEV void taco_encode_lane(float* v, int lig, u32* codes, u32& sbits, u32& abits) {
   const float qmax = as_f(QMAX_BITS);
+  float alpha = as_f(BITS_ONE), c = as_f(BITS_ONE), amax = 0.0f;
+#if ASH
   // FORMAT.md's energy: runs of 32 squares summed in order (0 + x*x is x*x, so a run
   // starts from its first square), then the runs added as a pairwise tree: first the
   // lane's own N/32 runs, then across the group's lanes (the xor butterfly).
@@ -95,7 +97,7 @@ DEV void taco_encode_alpha(float* v, bool& bad, float& alpha) {
   // group finite and the per-element check runs only when the energy is not finite
   // (a non-finite element, or finite squares whose sum overflowed). The branch is taken
   // by whole warps, because the check shuffles across the group's lanes.
-  bad = false;
+  bool bad = false;
   if (RAW_CHECK || __any_sync(FULL_MASK, (as_u(e) & 0x7fffffffu) >= 0x7f800000u))
     bad = group_absmax_bits<N, L>(v) >= 0x7f800000u;
   // m = e / G: G is a power of two, so e * 2^-log2(G) is the same correctly rounded value
@@ -104,30 +106,19 @@ DEV void taco_encode_alpha(float* v, bool& bad, float& alpha) {
   alpha = f_min(f_max(alpha, as_f(BITS_1EM3)), as_f(BITS_1E3));
 #pragma unroll
   for (int r = 0; r < N; ++r) v[r] = f_mul(v[r], alpha);
-}
-
-// The largest |v| of a group after taco_encode_lane's Hadamard, as a float.
-template <int N, int L>
-DEV float taco_encode_amax(const float* v) {
-  float amax = 0.0f;
+  wht_group<N, L>(v, lig);
+  amax = 0.0f;
 #pragma unroll
   for (int r = 0; r < N; ++r) amax = f_max(amax, f_abs(v[r]));
 #pragma unroll
   for (int t = 1; t < L; t <<= 1) amax = f_max(amax, __shfl_xor_sync(FULL_MASK, amax, t));
-  return amax;
-}
+  c = as_f(CINV_BITS);
+#else
+  const u32 mb = group_absmax_bits<N, L>(v);
+  const bool bad = mb >= 0x7f800000u;
+  amax = as_f(mb);
 #endif
-
-// taco_encode_lane's steps after its Hadamard (without ash, after the group's absmax):
-// the group's s from amax (its largest |v|), the codes, and sbits/abits (alpha: 1 without
-// ash); a bad group's codes and scales are NaN.
-template <int N, int L>
-DEV void taco_encode_codes(float* v, bool bad, float alpha, float amax, u32* codes, u32& sbits,
-                           u32& abits) {
-  const float qmax = as_f(QMAX_BITS);
-  const float c = ASH ? as_f(CINV_BITS) : as_f(BITS_ONE);
   (void)amax;
-  (void)qmax;
 #if DUAL
   float s = f_div(f_max(f_mul(amax, c), as_f(BITS_1EM12)), qmax);
   bool divide = false;  // step 4b without ash: the codes are v / s
@@ -177,24 +168,6 @@ DEV void taco_encode_codes(float* v, bool bad, float alpha, float amax, u32* cod
     sbits = BITS_NAN;
     abits = BITS_NAN;
   }
-}
-
-// One lane's part of a group: N consecutive elements, as exact float32 values v (which
-// the encode overwrites), of a group spread over L lanes (lig: the lane's index in it).
-// Codes: N/4 words; sbits/abits: the group's scales, the same in all its lanes.
-template <int N, int L>
-DEV void taco_encode_lane(float* v, int lig, u32* codes, u32& sbits, u32& abits) {
-#if ASH
-  bool bad;
-  float alpha;
-  taco_encode_alpha<N, L>(v, bad, alpha);
-  wht_group<N, L>(v, lig);
-  taco_encode_codes<N, L>(v, bad, alpha, taco_encode_amax<N, L>(v), codes, sbits, abits);
-#else
-  (void)lig;
-  const u32 mb = group_absmax_bits<N, L>(v);
-  taco_encode_codes<N, L>(v, mb >= 0x7f800000u, as_f(BITS_ONE), as_f(mb), codes, sbits, abits);
-#endif
 }
 #endif
 
@@ -546,52 +519,6 @@ coccl_codec(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64
 // 48 KiB. Bitwise kernel 8: the same dequantization, addition and encode of every element
 // and group.
 #if OP == 10
-// A lane's EPL own elements from element base, zero from count on, into its row of the
-// own buffer (chunk c at row ^ 16 c): the hop's partial tiles, out of line.
-COLD void own_row7(const char* xb, i64 base, i64 count, saddr row) {
-#pragma unroll 1
-  for (int c = 0; c < CH7; ++c) {
-    u32 w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int r = 0; r < 16 / EB; ++r) {
-      const i64 e = base + c * (16 / EB) + r;
-      const u32 h = e < count ? load_elem_raw(xb, e) : 0u;
-#if XT == 0
-      w[r] = h;
-#else
-      w[r >> 1] |= h << (16 * (r & 1));
-#endif
-    }
-    sts16(row ^ (saddr)(16 * c), make_uint4(w[0], w[1], w[2], w[3]));
-  }
-}
-
-#if DEC
-// The lane's row of the own buffer at row (EPL outputs of type XT as raw words, chunk c at
-// row ^ 16 c) stored at elements [base, base + EPL) of ob, those below count, one by one.
-COLD void row_out7(char* ob, i64 base, i64 count, saddr row) {
-#pragma unroll 1
-  for (int c = 0; c < CH7; ++c) {
-    const uint4 q = lds16(row ^ (saddr)(16 * c));
-    const u32 w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int r = 0; r < 16 / EB; ++r) {
-      const i64 e = base + c * (16 / EB) + r;
-      if (e < count) {
-#if XT == 0
-        ((u32*)ob)[e] = w[r];
-#else
-        ((unsigned short*)ob)[e] = (unsigned short)(w[r >> 1] >> (16 * (r & 1)));
-#endif
-      }
-    }
-  }
-}
-#endif
-
-// HOP_COMPACT: the passes over a tile share one copy of the Hadamard (ash only: without
-// it there is none to share).
-#define HOP_PASSES (HOP_COMPACT && ASH)
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HOP_PARAMS) {
   // Per warp a tile's own elements (32 * CH7 chunks) and two tiles' codes (32 * CC7 each).
   alignas(EPL_SMEM_ALIGN) __shared__ uint4 smem[WARPS * 32 * (CH7 + 2 * CC7)];
@@ -667,17 +594,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
       for (int i = 0; i < EPL / 4; ++i) cw[i] = 0;
     }
     float v[EPL];
-    // v += this tile's own elements (once they are in), then the own buffer is free
-    auto add_own = [&]() {
+    taco_dequant_lane<EPL, L7>(cw, s, alpha, lig, v);
 #if ASYNC7
-      cp_async_wait1();  // all but the newest group: this tile's own elements are in
+    cp_async_wait1();  // all but the newest group: this tile's own elements are in
 #endif
-      __syncwarp();
-#if HOP_PASSES
-      // A tile not fetched is loaded into the lane's own row (out of line) and added as a
-      // whole one; its elements past count are then 0, as below.
+    __syncwarp();
+    if (whole) {
       const saddr row = lane_row7<CH7>(sb, lane);
-      if (!whole) own_row7(xb, base, count, row);
 #pragma unroll
       for (int c = 0; c < CH7; ++c) {
         const uint4 q = lds16(row ^ (saddr)(16 * c));
@@ -688,104 +611,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
           v[i] = f_add(elem_f32(w, r), v[i]);
         }
       }
-      if (!whole) {
-        const int n = (int)min(max(count - base, (i64)0), (i64)EPL);
+    } else {
 #pragma unroll
-        for (int r = 0; r < EPL; ++r) v[r] = r < n ? v[r] : 0.0f;
-      }
-#else
-      if (whole) {
-        const saddr row = lane_row7<CH7>(sb, lane);
-#pragma unroll
-        for (int c = 0; c < CH7; ++c) {
-          const uint4 q = lds16(row ^ (saddr)(16 * c));
-          const u32 w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-          for (int r = 0; r < 16 / EB; ++r) {
-            const int i = c * (16 / EB) + r;
-            v[i] = f_add(elem_f32(w, r), v[i]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int r = 0; r < EPL; ++r) {
-          const i64 e = base + r;
-          const u32 w[1] = {e < count ? load_elem_raw(xb, e) : 0u};
-          v[r] = e < count ? f_add(elem_f32(w, 0), v[r]) : 0.0f;
-        }
-      }
-#endif
-      __syncwarp();  // the own buffer and this tile's codes buffer are read
-#if !DEC
-      fetch_own(tile + stride);
-#endif
-    };
-#if DEC
-    // v, the decode of the codes just made, as the decoded output
-    auto store_decoded = [&]() {
-      if (whole && io.vout) {
-        u32 ow[CH7 * 4];
-#pragma unroll
-        for (int j = 0; j < EPL / 32; ++j) pack_out32(v + 32 * j, ow + NW * j);
-        tile_store7<CH7>(io.ob + t0 * EB, sb, lane, ow);
-#if HOP_PASSES
-      } else if (live) {  // through the lane's own row, stored from there out of line
-        u32 ow[CH7 * 4];
-#pragma unroll
-        for (int j = 0; j < EPL / 32; ++j) pack_out32(v + 32 * j, ow + NW * j);
-        const saddr row = lane_row7<CH7>(sb, lane);
-#pragma unroll
-        for (int c = 0; c < CH7; ++c)
-          sts16(row ^ (saddr)(16 * c), make_uint4(ow[4 * c], ow[4 * c + 1], ow[4 * c + 2],
-                                                  ow[4 * c + 3]));
-        row_out7(io.ob, base, count, row);
-#endif
-      } else if (live) {
-#pragma unroll
-        for (int j = 0; j < EPL / 32; ++j)
-          store_out32(io.ob, base + 32 * j, count, io.vout, v + 32 * j);
-      }
-      fetch_own(tile + stride);  // the decoded values have left through the own buffer
-    };
-#endif
-#if HOP_PASSES
-    // The same steps as below, in the same order, as passes of a loop kept rolled, so that
-    // the Hadamard (and with DEC the whole decode) is one copy of code, not two (three):
-    // pass 0 decodes the received codes and adds own, pass 1 encodes (its codes replace
-    // cw), pass 2 (DEC) decodes them. Fewer instructions of code for the instruction
-    // caches; a few more issued a tile for the loop.
-    bool bad = false;
-    float ae = as_f(BITS_ONE);  // the encode's alpha
-#pragma unroll 1
-    for (int pass = 0; pass < 2 + DEC; ++pass) {
-      if (pass != 1) {
-#pragma unroll
-        for (int i = 0; i < EPL / 4; ++i) unpack4_fp8(cw[i], v + 4 * i);
-      }
-      wht_group<EPL, L7>(v, lig);
-      if (pass != 1) taco_scale_lane<EPL>(s, alpha, v);
-      if (pass == 0) {
-        add_own();
-        taco_encode_alpha<EPL, L7>(v, bad, ae);
-      } else if (pass == 1) {
-        u32 sbits, abits;
-        taco_encode_codes<EPL, L7>(v, bad, ae, taco_encode_amax<EPL, L7>(v), cw, sbits, abits);
-        if (whole && vpo)
-          tile_store7<CC7>((char*)(pout + t0), sc, lane, cw);
-        else if (live)
-          lane_store_codes7(pout + base, cw, vpo);
-        if (live && lig == 0) taco_store_scales(pout, ncodes, K, g, a4o, sbits, abits);
-        s = DUAL ? as_f(sbits) : as_f(BITS_ONE);  // taco_dequant_encoded's scales
-        alpha = as_f(abits);
-      } else {
-#if DEC
-        store_decoded();
-#endif
+      for (int r = 0; r < EPL; ++r) {
+        const i64 e = base + r;
+        const u32 w[1] = {e < count ? load_elem_raw(xb, e) : 0u};
+        v[r] = e < count ? f_add(elem_f32(w, 0), v[r]) : 0.0f;
       }
     }
-#else
-    taco_dequant_lane<EPL, L7>(cw, s, alpha, lig, v);
-    add_own();
+    __syncwarp();  // the own buffer and this tile's codes buffer are read
+#if !DEC
+    fetch_own(tile + stride);
+#endif
     u32 codes[EPL / 4], sbits, abits;
     taco_encode_lane<EPL, L7>(v, lig, codes, sbits, abits);
     if (whole && vpo)
@@ -795,8 +632,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) coccl_codec(HO
     if (live && lig == 0) taco_store_scales(pout, ncodes, K, g, a4o, sbits, abits);
 #if DEC
     taco_dequant_encoded<EPL, L7>(codes, sbits, abits, lig, v);
-    store_decoded();
-#endif
+    if (whole && io.vout) {
+      u32 ow[CH7 * 4];
+#pragma unroll
+      for (int j = 0; j < EPL / 32; ++j) pack_out32(v + 32 * j, ow + NW * j);
+      tile_store7<CH7>(io.ob + t0 * EB, sb, lane, ow);
+    } else if (live) {
+#pragma unroll
+      for (int j = 0; j < EPL / 32; ++j)
+        store_out32(io.ob, base + 32 * j, count, io.vout, v + 32 * j);
+    }
+    fetch_own(tile + stride);  // the decoded values have left through the own buffer
 #endif
   }
 }

@@ -31,9 +31,6 @@
 //   RAW_CHECK  taco encode with ash: 1 looks for NaN/Inf in every group's elements;
 //           0 (default) only in groups whose energy is not finite (the same result)
 //   EPL     taco encode kernel 7 and hop kernel 10: elements per lane (32..128, at most G)
-//   HOP_COMPACT  taco ring hop 10 with ASH: 1 runs a tile's decode, encode (and with DEC
-//           its second decode) as passes of one rolled loop, one copy of the Hadamard for
-//           all: less code for the instruction caches, the same arithmetic
 //   EXT     taco encode with DUAL: 1 (default) lets a group whose s would leave COCCL's
 //           clamps take the extended range (FORMAT.md taco step 4b); 0 keeps COCCL's
 //           clamps for every group (the codec's coccl_clamps option). Decoding needs no
@@ -103,9 +100,6 @@
 #endif
 #ifndef RAW_CHECK
 #define RAW_CHECK 0  // taco encode with ash: check every group's elements for NaN/Inf
-#endif
-#ifndef HOP_COMPACT
-#define HOP_COMPACT 0  // taco hop 10: the tile's passes share one copy of the Hadamard
 #endif
 #ifndef EXT
 #define EXT 1  // taco encode: the extended range (0: COCCL's clamps, bit for bit)

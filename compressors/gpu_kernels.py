@@ -94,7 +94,6 @@ _TUNING: dict[str, Any] = {
     "encode_epl": 64,
     "hop_epl": 64,
     "hop_epl_from": 1 << 22,
-    "hop_compact": 0,
     "epl_threads": {"encode": 128, "decode": 128, "accumulate": 128, "hop": 128},
     "epl_resident": {"encode": 512, "decode": 512, "accumulate": 512, "hop": 512},
 }
@@ -396,8 +395,6 @@ def _variant_defines(defs: dict[str, Any], kind: str) -> dict[str, Any]:
         out["SW_CVT"] = 1
     if _TUNING["raw_check"] and defs["OP"] in (_OP_TACO_ENC, _OP_TACO_ENC_EPL):
         out["RAW_CHECK"] = 1
-    if _TUNING["hop_compact"] and defs["OP"] == _OP_TACO_HOP_EPL:
-        out["HOP_COMPACT"] = 1
     return out
 
 
@@ -441,7 +438,7 @@ def _launch_here(
 # ------------------------------------------------------------------- tuning hooks
 # keys holding one value per kernel kind (epl_*: only encode and hop have EPL kernels)
 _PER_KIND = ("stage", "prefetch", "resident", "epl_threads", "epl_resident")
-_FLAGS = ("stage", "prefetch", "sw_cvt", "raw_check", "hop_compact")  # 0/1 switches
+_FLAGS = ("stage", "prefetch", "sw_cvt", "raw_check")  # 0/1 switches
 
 
 def get_tuning() -> dict[str, Any]:
@@ -474,10 +471,6 @@ def set_tuning(**changes: Any) -> dict[str, Any]:
         hop_epl: the same for the taco ring hop, from ``hop_epl_from`` elements on (the
             EPL hop measured faster from 4M bfloat16 elements, slower at 1M:
             bench/NOTES.md, session 18).
-        hop_compact: 1 runs the EPL hop's decode, encode (and second decode, with a
-            decoded output) over a tile as passes of one loop, one copy of the Hadamard
-            for all, and its partial tiles through the shared buffers out of line: less
-            code for the instruction caches, a few more instructions issued a tile.
         epl_threads, epl_resident: threads per block and resident threads per SM of
             those kernels; per kind (encode, hop). Blocks of 64 threads let the hop keep a
             whole group of 128 a lane (``hop_epl=128``) within the 48 KiB: no shuffles in

@@ -465,28 +465,19 @@ def test_taco_kernels_several_tiles_a_warp(dtype):
         got, got_d = gpu_taco_hop(own, want, G, "e4m3", True, True, dec="apart")
         assert_bytes_equal(got, want_h, "hop")
         assert_values_equal(got_d, want_hd, "hop decoded")
-    # the default hop's layout (64 a lane, four warps a block) as the hop_compact passes
-    with gk.tuning(blocks_per_sm=1, hop_epl_from=0, hop_compact=1):
-        assert_bytes_equal(gpu_taco_hop(own, want, G, "e4m3", True, True), want_h, "compact hop")
-        got, got_d = gpu_taco_hop(own, want, G, "e4m3", True, True, dec="apart")
-        assert_bytes_equal(got, want_h, "compact hop with decoded")
-        assert_values_equal(got_d, want_hd, "compact hop decoded")
 
 
 @needs_cpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("G", [32, 64, 128, 512])
-@pytest.mark.parametrize(
-    "epl,compact", [(0, 0), (32, 0), (64, 0), (128, 0), (32, 1), (64, 1), (128, 1)]
-)
-def test_taco_hop_kernels_agree(epl, compact, G, dtype):
-    """Both hop kernels (32 elements per lane, and up to a whole group per lane, also as
-    the hop_compact passes) and every lane split give the CPU's payload and decoded values:
-    aligned or not, in place or not, with or without ash and dual scale, tiles whole and
-    partial."""
+@pytest.mark.parametrize("epl", [0, 32, 64, 128])
+def test_taco_hop_kernels_agree(epl, G, dtype):
+    """Both hop kernels (32 elements per lane, and up to a whole group per lane) and every
+    lane split give the CPU's payload and decoded values: aligned or not, in place or not,
+    with or without ash and dual scale, tiles whole and partial."""
     rng = np.random.default_rng(epl + G + 1)
     item = np.dtype(dtype).itemsize
-    with gk.tuning(hop_epl=epl, hop_epl_from=0, hop_compact=compact):
+    with gk.tuning(hop_epl=epl, hop_epl_from=0):
         for n in (1, 129, 4096 * 3 + 77, 100003):
             own = make_data(n, dtype, rng, G)
             for ash, dual in ((True, True), (False, True), (True, False)):

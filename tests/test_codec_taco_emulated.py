@@ -35,9 +35,6 @@ F32 = np.dtype(np.float32)
 XT = {F32: 0, BF16: 2}
 OPS = {"encode": 7, "hop": 10, "decode": 2, "accumulate": 2}
 OPS.update(hop_dec=10)  # the hop that also writes the decoded output (DEC)
-# the hop_compact tuning (HOP_COMPACT: the tile's passes in one rolled loop)
-OPS.update(hop_compact=10, hop_dec_compact=10)
-HOPS = ("hop", "hop_dec", "hop_compact", "hop_dec_compact")
 THREADS = 64  # two warps a block
 # (op, group size, elements a lane, dtype), one build each: the EPL kernels with two lanes
 # a group and a whole group a lane; kernel 2 with four lanes a group and one
@@ -48,8 +45,6 @@ CASES = [
     # a whole 128-group a lane (the hop_epl=128 tuning, blocks of two warps)
     *(("hop", 128, 128, dtype) for dtype in (F32, BF16)),
     *(("hop_dec", 128, 64, dtype) for dtype in (F32, BF16)),
-    *((op, 128, 64, dtype) for op in ("hop_compact", "hop_dec_compact") for dtype in (F32, BF16)),
-    ("hop_compact", 32, 32, BF16),
     ("decode", 128, 0, BF16),
     ("decode", 32, 0, F32),
     ("accumulate", 128, 0, BF16),
@@ -84,10 +79,9 @@ def variant(op: str, G: int, epl: int, dtype: np.dtype) -> dict:
         "ASH": 1, "DUAL": 1, "CINV_BITS": _inv_sqrt_bits(G), "THREADS": THREADS,
         "MIN_BLOCKS": 1,
     }  # fmt: skip
-    if op not in ("encode", *HOPS):
+    if op not in ("encode", "hop", "hop_dec"):
         return {**defines, "ACC": int(op == "accumulate"), "STAGE": 1}
-    dec, compact = int(op.startswith("hop_dec")), int(op.endswith("_compact"))
-    return {**defines, "EXT": 1, "EPL": epl, "DEC": dec, "HOP_COMPACT": compact}
+    return {**defines, "EXT": 1, "EPL": epl, "DEC": int(op == "hop_dec")}
 
 
 def placed(a: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,7 +98,7 @@ def run(build, op, G, epl, dtype, grid, *arrays, count):
     lib = build(variant(op, G, epl, dtype))
     lib.emu_set_grid(grid)
     ptrs = [a.ctypes.data for a in arrays] + [None] * (3 - len(arrays))
-    launch = lib.emu_launch_dec if op.startswith("hop_dec") else lib.emu_launch
+    launch = lib.emu_launch_dec if op == "hop_dec" else lib.emu_launch
     launch(*ptrs, count, -(-count // G))
 
 
@@ -155,7 +149,7 @@ def test_taco_kernel_emulated(build, op, G, epl, dtype):
                 owns, _ = placed(own, x_off)
                 pin, _ = placed(payload, p_off)
                 out, frame = placed(np.zeros(payload.size, np.uint8), p_off)
-                if not op.startswith("hop_dec"):
+                if op == "hop":
                     run(build, op, G, epl, dtype, grid, owns, pin, out, count=n)
                 else:  # and the decoded output, bitwise the decode of the payload out
                     dec, dframe = placed(np.zeros(n, dtype), x_off)

@@ -50,7 +50,6 @@ def test_get_tuning_is_a_copy() -> None:
         ({"encode_epl": 48}, "encode_epl"),
         ({"hop_epl": 16}, "hop_epl"),
         ({"hop_epl_from": -1}, "hop_epl_from"),
-        ({"hop_compact": 2}, "hop_compact"),
         ({"stage": 2}, "stage"),
         ({"stage": {"reduce": 1}}, "unknown kernel kinds"),
         ({"resident": {"encode": 0}}, "resident"),
@@ -63,12 +62,3 @@ def test_bad_tuning_is_refused_before_any_change(changes: dict, message: str) ->
     with pytest.raises(ValueError, match=message):
         gk.set_tuning(**changes)
     assert gk.get_tuning() == before
-
-
-def test_hop_compact_changes_only_the_epl_hop() -> None:
-    hop = {"OP": gk._OP_TACO_HOP_EPL, "GS": 128, "EPL": 64}
-    assert "HOP_COMPACT" not in gk._variant_defines(hop, "hop")
-    with gk.tuning(hop_compact=1):
-        assert gk._variant_defines(hop, "hop")["HOP_COMPACT"] == 1
-        for op in (gk._OP_TACO_HOP, gk._OP_TACO_ENC_EPL):
-            assert "HOP_COMPACT" not in gk._variant_defines({**hop, "OP": op}, "hop")
