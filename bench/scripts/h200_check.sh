@@ -756,31 +756,18 @@ s25host)
     --compressors tah:row=4096,taco,int:bits=4,hadamard=32,mx:element=e2m3 2>&1 \
     | tee "$OUT/s25_host2.txt" | grep us/call
   P2P_DTYPES=${P2P_DTYPES:-float32} bash "$0" p2psweeps ;;
-s25hop)
-  # taco's EPL hop with one copy of its Hadamard (tuning hop_compact): the GPU tests
-  # (bitwise the CPU's), the A/B in one process, ncu's stalls of one compact launch; and the
-  # tah tests that s25host's time limit cut (the switches flipped between calls, which the
-  # launch plans key on). Budget: ~520 s.
-  step "pytest gpu: taco hop, compact and not"
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu.py \
-    -k "taco and (hop_kernels_agree or several_tiles)" 2>&1 | tee "$OUT/pytest_s25hop.txt" | tail -3
-  step "pytest gpu: tah switches"
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
-    -k "decode_switches or every_width" 2>&1 | tee "$OUT/pytest_s25tah.txt" | tail -3
-  step "taco hop: hop_compact A/B"
-  timeout 150 python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M,256M \
-    --ops hop --tuning '{"hop_compact": 1}' --json "$JSONDIR/s25-taco-hop-compact-ab.json" 2>&1 \
-    | tee "$OUT/s25_hop_ab.txt" | tail -20
-  if command -v ncu >/dev/null; then
-    step "ncu: compact hop, bfloat16 64M"
-    timeout 75 ncu --clock-control none --section SpeedOfLight --section SchedulerStats \
-      --section WarpStateStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-      -k regex:coccl_codec --launch-skip 2 --launch-count 1 python3 -c "import sys, runpy; \
-from coccl.compressors import gpu_kernels; gpu_kernels.set_tuning(hop_compact=1); \
-sys.argv[1:] = ['hop', '--count', '64M', '--compressor', 'taco', '--launches', '3']; \
-runpy.run_path('bench/scripts/codec_kernel_probe.py', run_name='__main__')" > "$OUT/ncu_s25hop.txt" 2>&1
-    grep -E "Duration|Issued Warp|no_instruction|not_selected|long_scoreboard" "$OUT/ncu_s25hop.txt"
-  fi ;;
+s25last)
+  # The tah decode switch tests (the launch plans key on them), taco's encode at 32
+  # elements a lane against 64 where it misses (4M-16M bfloat16), and the bfloat16 staged
+  # send/recv sweep with tah's launch plans. Budget: ~420 s.
+  step "pytest gpu: tah decode switches"
+  timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
+    -k "decode_switches" 2>&1 | tee "$OUT/pytest_s25last.txt" | tail -3
+  step "taco encode: encode_epl 32 A/B"
+  timeout 90 python3 bench/scripts/kernel_ab.py --compressor taco --counts 4M,16M,64M \
+    --ops encode --tuning '{"encode_epl": 32}' --json "$JSONDIR/s25-taco-encode-epl32-ab.json" \
+    2>&1 | tee "$OUT/s25_enc_ab.txt" | tail -12
+  P2P_DTYPES=bfloat16 bash "$0" p2psweeps ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of
