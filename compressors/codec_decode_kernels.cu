@@ -1,7 +1,8 @@
-// coccl GPU codec kernels, part 3 of 3: the decode kernels (taco's transposed whole
+// coccl GPU codec kernels, part 5 of 5: the decode kernels (taco's transposed whole
 // tiles and the 32-elements-a-lane decode, 2 and 4; int8 with any group size, 5 and 6)
-// and the 32-elements-a-lane ring hops (taco 8, int8 9). Compiled after codec_kernels.cu
-// and codec_encode_kernels.cu, as one source: gpu_kernels.CODEC_SOURCES.
+// and the 32-elements-a-lane ring hops (taco 8, int8 9). Compiled last, after
+// codec_kernels.cu, codec_tile_helpers.cu, codec_encode_kernels.cu and
+// codec_epl_kernels.cu, as one source: gpu_kernels.CODEC_SOURCES.
 
 // =============================================================== int8 decode
 #if OP == 4 || OP == 6 || OP == 9

@@ -3,8 +3,9 @@
 The GPU twin of ``cpu_kernels``: the same four functions with the same signatures, on flat
 contiguous CuPy arrays, producing payloads and decoded values that are bitwise identical
 to the CPU kernels' (FORMAT.md's canonical float32 arithmetic). The CUDA source is
-:data:`CODEC_SOURCES`, three files beside this one compiled as one text (the helpers, the
-encode kernels, the decode kernels and hops); each variant (operation, group size, dtype, FP8
+:data:`CODEC_SOURCES`, five files beside this one compiled as one text (the float helpers,
+the memory and Hadamard helpers, the encode kernels, the EPL encode and hop, the decode
+kernels and hops); each variant (operation, group size, dtype, FP8
 format, switches) is compiled on first use by NVRTC through ``cupy.RawModule`` with
 ``-D`` defines, cached per device in this process and on disk by CuPy. Kernels run on
 CuPy's current stream of the arrays' device.
@@ -60,11 +61,18 @@ __all__ = [
 ]
 
 # The taco and int8 kernels' CUDA source, in this order: codec_kernels.cu (the defines,
-# float32 arithmetic, conversions, memory helpers, reductions and the Hadamard, which the
-# int and tah kernels also build on), then the encode kernels, then the decodes and hops.
+# float32 arithmetic and conversions) and codec_tile_helpers.cu (memory helpers, reductions
+# and the Hadamard), which the int and tah kernels also build on, then the encode kernels,
+# the EPL encode and hop, and the decodes and hops.
 CODEC_SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("codec_kernels.cu", "codec_encode_kernels.cu", "codec_decode_kernels.cu")
+    for name in (
+        "codec_kernels.cu",
+        "codec_tile_helpers.cu",
+        "codec_encode_kernels.cu",
+        "codec_epl_kernels.cu",
+        "codec_decode_kernels.cu",
+    )
 )
 _FMT = {"e4m3": 0, "e5m2": 1}
 _INT8_FAST_GROUPS = (32, 64, 128, 256, 512, 1024)

@@ -4,11 +4,12 @@ The same two functions with the same keyword arguments, on flat contiguous CuPy 
 (float32, float16 or bfloat16; decode-accumulate into float32 only: ``_dispatch`` bridges
 the rest as for the other codecs), producing payloads and decoded values bitwise
 identical to the CPU kernels' (FORMAT.md's ``## int``). The CUDA source is
-``intq_kernels.cu`` appended to ``codec_kernels.cu`` compiled with ``OP=0`` (its helpers,
-none of its kernels); each variant (operation, bits, group size, block, dtype, rounding)
-is compiled on first use through ``gpu_build.compile_function``. Kernels run on CuPy's
-current stream of the arrays' device. Importing this module touches neither CuPy nor the
-GPU.
+``intq_kernels.cu`` (defines and shared helpers), ``intq_encode.cu`` and ``intq_decode.cu``
+appended to ``codec_kernels.cu`` and ``codec_tile_helpers.cu`` compiled with ``OP=0``
+(their helpers, none of the codec kernels); each variant (operation, bits, group size,
+block, dtype, rounding) is compiled on first use through ``gpu_build.compile_function``.
+Kernels run on CuPy's current stream of the arrays' device. Importing this module touches
+neither CuPy nor the GPU.
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ from .layout import int_layout
 __all__ = ["int_decode", "int_encode"]
 
 _HERE = Path(__file__).parent
-_SOURCES = (_HERE / "codec_kernels.cu", _HERE / "intq_kernels.cu")
+_SOURCES = tuple(
+    _HERE / name
+    for name in (
+        "codec_kernels.cu",
+        "codec_tile_helpers.cu",
+        "intq_kernels.cu",
+        "intq_encode.cu",
+        "intq_decode.cu",
+    )
+)
 _BLOCKS_PER_SM = 16  # the grid is at most this many blocks per SM (grid-stride loops)
 # Resident threads per SM that __launch_bounds__ sizes the registers for, per kind, at 32
 # elements a lane: 1024 (64 registers) keeps four blocks of 256 threads on an SM for the

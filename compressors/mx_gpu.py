@@ -4,9 +4,10 @@ The GPU twin of ``mx_cpu`` and ``taco_fp_cpu``: the same functions with the same
 arguments, on flat contiguous CuPy arrays (float32, float16, bfloat16; accumulate into
 float32), producing payloads and decoded values bitwise identical to the CPU kernels'.
 The CUDA source is :data:`MX_SOURCES`, ``mx_kernels.cu`` (the defines and helpers) then
-``mx_codec_kernels.cu`` (the kernels) beside this file; each variant is compiled on first
-use through ``gpu_build.compile_function`` and runs on CuPy's current stream of the
-arrays' device. ``scale="e4m3"`` encodes in three launches: per CUDA block the largest
+``mx_encode_kernels.cu``, ``mx_decode_kernels.cu`` (the mx chunk bodies) and
+``mx_entry_kernels.cu`` (taco_fp's and the kernels) beside this file; each variant is
+compiled on first use through ``gpu_build.compile_function`` and runs on CuPy's current
+stream of the arrays' device. ``scale="e4m3"`` encodes in three launches: per CUDA block the largest
 finite ``|x|`` into the payload's code area, then from those the per-payload scale ``S``
 into the payload's S slot, then the blocks (which overwrite the code area and read ``S``);
 an empty payload gets ``S`` by the second launch alone. Everything else is one launch
@@ -59,7 +60,15 @@ __all__ = [
     "taco_fp_encode",
 ]
 
-MX_SOURCES = tuple(Path(__file__).with_name(n) for n in ("mx_kernels.cu", "mx_codec_kernels.cu"))
+MX_SOURCES = tuple(
+    Path(__file__).with_name(n)
+    for n in (
+        "mx_kernels.cu",
+        "mx_encode_kernels.cu",
+        "mx_decode_kernels.cu",
+        "mx_entry_kernels.cu",
+    )
+)
 _ELEM = {"e2m1": 0, "e3m2": 1, "e2m3": 2}
 _SCALE = {"e8m0": 0, "e4m3": 1}
 _OP_MX_ENC, _OP_MX_DEC, _OP_MX_PARTS, _OP_TFP_ENC, _OP_TFP_DEC, _OP_MX_S = 1, 2, 3, 4, 5, 6
@@ -196,7 +205,7 @@ def _e4m3_encode(defs: dict[str, Any]) -> bool:
 
 
 def _lean_decode(defs: dict[str, Any]) -> bool:
-    """An mx decode into a float32 or bfloat16 out that overwrites it (mx_codec_kernels.cu's
+    """An mx decode into a float32 or bfloat16 out that overwrites it (mx_decode_kernels.cu's
     FAST): compiled to fit ``resident_blocks`` CUDA blocks per SM."""
     return defs["OP"] == _OP_MX_DEC and not defs.get("ACC") and defs["XT"] != 1
 

@@ -1,8 +1,9 @@
 // coccl GPU kernels of the microscaled codecs mx and taco_fp, bit-exact with FORMAT.md and
 // with the numba kernels (mx_cpu.py, taco_fp_cpu.py).
 //
-// Part 1 of 2 of one source (mx_gpu.MX_SOURCES: this file, the defines and helpers, then
-// mx_codec_kernels.cu, the kernels), compiled once per variant by compressors/mx_gpu.py
+// Part 1 of 4 of one source (mx_gpu.MX_SOURCES: this file, the defines and helpers, then
+// mx_encode_kernels.cu and mx_decode_kernels.cu, the mx chunk bodies, then
+// mx_entry_kernels.cu, taco_fp's and the kernels), compiled once per variant by compressors/mx_gpu.py
 // (NVRTC through cupy.RawModule) with -D defines; every variant defines one kernel,
 // `coccl_mx(const void* src, void* dst, long long count, long long K)`, K the number of
 // blocks (groups) of the payload:

@@ -271,7 +271,7 @@ DEV void decode_group(const DecArgs& a, const DecIn& in, i64 g, int lane, int li
   unpack_lane(codes, in.b, in.c, in.step, v);
   const bool piv = (in.p & 0x80u) != 0u;
   if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms (shuffles), in place
-    wht_group<EPL, LT>(v, li);  // codec_kernels.cu's: h < EPL in the lane, then across
+    wht_group<EPL, LT>(v, li);  // codec_tile_helpers.cu's: h < EPL in the lane, then across
 #pragma unroll
     for (int r = 0; r < EPL; ++r) v[r] = f_mul(v[r], 1.0f / TILE);  // exact: a power of two
     swap_first(v, li, lane, (int)(in.p & 0x7fu));

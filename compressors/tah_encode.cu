@@ -321,7 +321,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
       piv = maybe && first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
       if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms, in place
         swap_first(v, li, lane, idx);
-        wht_group<EPL, LT>(v, li);  // codec_kernels.cu's: h < EPL in the lane, then across
+        wht_group<EPL, LT>(v, li);  // codec_tile_helpers.cu's: h < EPL in the lane, then across
         int klo, khi;
         tile_range(v, klo, khi);
         if (piv) {

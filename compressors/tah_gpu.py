@@ -16,10 +16,10 @@ range once and then those it passes. No allocation, no host synchronisation, no 
 from the host per call, so a CUDA graph may capture them
 (``TahCompressor.graph_safe``). The CUDA source is ``tah_kernels.cu`` (defines and shared
 helpers), ``tah_encode.cu`` and ``tah_decode.cu``, compiled after
-``codec_kernels.cu`` (whose float32 arithmetic and conversions it uses), ``tah_tables.cu``
-(the score's tables) and ``tah_select.cu`` (the selection) by
-``gpu_build.compile_function``. Everything runs on CuPy's current stream of the arrays'
-device. The scores' kernels are ``tah_score.cu``, compiled after those.
+``codec_kernels.cu`` and ``codec_tile_helpers.cu`` (whose float32 arithmetic, conversions
+and Hadamard it uses), ``tah_tables.cu`` (the score's tables) and ``tah_select.cu`` (the
+selection) by ``gpu_build.compile_function``. Everything runs on CuPy's current stream
+of the arrays' device. The scores' kernels are ``tah_score.cu``, compiled after those.
 Importing this module touches neither CuPy nor the GPU.
 
 Bytes moved per encode of n elements of e bytes (P the payload's bytes): the scores read
@@ -55,6 +55,7 @@ _SOURCE = tuple(
 )
 _PRELUDE = (
     Path(__file__).with_name("codec_kernels.cu"),
+    Path(__file__).with_name("codec_tile_helpers.cu"),
     Path(__file__).with_name("tah_tables.cu"),
     Path(__file__).with_name("tah_select.cu"),
 )

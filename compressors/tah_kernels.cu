@@ -4,8 +4,8 @@
 // This file holds the defines and the helpers the kernels share; the kernels are in
 // tah_encode.cu (TAH_OP 2), tah_decode.cu (TAH_OP 3) and tah_score.cu (TAH_OP 1 and 6),
 // compiled after it as one text. Compiled by compressors/tah_gpu.py after codec_kernels.cu
-// (with OP=0, which defines its float32 inline-PTX arithmetic, element loads and output
-// conversions and no kernel), tah_tables.cu (the score's tables) and tah_select.cu (the
+// and codec_tile_helpers.cu (with OP=0, which define their float32 inline-PTX arithmetic,
+// element loads, output conversions and Hadamard and no kernel), tah_tables.cu (the score's tables) and tah_select.cu (the
 // low-token selection, TAH_OP 4 and 5), with -D defines; every variant defines one kernel,
 // `tah_kernel`:
 //

@@ -1,8 +1,8 @@
 // The tah score's integer tables (compressors/tah_format.py's SCORE_W and SCORE_WL, which
 // tests/test_codec_tah_emulated.py checks these against): W[l] = rint(2^16 2^(-l/16)),
 // WL[l] = rint(2^16 2^(-l/16) l / 16), W[256] = WL[256] = 0. Constants of the module, so an
-// encode uploads nothing (a CUDA graph may capture it). Compiled between codec_kernels.cu
-// and tah_kernels.cu; only the score variant (TAH_OP 1) uses them.
+// encode uploads nothing (a CUDA graph may capture it). Compiled between
+// codec_tile_helpers.cu and tah_select.cu; only the score variant (TAH_OP 1) uses them.
 #if TAH_OP == 1
 #define SCORE_LEVELS 256
 __constant__ long long TAH_SCORE_W[SCORE_LEVELS + 1] = {

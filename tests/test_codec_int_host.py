@@ -1,6 +1,7 @@
-"""The int codec's CUDA source (compressors/intq_kernels.cu), compiled as C++ against a
-host emulation of the CUDA built-ins (tests/host/cuda_emu.h: one warp of 32 threads), gives
-the numba kernels' payloads and decoded values bit for bit.
+"""The int codec's CUDA source (compressors/intq_kernels.cu, intq_encode.cu and
+intq_decode.cu), compiled as C++ against a host emulation of the CUDA built-ins
+(tests/host/cuda_emu.h: one warp of 32 threads), gives the numba kernels' payloads and
+decoded values bit for bit.
 
 This checks the kernels' indexing, packing, staging, shuffles, rounding and key stream
 without a GPU; the inline PTX (used only on the device) is the one part it cannot reach,
@@ -29,7 +30,10 @@ pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++")
 HERE = Path(__file__).parent
 SOURCES = [
     HERE.parent / "compressors" / "codec_kernels.cu",
+    HERE.parent / "compressors" / "codec_tile_helpers.cu",
     HERE.parent / "compressors" / "intq_kernels.cu",
+    HERE.parent / "compressors" / "intq_encode.cu",
+    HERE.parent / "compressors" / "intq_decode.cu",
     HERE / "host" / "harness.cpp",
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)

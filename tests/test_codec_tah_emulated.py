@@ -44,6 +44,7 @@ if CXX is None:
 SOURCES = [
     EMULATION / "emu.h",
     KERNELS / "codec_kernels.cu",
+    KERNELS / "codec_tile_helpers.cu",
     KERNELS / "tah_tables.cu",
     KERNELS / "tah_select.cu",
     KERNELS / "tah_kernels.cu",

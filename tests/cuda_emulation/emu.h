@@ -1,5 +1,6 @@
-// Host emulation of the CUDA built-ins that codec_kernels.cu's helpers and tah's kernels
-// use, so that the tah kernels run on a CPU (tests/test_codec_tah_emulated.py): blocks of
+// Host emulation of the CUDA built-ins that the codec helpers (codec_kernels.cu,
+// codec_tile_helpers.cu) and tah's kernels use, so that the tah kernels run on a CPU
+// (tests/test_codec_tah_emulated.py): blocks of
 // EMU_THREADS (= THREADS) threads, each a std::thread, one block after the other; warp
 // shuffles, votes and barriers through std::barrier, shared-memory atomics through
 // std::atomic_ref. The float arithmetic is codec_kernels.cu's host branch (plain IEEE float32,

@@ -1,5 +1,5 @@
-// Compiled after emu.h, codec_kernels.cu, tah_tables.cu, tah_select.cu, tah_kernels.cu,
-// tah_encode.cu, tah_decode.cu and tah_score.cu:
+// Compiled after emu.h, codec_kernels.cu, codec_tile_helpers.cu, tah_tables.cu,
+// tah_select.cu, tah_kernels.cu, tah_encode.cu, tah_decode.cu and tah_score.cu:
 // runs the variant's tah_kernel on a grid of emu_grid blocks of EMU_THREADS threads, one
 // block after the other (the kernels' blocks share nothing but global memory), with the
 // arguments in the order tah_gpu.py passes them.
