@@ -3,6 +3,21 @@
 
 // ========================================================================= decode (3)
 #if TAH_OP == 3
+#ifndef DEC_AHEAD
+#define DEC_AHEAD 1
+#endif
+// DEC_PRE: the places from a table in shared memory of each token of the block's range (its
+// place from the range's first token's and its width; fill_pre, once a block), not a walk
+// over the bitmap in global memory and 64-bit arithmetic a step; the whole-group test from a
+// group count computed once, one vote (no pivot, no overflow) on the common path, and the
+// staging buffer's flush addresses from two bases. 0: the previous loop (for a device A/B;
+// the same output).
+#ifndef DEC_PRE
+#define DEC_PRE 1
+#endif
+#ifndef NPRE
+#define NPRE 2048  // tokens in a block's table (fill_pre; tah_gpu's grids fit a block's in it)
+#endif
 // A lane's 8 decoded values v at elements [e0, e0 + ml) of out: written, or added to a
 // float32 out (ACC); 16-byte vectors where out is aligned and all 8 exist.
 DEV void store8(char* ob, i64 e0, int ml, bool vout, const float* v) {
@@ -69,10 +84,19 @@ DEV void flush_group(char* ob, i64 w0, uint4* sb, int lane) {
 #else
   uint4* o = (uint4*)(ob + w0 * 2);
 #endif
+#if DEC_PRE
+  // swz(32 j + lane) = 32 j + (swz(lane) ^ 4 (j & 1)) (lane >> 3 < 4, so the XOR's carry-free
+  // sum): two slot bases and immediate offsets, not a swizzle computed a chunk.
+  const int s0 = swz(lane), s1 = s0 ^ 4;
+#endif
   __syncwarp();
 #pragma unroll
   for (int j = 0; j < SCH; ++j) {
+#if DEC_PRE
+    uint4 q = sb[32 * j + ((j & 1) ? s1 : s0)];
+#else
     uint4 q = sb[swz(j * 32 + lane)];
+#endif
 #if ACC
     const uint4 a = o[j * 32 + lane];
     q = make_uint4(as_u(f_add(as_f(a.x), as_f(q.x))), as_u(f_add(as_f(a.y), as_f(q.y))),
@@ -151,9 +175,6 @@ DEV void unpack_lane(const u64* codes, int b, float c, float step, float* v) {
   }
 }
 
-#ifndef DEC_AHEAD
-#define DEC_AHEAD 1
-#endif
 #define NCW ((CH * BH + 3) / 4)  // words of a lane's code bytes at the high width (BL <= BH)
 
 // Chunk j of a lane's codes (its B bytes from byte j B) from the words w of the lane's code
@@ -204,13 +225,16 @@ struct DecIn {
   int b;
 };
 
-// The decode's fixed arguments.
+// The decode's fixed arguments (the last three DEC_PRE's).
 struct DecArgs {
   const unsigned char* pay;
   const unsigned char* bm;
   char* ob;
   i64 count, K, rowc, codes0, piv0;
   bool a4, vout;
+  u32 t0;                      // the low word of the table's first token
+  const unsigned char* cbase;  // that token's codes
+  i64 gwhole;                  // the groups whose tiles are all whole: g < gwhole
 };
 
 // Lane `lane`'s loads of tile group g (none where !go): the warp's running count advanced
@@ -246,6 +270,133 @@ DEV void dec_load(const DecArgs& a, LowRun& run, i64 g, bool go, int lane, int l
   else
     code_words<BH>(a.pay + off, tl.ml, in.w);
 }
+
+#if DEC_PRE
+// The block's table (fill_pre) and its first token's codes (the kernel's), at file scope so
+// that a load from it is one LDS at a constant address.
+__shared__ u32 dec_tab[NPRE + 1];
+__shared__ const unsigned char* dec_cbase;
+
+// The table of tokens [t0, t0 + min(nt, NPRE)): entry i is token t0 + i's place from t0's
+// in units of row / 8 bytes, i BH - l (BH - BL) for l the low tokens among [t0, t0 + i),
+// shifted left by 1, OR whether t0 + i is low. Block-wide (barriers); red: WARPS words of
+// shared memory.
+DEV void fill_pre(const unsigned char* bm, i64 t0, i64 ntok, u32* tab, long long* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nt = (int)(ntok < NPRE ? ntok : NPRE);
+  u32 carry = 0;
+  for (int i0 = 0; i0 < nt; i0 += THREADS) {  // block-uniform
+    const int i = i0 + (int)threadIdx.x;
+    const i64 t = t0 + i;
+    const u32 low = i < nt ? ((u32)bm[t >> 3] >> (u32)(t & 7)) & 1u : 0u;
+    const u32 mask = __ballot_sync(FULL_MASK, low != 0u);
+    if (lane == 0) red[warp] = (long long)__popc(mask);
+    __syncthreads();
+    u32 before = carry, total = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const u32 c = (u32)red[w];
+      before += w < warp ? c : 0u;
+      total += c;
+    }
+    before += (u32)__popc(mask & ((1u << lane) - 1u));  // the low tokens among [t0, t)
+    if (i < nt) tab[i] = (((u32)i * BH - before * (BH - BL)) << 1) | low;
+    if (threadIdx.x == 0) tab[NPRE] = carry + total;  // the low tokens so far (far_entry's)
+    __syncthreads();
+    carry += total;
+  }
+}
+
+// Entry i >= NPRE of the table (token t = t0 + i, past it: a block of more tokens than the
+// table, which the launcher's grids do not make): the table's count, then the bitmap's bits
+// one by one.
+COLD u32 far_entry(const unsigned char* bm, const u32* tab, u64 t, u32 i) {
+  u32 c = tab[NPRE];
+  for (u64 x = t - i + NPRE; x < t; ++x) c += ((u32)bm[x >> 3] >> (u32)(x & 7)) & 1u;
+  return ((i * BH - c * (BH - BL)) << 1) | (((u32)bm[t >> 3] >> (u32)(t & 7)) & 1u);
+}
+
+// Where the codes of lane li of tile k lie (tile_place's, FORMAT.md), from the table: its
+// token's entry, one shared-memory word, and the lane's first element's place in the token
+// at its width.
+DEV const unsigned char* pre_place(const DecArgs& a, i64 k, int li, bool& low) {
+  const u64 tpr = (u64)(a.rowc / TILE), t = (u64)k / tpr;  // tiles a row; k's token
+  const u32 i = (u32)t - a.t0;
+  const u32 e = i < NPRE ? dec_tab[i] : far_entry(a.bm, dec_tab, t, i);
+  low = (e & 1u) != 0u;
+  const u32 j = ((u32)k - (u32)t * (u32)tpr) * TILE + EPL * li;  // the lane's element in t
+  return a.cbase + (u64)(e >> 1) * (u64)(a.rowc / 8) + (low ? j * BL / 8 : j * BH / 8);
+}
+
+// A lane's code bytes [0, CH B) from q as words: code_words', the bytes' words zeroed only
+// on the byte path.
+template <int B>
+DEV void code_words_pre(const unsigned char* q, int ml, u32* w) {
+  constexpr int NB = CH * B;
+  if (ml == EPL && NB % 16 == 0 && (((u64)q) & 15) == 0) {
+#pragma unroll
+    for (int i = 0; i < NB / 16; ++i) {
+      const uint4 v = ldg4((const uint4*)q + i);
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  } else if (ml == EPL && NB % 4 == 0 && (((u64)q) & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < NB / 4; ++i) w[i] = __ldg((const u32*)q + i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < NCW; ++i) w[i] = 0;
+    const int nb = (ml * B + 7) >> 3;
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+      if (j < nb) w[j >> 2] |= (u32)q[j] << (8 * (j & 3));
+  }
+}
+
+// dec_load's loads with the table: the tile and lane from the group alone where the group
+// is whole (a warp-uniform test), the place from pre_place.
+DEV void dec_load_pre(const DecArgs& a, i64 g, bool go, int lane, int li, DecIn& in) {
+  in.c = 0.0f;
+  in.step = 0.0f;
+  in.p = 0;
+  in.b = BH;
+  const i64 k = g * TPW + lane / LT;
+  int ml = EPL;
+  bool act = go;
+  if (go && g >= a.gwhole) {  // warp-uniform: the last group, short or past the last tile
+    const TileLane tl = tile_lane(g, lane, li, a.count, a.K);
+    act = tl.active;
+    ml = tl.ml;
+  }
+  if (!act) {
+#pragma unroll
+    for (int i = 0; i < NCW; ++i) in.w[i] = 0;
+    return;
+  }
+  bool low;
+  const unsigned char* q = pre_place(a, k, li, low);
+  in.b = low ? BL : BH;
+  const unsigned char* pc = a.pay + 4 * k;
+  if (a.a4) {
+    in.c = as_f(__ldg((const u32*)pc));
+    in.step = as_f(__ldg((const u32*)(pc + 4 * a.K)));
+  } else {  // out of line: no predicated byte loads on the common path
+    const u64 cs = ld32x2_bytes(pc, pc + 4 * a.K);
+    in.c = as_f((u32)cs);
+    in.step = as_f((u32)(cs >> 32));
+  }
+  in.p = a.pay[a.piv0 + k];
+  if (low) {
+#pragma unroll
+    for (int i = (CH * BL + 3) / 4; i < NCW; ++i) in.w[i] = 0;
+    code_words_pre<BL>(q, ml, in.w);
+  } else {
+    code_words_pre<BH>(q, ml, in.w);
+  }
+}
+#endif
 
 // A lane's EPL values of a whole group that does not pivot, decoded and staged chunk by
 // chunk (8 values live at a time).
@@ -296,11 +447,85 @@ DEV void decode_group(const DecArgs& a, const DecIn& in, i64 g, int lane, int li
   }
 }
 
-// Each warp takes the block's groups g0 + warp, g0 + warp + WARPS, ...; with DEC_AHEAD it
-// issues the next group's loads (the place's bitmap byte, then centres, steps, pivot bytes
-// and codes) before this group's arithmetic and stores, so that their latency passes under
-// them. A group where no tile pivots (a warp-wide vote) and that is whole is decoded chunk
-// by chunk straight into the staging buffer; any other takes decode_group.
+// This warp's groups g, g + WARPS, ... below gend. With DEC_AHEAD it issues the next
+// group's loads (its place, then centres, steps, pivot bytes and codes) before this group's
+// arithmetic and stores, so that their latency passes under them. A group where no tile
+// pivots (a warp-wide vote) and that is whole is decoded chunk by chunk straight into the
+// staging buffer; any other takes decode_group. run: the running count of low tokens
+// (without DEC_PRE; with it a's table).
+template <bool PRE>
+DEV void decode_groups(const DecArgs& a, LowRun& run, i64 g, i64 gend, int lane, int li,
+                       uint4* sb, u32 z) {
+#if DEC_PRE
+#define DEC_LOAD(gg, go, in)                        \
+  do {                                              \
+    if constexpr (PRE)                              \
+      dec_load_pre(a, gg, go, lane, li, in);        \
+    else                                            \
+      dec_load(a, run, gg, go, lane, li, in);       \
+  } while (0)
+#else
+#define DEC_LOAD(gg, go, in) dec_load(a, run, gg, go, lane, li, in)
+#endif
+  DecIn cur;
+#if DEC_AHEAD
+  DEC_LOAD(g, g < gend, cur);
+#endif
+  for (; g < gend; g += WARPS) {  // warp-uniform
+#if DEC_AHEAD
+    DecIn nxt;
+    DEC_LOAD(g + WARPS, g + WARPS < gend, nxt);
+#else
+    DEC_LOAD(g, true, cur);
+#endif
+    bool whole;
+    if constexpr (PRE)
+      whole = a.vout && g < a.gwhole;
+    else
+      whole = a.vout && g * TPW * TILE + 32 * EPL <= a.count;
+    if constexpr (PRE) {  // one vote on the common path: whole, no pivot, no overflow
+      const bool piv = (cur.p & 0x80u) != 0u;
+      if (whole && !__any_sync(FULL_MASK, piv || !no_overflow(cur.c, cur.step))) {
+        if (cur.b == BH)
+          stage_lane<BH, false>(cur, sb, lane, z);
+        else
+          stage_lane<BL, false>(cur, sb, lane, z);
+        flush_group(a.ob, g * TPW * TILE, sb, lane);
+      } else if (whole && !__any_sync(FULL_MASK, piv)) {  // a tile might overflow
+        if (cur.b == BH)
+          stage_lane<BH, true>(cur, sb, lane, z);
+        else
+          stage_lane<BL, true>(cur, sb, lane, z);
+        flush_group(a.ob, g * TPW * TILE, sb, lane);
+      } else {
+        decode_group(a, cur, g, lane, li, sb);
+      }
+    } else if (whole && !__any_sync(FULL_MASK, (cur.p & 0x80u) != 0u)) {
+      if (!__any_sync(FULL_MASK, !no_overflow(cur.c, cur.step))) {
+        if (cur.b == BH)
+          stage_lane<BH, false>(cur, sb, lane, z);
+        else
+          stage_lane<BL, false>(cur, sb, lane, z);
+      } else {
+        if (cur.b == BH)
+          stage_lane<BH, true>(cur, sb, lane, z);
+        else
+          stage_lane<BL, true>(cur, sb, lane, z);
+      }
+      flush_group(a.ob, g * TPW * TILE, sb, lane);
+    } else {
+      decode_group(a, cur, g, lane, li, sb);
+    }
+#if DEC_AHEAD
+    cur = nxt;
+#endif
+  }
+#undef DEC_LOAD
+}
+
+// Each block decodes its range of tile groups, each warp the groups g0 + warp + i WARPS.
+// With DEC_PRE, from the block's table where its tokens fit it (the launcher's grids make
+// them fit), else (and without DEC_PRE) from each warp's running count over the bitmap.
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 count, i64 row,
            i64 K, i64 piv0, i64 bm0) {
@@ -323,42 +548,27 @@ tah_kernel(const unsigned char* __restrict__ pay, void* __restrict__ dst, i64 co
   i64 g0, g1;
   block_range((K + TPW - 1) / TPW, g0, g1);
   if (g0 >= g1) return;  // the whole block, before any barrier
-  LowRun run;  // this warp's running count, from the block's first byte
-  run.byte0 = (g0 * TPW * TILE / a.rowc) >> 3;
-  run.pre = block_popc(a.bm, run.byte0, red);
-  i64 g = g0 + warp;
   const u32 z = (u32)(count >> 63);  // 0 (count >= 0), unknown to the compiler: see unpack8
-  DecIn cur;
-#if DEC_AHEAD
-  dec_load(a, run, g, g < g1, lane, li, cur);
-#endif
-  for (; g < g1; g += WARPS) {  // warp-uniform
-#if DEC_AHEAD
-    DecIn nxt;
-    dec_load(a, run, g + WARPS, g + WARPS < g1, lane, li, nxt);
+  LowRun run;
+#if DEC_PRE
+  const i64 tpr = a.rowc / TILE;                         // tiles a row
+  const i64 t0 = g0 * TPW / tpr;                         // the range's first token
+  const i64 klast = (g1 * TPW < K ? g1 * TPW : K) - 1;  // its last tile
+  i64 l0 = block_popc(a.bm, t0 >> 3, red);              // the low tokens before t0
+  l0 += __popc((u32)a.bm[t0 >> 3] & ((1u << (u32)(t0 & 7)) - 1u));
+  // t0's codes, through shared memory (fill_pre's barriers): the compiler then holds one
+  // pointer, not the payload's and an offset, and computes a place once, not per branch.
+  if (threadIdx.x == 0)
+    dec_cbase = pay + (a.codes0 + t0 * (BH * a.rowc / 8) - l0 * ((BH - BL) * a.rowc / 8));
+  fill_pre(a.bm, t0, klast / tpr - t0 + 1, dec_tab, red);
+  a.t0 = (u32)t0;
+  a.cbase = dec_cbase;
+  a.gwhole = (i64)((u64)count / (TPW * TILE));  // count >= 0: a shift
+  decode_groups<true>(a, run, g0 + warp, g1, lane, li, sb, z);
 #else
-    dec_load(a, run, g, true, lane, li, cur);
+  run.byte0 = (g0 * TPW * TILE / a.rowc) >> 3;  // this warp's running count, from the
+  run.pre = block_popc(a.bm, run.byte0, red);   // range's first byte
+  decode_groups<false>(a, run, g0 + warp, g1, lane, li, sb, z);
 #endif
-    const bool whole = a.vout && g * TPW * TILE + 32 * EPL <= count;
-    if (whole && !__any_sync(FULL_MASK, (cur.p & 0x80u) != 0u)) {
-      if (!__any_sync(FULL_MASK, !no_overflow(cur.c, cur.step))) {
-        if (cur.b == BH)
-          stage_lane<BH, false>(cur, sb, lane, z);
-        else
-          stage_lane<BL, false>(cur, sb, lane, z);
-      } else {
-        if (cur.b == BH)
-          stage_lane<BH, true>(cur, sb, lane, z);
-        else
-          stage_lane<BL, true>(cur, sb, lane, z);
-      }
-      flush_group(a.ob, g * TPW * TILE, sb, lane);
-    } else {
-      decode_group(a, cur, g, lane, li, sb);
-    }
-#if DEC_AHEAD
-    cur = nxt;
-#endif
-  }
 }
 #endif

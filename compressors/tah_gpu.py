@@ -12,8 +12,9 @@ three launches of many blocks) into the token bitmap, and the tiles; decoding ru
 kernel. Each call's launches (kernels, grids, arguments) are planned once per shape,
 options and payload alignment and replayed. The tile kernels give each block one
 contiguous range of tiles, whose places it finds by counting the bitmap bytes before the
-range once and then those it passes. No allocation, no host synchronisation, no copy
-from the host per call, so a CUDA graph may capture them
+range once and then those it passes (the decode: from a table of its tokens' places that
+it writes into shared memory once, ``_DECODE_PREFIX``). No allocation, no host
+synchronisation, no copy from the host per call, so a CUDA graph may capture them
 (``TahCompressor.graph_safe``). The CUDA source is ``tah_kernels.cu`` (defines and shared
 helpers), ``tah_encode.cu`` and ``tah_decode.cu``, compiled after
 ``codec_kernels.cu`` and ``codec_tile_helpers.cu`` (whose float32 arithmetic, conversions
@@ -115,6 +116,16 @@ _TILE_MIN_BLOCKS = {_ENCODE: 4, _DECODE: 3, _DECODE_ACC: 4}
 # False loads each group when it decodes it (the accumulating decode: with the look-ahead
 # it spills at 64 registers). Bitwise the same output; module constants for a device A/B.
 _DECODE_AHEAD = {_DECODE: True, _DECODE_ACC: False}
+# The decodes' places from a table (tah_decode.cu's DEC_PRE), by kind: each block writes, once,
+# the place and width of each token of its range into shared memory (a scan of the bitmap's
+# bits), so that a tile group's place is one shared-memory word and a few integer operations,
+# not a walk over the bitmap in global memory and 64-bit arithmetic a step; with them the
+# whole-group tests and the staging buffer's flush addresses computed once. False: the previous
+# loop. Bitwise the same output; module constants for a device A/B.
+_DECODE_PREFIX = {_DECODE: True, _DECODE_ACC: True}
+# Tokens in a block's table (tah_decode.cu's NPRE; 4 bytes each of shared memory): the decode
+# grids give each block at most this many tokens (a block of more still decodes, slowly).
+_DECODE_TABLE_TOKENS = 2048
 
 
 def _kernel(defines: dict[str, Any]) -> Any:
@@ -151,13 +162,25 @@ def _run(cp: Any, plan: tuple[_Launch, ...], arrays: tuple, device_id: int) -> N
     note_launch(plan[-1].kern)
 
 
-def _tile_launch(defs: dict[str, Any], cp: Any, warps: int, args: tuple) -> _Launch:
+def _tile_launch(
+    defs: dict[str, Any], cp: Any, warps: int, args: tuple, per_block: int = 0
+) -> _Launch:
     """The launch of tile kernel ``defs`` (encode or decode) over ``warps`` warps' tile
-    groups."""
+    groups; with ``per_block``, at most that many groups a block."""
     min_blocks = _TILE_MIN_BLOCKS[(defs["TAH_OP"], defs.get("ACC", 0))]
     kern = _kernel({**defs, "MIN_BLOCKS": min_blocks})
     grid = max(1, min(-(-warps // (_THREADS // 32)), sm_count(cp) * 2 * min_blocks))
+    if per_block:
+        grid = max(grid, -(-warps // per_block))
     return _Launch(kern, (grid,), (_THREADS,), args)
+
+
+def _decode_groups_per_block(kind: tuple[int, int], row: int, tile: int) -> int:
+    """The most tile groups a block of decode ``kind`` may take so that its tokens fit its
+    table: g groups of ``32 / (tile / EPL)`` tiles span at most g TPW / (row / tile) + 2
+    tokens."""
+    tpw = 32 // (tile // _EPL[kind])
+    return max(1, (_DECODE_TABLE_TOKENS - 2) * (row // tile) // tpw)
 
 
 def _ratio_bits(ratio: float) -> str:
@@ -318,7 +341,9 @@ def tah_decode(
         return
     device_id = out.data.device_id
     kind = _DECODE_ACC if accumulate else _DECODE
-    switches = (_EPL[kind], _TILE_MIN_BLOCKS[kind], _DECODE_AHEAD[kind])
+    prefix = _DECODE_PREFIX[kind]
+    switches = (_EPL[kind], _TILE_MIN_BLOCKS[kind], _DECODE_AHEAD[kind], prefix)
+    switches = (*switches, _DECODE_TABLE_TOKENS)
     key = ("decode", device_id, count, xt, kind, row, tile, bits_high, bits_low, low_fraction)
     key = (*key, switches)
     plan = _plans.get(key)
@@ -329,11 +354,14 @@ def tah_decode(
             **_tile_defines(kind, row, tile, bits_high, bits_low),
             "ACC": int(bool(accumulate)),
             "DEC_AHEAD": int(_DECODE_AHEAD[kind]),
+            "DEC_PRE": int(prefix),
+            **({"NPRE": _DECODE_TABLE_TOKENS} if prefix else {}),
         }
         warps = _tile_warps(kind, lay.tiles, tile)
+        per_block = _decode_groups_per_block(kind, row, tile) if prefix else 0
         i64 = np.int64
         args = (i64(count), i64(row), i64(lay.tiles), i64(lay.pivot_offset))
         with cp.cuda.Device(device_id):
-            launch = _tile_launch(defs, cp, warps, (*args, i64(lay.bitmap_offset)))
+            launch = _tile_launch(defs, cp, warps, (*args, i64(lay.bitmap_offset)), per_block)
         plan = _plans[key] = (launch,)
     _run(cp, plan, (payload, out), device_id)

@@ -296,21 +296,44 @@ def test_gpu_encode_every_width(monkeypatch, bits: tuple[int, int], epl: int) ->
         check_roundtrip(sweep, xs, f"{bits} {dtype} EPL={epl} sweep")
 
 
+@pytest.mark.parametrize("prefix", [True, False], ids=["table", "walk"])
 @pytest.mark.parametrize("min_blocks", [3, 4])
 @pytest.mark.parametrize("ahead", [True, False], ids=["ahead", "not-ahead"])
 @pytest.mark.parametrize("bits", [(4, 3), (8, 2), (5, 5)], ids=lambda b: f"BH{b[0]}-BL{b[1]}")
-def test_gpu_decode_switches(monkeypatch, bits: tuple[int, int], ahead: bool, min_blocks: int):
+def test_gpu_decode_switches(
+    monkeypatch, bits: tuple[int, int], ahead: bool, min_blocks: int, prefix: bool
+):
     # Both decodes with and without the look-ahead (tah_gpu._DECODE_AHEAD) at 3 and 4 blocks
-    # a SM (80 and 64 registers): many groups a warp (2000 tokens), low and high tokens,
-    # pivots, NaN/Inf tiles, a zero tile, a short last token; accumulating too.
+    # a SM (80 and 64 registers), the places from the blocks' tables or the bitmap walk
+    # (_DECODE_PREFIX): many groups a warp (2000 tokens), low and high tokens, pivots,
+    # NaN/Inf tiles, a zero tile, a short last token; accumulating too.
     from coccl.compressors import tah_gpu
 
     for kind in (tah_gpu._DECODE, tah_gpu._DECODE_ACC):
         monkeypatch.setitem(tah_gpu._DECODE_AHEAD, kind, ahead)
         monkeypatch.setitem(tah_gpu._TILE_MIN_BLOCKS, kind, min_blocks)
+        monkeypatch.setitem(tah_gpu._DECODE_PREFIX, kind, prefix)
     bh, bl = bits
     c = TahCompressor(row=256, tile=64, bits_high=bh, bits_low=bl, low_fraction=0.4)
     rng = np.random.default_rng(7 * bh + bl)
     for dtype in DTYPES:
         x = with_special_tiles(make_data(rng, 2000 * c.row + 77, c.row, dtype))
-        check_roundtrip(c, x, f"{bits} {dtype} {ahead=} {min_blocks=}")
+        check_roundtrip(c, x, f"{bits} {dtype} {ahead=} {min_blocks=} {prefix=}")
+
+
+@pytest.mark.parametrize("tokens", [8, 100])
+def test_gpu_decode_blocks_past_their_table(monkeypatch, tokens: int):
+    # Tables of 8 or 100 tokens (tah_gpu._DECODE_TABLE_TOKENS) with grids of the default's
+    # size (the launcher's bound for them patched away): blocks of more tokens than their
+    # table, the places past it from the bitmap; tokens of one tile and of 32.
+    from coccl.compressors import tah_gpu
+
+    monkeypatch.setattr(tah_gpu, "_DECODE_TABLE_TOKENS", tokens)
+    monkeypatch.setattr(tah_gpu, "_decode_groups_per_block", lambda kind, row, tile: 0)
+    monkeypatch.setattr(tah_gpu, "_plans", {})  # the grid's bound is not in a plan's key
+    for row in (64, 2048):
+        c = TahCompressor(row=row, tile=64, bits_high=4, bits_low=3, low_fraction=0.4)
+        rng = np.random.default_rng(row + tokens)
+        for dtype in DTYPES:
+            x = with_special_tiles(make_data(rng, 300000 + 77, c.row, dtype))
+            check_roundtrip(c, x, f"{row=} {dtype} {tokens=}")

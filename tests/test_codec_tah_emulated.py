@@ -28,6 +28,8 @@ from coccl.compressors.tah_gpu import (  # launches' lane sizes, the selection's
     _DECODE,
     _DECODE_ACC,
     _DECODE_AHEAD,
+    _DECODE_PREFIX,
+    _DECODE_TABLE_TOKENS,
     _ENCODE,
     _EPL,
     _SELECT_BINS,
@@ -202,9 +204,12 @@ def emulated_decode(
     ahead: int | None = None,
     threads: int | None = None,
     grid: int | None = None,
+    pre: int | None = None,
+    npre: int = _DECODE_TABLE_TOKENS,
 ) -> np.ndarray:
-    """The decode kernel (tah_gpu's defines unless given): ``ahead`` its DEC_AHEAD,
-    ``threads`` a block's, ``grid`` the blocks (tile_grid's by default)."""
+    """The decode kernel (tah_gpu's defines unless given): ``ahead`` its DEC_AHEAD, ``pre``
+    its DEC_PRE and ``npre`` the tokens of its table, ``threads`` a block's, ``grid`` the
+    blocks (tile_grid's by default)."""
     n = out.size
     lay = tah_layout(n, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
     if lay.tiles == 0:
@@ -214,6 +219,9 @@ def emulated_decode(
     defs = {"TAH_OP": 3, "XT": XT[out.dtype], "ACC": int(accumulate), **_variant(c, epl)}
     kind = _DECODE_ACC if accumulate else _DECODE
     defs["DEC_AHEAD"] = int(_DECODE_AHEAD[kind] if ahead is None else ahead)
+    defs["DEC_PRE"] = int(_DECODE_PREFIX[kind] if pre is None else pre)
+    if defs["DEC_PRE"]:
+        defs["NPRE"] = npre
     if threads is not None:
         defs["THREADS"] = threads
     grid = tile_grid(lay, c.tile, epl) if grid is None else grid
@@ -525,20 +533,27 @@ def test_step_fixup_without_division(b: int) -> None:
             np.testing.assert_array_equal(got, want, err_msg=f"b={b} d={d}")
 
 
-@pytest.mark.parametrize("ahead", [1, 0], ids=["ahead", "not-ahead"])
-@pytest.mark.parametrize("epl", DECODE_EPLS)
-@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=str)
-def test_emulated_decode_many_groups_a_warp(build, ahead: int, epl: int, dtype) -> None:
+# (dtype, EPL, DEC_AHEAD): both EPLs with and without the look-ahead for bfloat16 and
+# float32, float16 at the default launch's.
+MANY_GROUPS = [(d, e, a) for d in (BF16, XT32) for e in DECODE_EPLS for a in (1, 0)]
+MANY_GROUPS.append((np.dtype(np.float16), _EPL[_DECODE], int(_DECODE_AHEAD[_DECODE])))
+
+
+@pytest.mark.parametrize("pre", [1, 0], ids=["table", "walk"])
+@pytest.mark.parametrize("dtype, epl, ahead", MANY_GROUPS, ids=str)
+def test_emulated_decode_many_groups_a_warp(build, pre: int, ahead: int, epl: int, dtype) -> None:
     # Two warps a block and at most three blocks, so that each warp decodes many tile
-    # groups in turn (with DEC_AHEAD the next one's loads before this one's stores): low and
-    # high tokens in one warp's group (row 128), pivot tiles, a NaN, infinities beyond the
+    # groups in turn (with DEC_AHEAD the next one's loads before this one's stores), the
+    # places from the block's table (DEC_PRE) or the walk over the bitmap: low and high
+    # tokens in one warp's group (row 128), pivot tiles, a NaN, infinities beyond the
     # float32 range's steps (the sat vote), a zero tile, the short last token and tile; out
     # whole (the chunked staging) and one element past 16 bytes (every group from registers);
     # accumulating and not.
     c = TahCompressor(row=128, tile=64, bits_high=5, bits_low=3, low_fraction=0.5)
     rng = np.random.default_rng(epl + ahead)
     n = 41 * c.row + 70
-    x = data(rng, n, c.row, dtype)
+    with np.errstate(over="ignore"):  # float16: outliers past its range, infinities
+        x = data(rng, n, c.row, dtype)
     x[300], x[450], x[600:664] = np.inf, -np.inf, 0
     if dtype == np.float32:
         x[2000:2064] = rng.choice([-3.0e38, 3.0e38], 64)  # steps near the top: sat
@@ -548,12 +563,41 @@ def test_emulated_decode_many_groups_a_warp(build, ahead: int, epl: int, dtype) 
     expect_acc = c.decode(want, acc.copy(), count=n, dtype=dtype, accumulate=True)
     for grid in (1, 3):
         for shift in (0, 1):
-            msg = f"{dtype} EPL={epl} {ahead=} {grid=} {shift=}"
+            msg = f"{dtype} EPL={epl} {ahead=} {pre=} {grid=} {shift=}"
             out = np.full(n + shift, 7, dtype)[shift:]
-            got = emulated_decode(build, c, want, out, False, epl, ahead, 64, grid)
+            got = emulated_decode(build, c, want, out, False, epl, ahead, 64, grid, pre)
             assert_values_equal(got, expect, msg)
             if dtype == np.float32:
                 out = np.empty(n + shift, np.float32)[shift:]
                 out[:] = acc
-                got = emulated_decode(build, c, want, out, True, epl, ahead, 64, grid)
+                got = emulated_decode(build, c, want, out, True, epl, ahead, 64, grid, pre)
+                assert_values_equal(got, expect_acc, msg + " accumulate")
+
+
+@pytest.mark.parametrize("npre", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=str)
+def test_emulated_decode_blocks_past_their_table(build, npre: int, dtype) -> None:
+    # Blocks of more tokens than their table holds (tah_gpu's grids never make them): the
+    # places past it from the bitmap (far_entry), tokens of one tile (row 64) and of two
+    # groups (row 2048), one and three blocks, low and high tokens, pivots, NaN/Inf, a short
+    # last token; both EPLs, accumulating and not, out aligned and not.
+    rng = np.random.default_rng(npre)
+    for row in (64, 2048):
+        c = TahCompressor(row=row, tile=64, bits_high=4, bits_low=3, low_fraction=0.4)
+        n = 9000 + 77 if row == 64 else 40 * row + 77
+        x = data(rng, n, c.row, dtype)
+        x[100], x[5000] = np.inf, np.nan
+        want = c.encode(x)
+        expect = c.decode(want, count=n, dtype=dtype)
+        acc = rng.standard_normal(n).astype(np.float32)
+        expect_acc = c.decode(want, acc.copy(), count=n, dtype=dtype, accumulate=True)
+        for grid, shift, epl in ((1, 0, 32), (3, 1, 32), (3, 0, 16)):
+            msg = f"{dtype} {row=} {npre=} {grid=} {shift=} {epl=}"
+            out = np.full(n + shift, 7, dtype)[shift:]
+            got = emulated_decode(build, c, want, out, False, epl, 1, 64, grid, 1, npre)
+            assert_values_equal(got, expect, msg)
+            if dtype == np.float32:
+                out = np.empty(n + shift, np.float32)[shift:]
+                out[:] = acc
+                got = emulated_decode(build, c, want, out, True, epl, 0, 64, grid, 1, npre)
                 assert_values_equal(got, expect_acc, msg + " accumulate")

@@ -70,6 +70,9 @@ CALLS = [
     (64 << 20, BFLOAT16, 0, {}, {"_SCORE_PAIRS": False}),
     (4 << 20, BFLOAT16, 0, {}, {"_EPL": 16, "_TILE_MIN_BLOCKS": 5}),
     (4 << 20, BFLOAT16, 0, {}, {"_DECODE_AHEAD": False}),
+    (4 << 20, BFLOAT16, 0, {}, {"_DECODE_PREFIX": False}),
+    (4 << 20, BFLOAT16, 0, {}, {"_DECODE_TABLE_TOKENS": 64}),
+    (256 << 20, BFLOAT16, 0, {"row": 64}, {}),  # the decodes' grids sized by their tables
     (1000, BFLOAT16, 0, {}, {}),
     (5, np.float32, 0, {}, {}),
 ]
@@ -113,3 +116,31 @@ def test_calls_that_differ_launch_differently(launches) -> None:
     # The property above holds trivially if every call launched alike: the cases differ.
     seen = {str(_call(launches, case, fresh=True)) for case in CALLS}
     assert len(seen) == len(CALLS)
+
+
+@pytest.mark.parametrize("row, tile", [(64, 64), (32, 32), (128, 128), (4096, 64), (384, 128)])
+@pytest.mark.parametrize("count", [1 << 20, 256 << 20, (1 << 30) + 77])
+def test_decode_blocks_fit_their_tables(launches, count: int, row: int, tile: int) -> None:
+    # Each decode block's tokens (tah_decode.cu's range: its first tile's token to its last
+    # tile's) fit its table of tah_gpu._DECODE_TABLE_TOKENS.
+    options = {**OPTIONS, "row": row, "tile": tile}
+    lay = tah_layout(count, **options)
+    payload = _Array(lay.nbytes, np.uint8, 2 << 40)
+    for accumulate in (False, True):
+        out = _Array(count, np.float32, 3 << 40)
+        del launches[:]
+        tah_gpu.tah_decode(payload, out, **options, accumulate=accumulate)
+        (defines, (grid,), _, _) = launches[-1]
+        defs = dict(defines)
+        assert defs["DEC_PRE"] == 1 and defs["NPRE"] == tah_gpu._DECODE_TABLE_TOKENS
+        tpw = 32 // (tile // defs["EPL"])
+        groups = -(-lay.tiles // tpw)
+        per = -(-groups // grid)
+        tpr = row // tile
+        worst = 0
+        for b in range(grid):
+            g0, g1 = b * per, min(b * per + per, groups)
+            if g0 < g1:
+                klast = min(g1 * tpw, lay.tiles) - 1
+                worst = max(worst, klast // tpr - g0 * tpw // tpr + 1)
+        assert 0 < worst <= tah_gpu._DECODE_TABLE_TOKENS, (grid, worst)
