@@ -13,7 +13,7 @@
 // staging buffer's flush addresses from two bases. 0: the previous loop (for a device A/B;
 // the same output).
 #ifndef DEC_PRE
-#define DEC_PRE 1
+#define DEC_PRE 0
 #endif
 #ifndef NPRE
 #define NPRE 2048  // tokens in a block's table (fill_pre; tah_gpu's grids fit a block's in it)

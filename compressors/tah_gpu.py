@@ -121,8 +121,9 @@ _DECODE_AHEAD = {_DECODE: True, _DECODE_ACC: False}
 # bits), so that a tile group's place is one shared-memory word and a few integer operations,
 # not a walk over the bitmap in global memory and 64-bit arithmetic a step; with them the
 # whole-group tests and the staging buffer's flush addresses computed once. False: the previous
-# loop. Bitwise the same output; module constants for a device A/B.
-_DECODE_PREFIX = {_DECODE: True, _DECODE_ACC: True}
+# loop. Bitwise the same output (by the host emulation); off until a device A/B and the GPU
+# tests have run it (bench/NOTES.md, session 25).
+_DECODE_PREFIX = {_DECODE: False, _DECODE_ACC: False}
 # Tokens in a block's table (tah_decode.cu's NPRE; 4 bytes each of shared memory): the decode
 # grids give each block at most this many tokens (a block of more still decodes, slowly).
 _DECODE_TABLE_TOKENS = 2048

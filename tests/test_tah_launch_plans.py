@@ -70,9 +70,10 @@ CALLS = [
     (64 << 20, BFLOAT16, 0, {}, {"_SCORE_PAIRS": False}),
     (4 << 20, BFLOAT16, 0, {}, {"_EPL": 16, "_TILE_MIN_BLOCKS": 5}),
     (4 << 20, BFLOAT16, 0, {}, {"_DECODE_AHEAD": False}),
-    (4 << 20, BFLOAT16, 0, {}, {"_DECODE_PREFIX": False}),
-    (4 << 20, BFLOAT16, 0, {}, {"_DECODE_TABLE_TOKENS": 64}),
-    (256 << 20, BFLOAT16, 0, {"row": 64}, {}),  # the decodes' grids sized by their tables
+    (4 << 20, BFLOAT16, 0, {}, {"_DECODE_PREFIX": True}),
+    (4 << 20, BFLOAT16, 0, {}, {"_DECODE_PREFIX": True, "_DECODE_TABLE_TOKENS": 64}),
+    # the decodes' grids sized by their tables
+    (256 << 20, BFLOAT16, 0, {"row": 64}, {"_DECODE_PREFIX": True}),
     (1000, BFLOAT16, 0, {}, {}),
     (5, np.float32, 0, {}, {}),
 ]
@@ -120,9 +121,13 @@ def test_calls_that_differ_launch_differently(launches) -> None:
 
 @pytest.mark.parametrize("row, tile", [(64, 64), (32, 32), (128, 128), (4096, 64), (384, 128)])
 @pytest.mark.parametrize("count", [1 << 20, 256 << 20, (1 << 30) + 77])
-def test_decode_blocks_fit_their_tables(launches, count: int, row: int, tile: int) -> None:
-    # Each decode block's tokens (tah_decode.cu's range: its first tile's token to its last
-    # tile's) fit its table of tah_gpu._DECODE_TABLE_TOKENS.
+def test_decode_blocks_fit_their_tables(
+    monkeypatch, launches, count: int, row: int, tile: int
+) -> None:
+    # With the places from a table, each decode block's tokens (tah_decode.cu's range: its
+    # first tile's token to its last tile's) fit its table of tah_gpu._DECODE_TABLE_TOKENS.
+    for kind in tah_gpu._DECODE_PREFIX:
+        monkeypatch.setitem(tah_gpu._DECODE_PREFIX, kind, True)
     options = {**OPTIONS, "row": row, "tile": tile}
     lay = tah_layout(count, **options)
     payload = _Array(lay.nbytes, np.uint8, 2 << 40)
