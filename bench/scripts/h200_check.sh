@@ -768,6 +768,21 @@ s25last)
     --ops encode --tuning '{"encode_epl": 32}' --json "$JSONDIR/s25-taco-encode-epl32-ab.json" \
     2>&1 | tee "$OUT/s25_enc_ab.txt" | tail -12
   P2P_DTYPES=bfloat16 bash "$0" p2psweeps ;;
+tahpre)
+  # The tah decode's places from a table (tah_gpu._DECODE_PREFIX, off by default): its GPU
+  # tests (bitwise the CPU's, both settings; blocks past their table), then the A/B, each
+  # arm its own process. Budget: ~350 s on a fresh machine (NVRTC compiles).
+  step "pytest gpu: tah decode switches and tables"
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
+    -k "decode_switches or past_their_table" 2>&1 | tee "$OUT/pytest_tahpre.txt" | tail -3
+  step "tah decode: table off / on"
+  for pre in False True; do
+    timeout 70 python3 -c "import sys, coccl.compressors.tah_gpu as m; \
+m._DECODE_PREFIX.update({m._DECODE: $pre, m._DECODE_ACC: $pre}); \
+from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
+      --counts 16M,64M,256M --compressor tah:row=4096 -d bfloat16,float16,float32 -n 15 -c 0 \
+      --json "$JSONDIR/tahpre-$pre.json" 2>&1 | grep -E " decode" | sed "s/^/[table $pre] /"
+  done ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of
