@@ -190,10 +190,10 @@ DEV u64 chunk_code(const u32* w, int j) {
   return B == 8 ? x : x & ((1ull << (8 * B)) - 1ull);
 }
 
-// A lane's code bytes [0, CH B) from q as words (w zero on entry): 16- or 4-byte loads
-// issued together where the lane is whole and q aligned to them; else the ceil(ml B / 8)
-// bytes that it has, one by one.
-template <int B>
+// A lane's code bytes [0, CH B) from q as words: 16- or 4-byte loads issued together where
+// the lane is whole and q aligned to them; else the ceil(ml B / 8) bytes that it has, one
+// by one, into words that are zero on entry or, with ZERO, zeroed here first.
+template <int B, bool ZERO = false>
 DEV void code_words(const unsigned char* q, int ml, u32* w) {
   constexpr int NB = CH * B;
   if (ml == EPL && NB % 16 == 0 && (((u64)q) & 15) == 0) {
@@ -209,6 +209,10 @@ DEV void code_words(const unsigned char* q, int ml, u32* w) {
 #pragma unroll
     for (int i = 0; i < NB / 4; ++i) w[i] = __ldg((const u32*)q + i);
   } else {
+    if (ZERO) {
+#pragma unroll
+      for (int i = 0; i < NCW; ++i) w[i] = 0;
+    }
     const int nb = (ml * B + 7) >> 3;
 #pragma unroll
     for (int j = 0; j < NB; ++j)
@@ -328,33 +332,6 @@ DEV const unsigned char* pre_place(const DecArgs& a, i64 k, int li, bool& low) {
   return a.cbase + (u64)(e >> 1) * (u64)(a.rowc / 8) + (low ? j * BL / 8 : j * BH / 8);
 }
 
-// A lane's code bytes [0, CH B) from q as words: code_words', the bytes' words zeroed only
-// on the byte path.
-template <int B>
-DEV void code_words_pre(const unsigned char* q, int ml, u32* w) {
-  constexpr int NB = CH * B;
-  if (ml == EPL && NB % 16 == 0 && (((u64)q) & 15) == 0) {
-#pragma unroll
-    for (int i = 0; i < NB / 16; ++i) {
-      const uint4 v = ldg4((const uint4*)q + i);
-      w[4 * i] = v.x;
-      w[4 * i + 1] = v.y;
-      w[4 * i + 2] = v.z;
-      w[4 * i + 3] = v.w;
-    }
-  } else if (ml == EPL && NB % 4 == 0 && (((u64)q) & 3) == 0) {
-#pragma unroll
-    for (int i = 0; i < NB / 4; ++i) w[i] = __ldg((const u32*)q + i);
-  } else {
-#pragma unroll
-    for (int i = 0; i < NCW; ++i) w[i] = 0;
-    const int nb = (ml * B + 7) >> 3;
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-      if (j < nb) w[j >> 2] |= (u32)q[j] << (8 * (j & 3));
-  }
-}
-
 // dec_load's loads with the table: the tile and lane from the group alone where the group
 // is whole (a warp-uniform test), the place from pre_place.
 DEV void dec_load_pre(const DecArgs& a, i64 g, bool go, int lane, int li, DecIn& in) {
@@ -391,9 +368,9 @@ DEV void dec_load_pre(const DecArgs& a, i64 g, bool go, int lane, int li, DecIn&
   if (low) {
 #pragma unroll
     for (int i = (CH * BL + 3) / 4; i < NCW; ++i) in.w[i] = 0;
-    code_words_pre<BL>(q, ml, in.w);
+    code_words<BL, true>(q, ml, in.w);
   } else {
-    code_words_pre<BH>(q, ml, in.w);
+    code_words<BH, true>(q, ml, in.w);
   }
 }
 #endif
