@@ -241,6 +241,21 @@ struct DecArgs {
   i64 gwhole;                  // the groups whose tiles are all whole: g < gwhole
 };
 
+// Tile k's centre, step and pivot byte into in: two word loads where the payload is 4-byte
+// aligned, else its bytes out of line (no predicated byte loads on the common path).
+DEV void tile_scalars(const DecArgs& a, i64 k, DecIn& in) {
+  const unsigned char* pc = a.pay + 4 * k;
+  if (a.a4) {
+    in.c = as_f(__ldg((const u32*)pc));
+    in.step = as_f(__ldg((const u32*)(pc + 4 * a.K)));
+  } else {
+    const u64 cs = ld32x2_bytes(pc, pc + 4 * a.K);
+    in.c = as_f((u32)cs);
+    in.step = as_f((u32)(cs >> 32));
+  }
+  in.p = a.pay[a.piv0 + k];
+}
+
 // Lane `lane`'s loads of tile group g (none where !go): the warp's running count advanced
 // to g's first token (the whole warp), the tile's place from it (a bitmap byte), then the
 // centre, step, pivot byte and codes, which nothing here waits for.
@@ -259,16 +274,7 @@ DEV void dec_load(const DecArgs& a, LowRun& run, i64 g, bool go, int lane, int l
   bool low;
   const i64 off = tile_place(a.bm, run, tl.k, li, a.rowc, a.codes0, low);
   in.b = low ? BL : BH;
-  const unsigned char* pc = a.pay + 4 * tl.k;
-  if (a.a4) {
-    in.c = as_f(__ldg((const u32*)pc));
-    in.step = as_f(__ldg((const u32*)(pc + 4 * a.K)));
-  } else {  // out of line: no predicated byte loads on the common path
-    const u64 cs = ld32x2_bytes(pc, pc + 4 * a.K);
-    in.c = as_f((u32)cs);
-    in.step = as_f((u32)(cs >> 32));
-  }
-  in.p = a.pay[a.piv0 + tl.k];
+  tile_scalars(a, tl.k, in);
   if (low)
     code_words<BL>(a.pay + off, tl.ml, in.w);
   else
@@ -355,16 +361,7 @@ DEV void dec_load_pre(const DecArgs& a, i64 g, bool go, int lane, int li, DecIn&
   bool low;
   const unsigned char* q = pre_place(a, k, li, low);
   in.b = low ? BL : BH;
-  const unsigned char* pc = a.pay + 4 * k;
-  if (a.a4) {
-    in.c = as_f(__ldg((const u32*)pc));
-    in.step = as_f(__ldg((const u32*)(pc + 4 * a.K)));
-  } else {  // out of line: no predicated byte loads on the common path
-    const u64 cs = ld32x2_bytes(pc, pc + 4 * a.K);
-    in.c = as_f((u32)cs);
-    in.step = as_f((u32)(cs >> 32));
-  }
-  in.p = a.pay[a.piv0 + k];
+  tile_scalars(a, k, in);
   if (low) {
 #pragma unroll
     for (int i = (CH * BL + 3) / 4; i < NCW; ++i) in.w[i] = 0;
