@@ -384,6 +384,15 @@ DEV void stage_lane(const DecIn& in, uint4* sb, int lane, u32 z) {
   }
 }
 
+// stage_lane at the lane's token's width.
+template <bool SAT>
+DEV void stage_at_width(const DecIn& in, uint4* sb, int lane, u32 z) {
+  if (in.b == BH)
+    stage_lane<BH, SAT>(in, sb, lane, z);
+  else
+    stage_lane<BL, SAT>(in, sb, lane, z);
+}
+
 // Tile group g with all of a lane's EPL values in registers: a group where a tile pivots,
 // the last group (short) or an unaligned out.
 DEV void decode_group(const DecArgs& a, const DecIn& in, i64 g, int lane, int li, uint4* sb) {
@@ -460,31 +469,19 @@ DEV void decode_groups(const DecArgs& a, LowRun& run, i64 g, i64 gend, int lane,
     if constexpr (PRE) {  // one vote on the common path: whole, no pivot, no overflow
       const bool piv = (cur.p & 0x80u) != 0u;
       if (whole && !__any_sync(FULL_MASK, piv || !no_overflow(cur.c, cur.step))) {
-        if (cur.b == BH)
-          stage_lane<BH, false>(cur, sb, lane, z);
-        else
-          stage_lane<BL, false>(cur, sb, lane, z);
+        stage_at_width<false>(cur, sb, lane, z);
         flush_group(a.ob, g * TPW * TILE, sb, lane);
       } else if (whole && !__any_sync(FULL_MASK, piv)) {  // a tile might overflow
-        if (cur.b == BH)
-          stage_lane<BH, true>(cur, sb, lane, z);
-        else
-          stage_lane<BL, true>(cur, sb, lane, z);
+        stage_at_width<true>(cur, sb, lane, z);
         flush_group(a.ob, g * TPW * TILE, sb, lane);
       } else {
         decode_group(a, cur, g, lane, li, sb);
       }
     } else if (whole && !__any_sync(FULL_MASK, (cur.p & 0x80u) != 0u)) {
       if (!__any_sync(FULL_MASK, !no_overflow(cur.c, cur.step))) {
-        if (cur.b == BH)
-          stage_lane<BH, false>(cur, sb, lane, z);
-        else
-          stage_lane<BL, false>(cur, sb, lane, z);
+        stage_at_width<false>(cur, sb, lane, z);
       } else {
-        if (cur.b == BH)
-          stage_lane<BH, true>(cur, sb, lane, z);
-        else
-          stage_lane<BL, true>(cur, sb, lane, z);
+        stage_at_width<true>(cur, sb, lane, z);
       }
       flush_group(a.ob, g * TPW * TILE, sb, lane);
     } else {
