@@ -323,11 +323,14 @@ def test_gpu_decode_switches(
 
 @pytest.mark.parametrize("tokens", [8, 100])
 def test_gpu_decode_blocks_past_their_table(monkeypatch, tokens: int):
-    # Tables of 8 or 100 tokens (tah_gpu._DECODE_TABLE_TOKENS) with grids of the default's
-    # size (the launcher's bound for them patched away): blocks of more tokens than their
-    # table, the places past it from the bitmap; tokens of one tile and of 32.
+    # The places from tables (switched on) of 8 or 100 tokens (_DECODE_TABLE_TOKENS), grids
+    # of the default's size (the launcher's bound for them patched away): blocks of more
+    # tokens than their table, the places past it from the bitmap; tokens of one tile and
+    # of 32.
     from coccl.compressors import tah_gpu
 
+    for kind in tah_gpu._DECODE_PREFIX:
+        monkeypatch.setitem(tah_gpu._DECODE_PREFIX, kind, True)
     monkeypatch.setattr(tah_gpu, "_DECODE_TABLE_TOKENS", tokens)
     monkeypatch.setattr(tah_gpu, "_decode_groups_per_block", lambda kind, row, tile: 0)
     monkeypatch.setattr(tah_gpu, "_plans", {})  # the grid's bound is not in a plan's key
