@@ -768,13 +768,16 @@ s25last)
     --ops encode --tuning '{"encode_epl": 32}' --json "$JSONDIR/s25-taco-encode-epl32-ab.json" \
     2>&1 | tee "$OUT/s25_enc_ab.txt" | tail -12
   P2P_DTYPES=bfloat16 bash "$0" p2psweeps ;;
+tahtests)
+  # The whole tah GPU test file (bitwise the CPU's): the default decode's restructured loop,
+  # the table's switch both ways, blocks past their table. ~6 minutes on a fresh machine
+  # (NVRTC compiles).
+  step "pytest gpu: tah (whole file)"
+  timeout ${TAH_TESTS_S:-540} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
+    2>&1 | tee "$OUT/pytest_tahtests.txt" | tail -3 ;;
 tahpre)
-  # The tah decode's places from a table (tah_gpu._DECODE_PREFIX, off by default): its GPU
-  # tests (bitwise the CPU's, both settings; blocks past their table), then the A/B, each
-  # arm its own process. Budget: ~350 s on a fresh machine (NVRTC compiles).
-  step "pytest gpu: tah decode switches and tables"
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
-    -k "decode_switches or past_their_table" 2>&1 | tee "$OUT/pytest_tahpre.txt" | tail -3
+  # The tah decode's places from a table (tah_gpu._DECODE_PREFIX, off by default) against the
+  # walk over the bitmap, each arm its own process. ~150 s.
   step "tah decode: table off / on"
   for pre in False True; do
     timeout 70 python3 -c "import sys, coccl.compressors.tah_gpu as m; \
