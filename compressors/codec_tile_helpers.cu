@@ -34,6 +34,14 @@ DEV int swz(int c) { return c ^ ((c >> 3) & 7); }  // 16-byte chunk -> smem slot
 
 DEV uint4 ldg4(const uint4* p) { return __ldg(p); }
 
+// The four words of q at w[0..3].
+DEV void put4(u32* w, const uint4 q) {
+  w[0] = q.x;
+  w[1] = q.y;
+  w[2] = q.z;
+  w[3] = q.w;
+}
+
 // A warp's tile read coalesced (t: chunk j * 32 + lane of it, CH chunks per lane) handed
 // to the lanes that own it: lane l gets chunks [l * CH, l * CH + CH) as words w.
 template <int CH>
@@ -43,11 +51,7 @@ DEV void staged_transpose(const uint4* t, uint4* sb, int lane, u32* w) {
   __syncwarp();
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
-    uint4 q = sb[swz(lane * CH + j)];
-    w[4 * j] = q.x;
-    w[4 * j + 1] = q.y;
-    w[4 * j + 2] = q.z;
-    w[4 * j + 3] = q.w;
+    put4(w + 4 * j, sb[swz(lane * CH + j)]);
   }
   __syncwarp();
 }
@@ -79,11 +83,7 @@ DEV void lane_load(const char* xb, i64 base, i64 count, bool vec, u32* w) {
     const uint4* p = (const uint4*)(xb + base * EB);
 #pragma unroll
     for (int j = 0; j < CPL; ++j) {
-      uint4 q = ldg4(p + j);
-      w[4 * j] = q.x;
-      w[4 * j + 1] = q.y;
-      w[4 * j + 2] = q.z;
-      w[4 * j + 3] = q.w;
+      put4(w + 4 * j, ldg4(p + j));
     }
   } else {
 #pragma unroll
@@ -117,9 +117,8 @@ DEV void store_bytes32(unsigned char* p, const u32* c, bool vec, int n) {
 DEV void load_bytes32(const unsigned char* p, u32* c, bool vec) {
   if (vec) {
     const uint4* q = (const uint4*)p;
-    uint4 a = ldg4(q), b = ldg4(q + 1);
-    c[0] = a.x; c[1] = a.y; c[2] = a.z; c[3] = a.w;
-    c[4] = b.x; c[5] = b.y; c[6] = b.z; c[7] = b.w;
+    put4(c, ldg4(q));
+    put4(c + 4, ldg4(q + 1));
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i)

@@ -317,11 +317,7 @@ coccl_int(const void* __restrict__ src, void* __restrict__ dst, i64 count, i64 K
       if (whole(tile)) {
 #pragma unroll
         for (int c = 0; c < ICH; ++c) {
-          const uint4 q = sb[sl.row ^ c];
-          dst[4 * c] = q.x;
-          dst[4 * c + 1] = q.y;
-          dst[4 * c + 2] = q.z;
-          dst[4 * c + 3] = q.w;
+          put4(dst + 4 * c, sb[sl.row ^ c]);
         }
       } else {
         lane_load_npl(xb, base, count, vin, dst);

@@ -198,13 +198,7 @@ DEV void code_words(const unsigned char* q, int ml, u32* w) {
   constexpr int NB = CH * B;
   if (ml == EPL && NB % 16 == 0 && (((u64)q) & 15) == 0) {
 #pragma unroll
-    for (int i = 0; i < NB / 16; ++i) {
-      const uint4 a = ldg4((const uint4*)q + i);
-      w[4 * i] = a.x;
-      w[4 * i + 1] = a.y;
-      w[4 * i + 2] = a.z;
-      w[4 * i + 3] = a.w;
-    }
+    for (int i = 0; i < NB / 16; ++i) put4(w + 4 * i, ldg4((const uint4*)q + i));
   } else if (ml == EPL && NB % 4 == 0 && (((u64)q) & 3) == 0) {
 #pragma unroll
     for (int i = 0; i < NB / 4; ++i) w[i] = __ldg((const u32*)q + i);

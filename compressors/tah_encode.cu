@@ -49,13 +49,7 @@ DEV void load_raw(const char* xb, i64 e0, int ml, bool whole, u32 pad, u32* w) {
   if (whole) {
     const uint4* p = (const uint4*)(xb + e0 * EB);
 #pragma unroll
-    for (int i = 0; i < NRAW / 4; ++i) {
-      const uint4 a = ldg4(p + i);
-      w[4 * i] = a.x;
-      w[4 * i + 1] = a.y;
-      w[4 * i + 2] = a.z;
-      w[4 * i + 3] = a.w;
-    }
+    for (int i = 0; i < NRAW / 4; ++i) put4(w + 4 * i, ldg4(p + i));
   } else {
 #pragma unroll
     for (int r = 0; r < EPL; ++r) {

@@ -98,11 +98,9 @@ DEV void load8(const char* xb, i64 e0, int ml, bool vec, float* v) {
   u32 w[8];
   if (vec && ml == 8) {
     const uint4* p = (const uint4*)(xb + e0 * EB);
-    const uint4 a = ldg4(p);
-    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    put4(w, ldg4(p));
 #if XT == 0
-    const uint4 b = ldg4(p + 1);
-    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    put4(w + 4, ldg4(p + 1));
 #endif
 #pragma unroll
     for (int r = 0; r < 8; ++r) v[r] = elem_f32(w, r);
