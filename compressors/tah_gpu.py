@@ -122,7 +122,7 @@ _DECODE_AHEAD = {_DECODE: True, _DECODE_ACC: False}
 # not a walk over the bitmap in global memory and 64-bit arithmetic a step; with them the
 # whole-group tests and the staging buffer's flush addresses computed once. False: the previous
 # loop. Bitwise the same output (by the host emulation); off until a device A/B and the GPU
-# tests have run it (bench/NOTES.md, session 25).
+# tests have run it (bench/NOTES.md has its counts and the A/B to run).
 _DECODE_PREFIX = {_DECODE: False, _DECODE_ACC: False}
 # Tokens in a block's table (tah_decode.cu's NPRE; 4 bytes each of shared memory): the decode
 # grids give each block at most this many tokens (a block of more still decodes, slowly).

@@ -719,8 +719,9 @@ s25prof)
       echo "$tag: $(grep -E 'Duration|Issue Slots Busy' "$OUT/ncu_s25.txt" | tail -2 | tr -s ' ' | tr '\n' ';')"
     }
     P="python3 bench/scripts/codec_kernel_probe.py"
+    # uint16 into int16: CuPy's copy kernel (a same-dtype copy is a cudaMemcpy, no kernel)
     ncu_one copy-64M-u16 copy 1 python3 -c "import cupy as cp; x = cp.zeros(64 << 20, cp.uint16); \
-y = cp.empty_like(x); [y.__setitem__(Ellipsis, x) for _ in range(3)]; cp.cuda.runtime.deviceSynchronize()"
+y = cp.empty(x.shape, cp.int16); [y.__setitem__(Ellipsis, x) for _ in range(3)]; cp.cuda.runtime.deviceSynchronize()"
     ncu_one taco-hop-bf16-64M coccl_codec 2 $P hop --count 64M --compressor taco --launches 3
     ncu_one taco-encode-bf16-16M coccl_codec 2 $P encode --count 16M --compressor taco --launches 3
     ncu_one taco-decode-bf16-256M coccl_codec 2 $P decode --count 256M --compressor taco --launches 3
