@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _dispatch
 from .base import LOSSY_ABS_ERROR_FLOOR, Compressor, register_compressor
-from .tah_format import MAX_ROW, TILES, tah_layout
+from .tah_format import MAX_ROW, MAX_WINDOW, TILES, tah_layout
 
 _PIVOTS = ("auto", "off")
 
@@ -63,6 +63,13 @@ class TahCompressor(Compressor):
         bits_high: bits per code of most tokens (2..8).
         bits_low: bits per code of the lowest-entropy tokens (2..``bits_high``).
         low_fraction: the share of full tokens at ``bits_low``, in [0, 1].
+        window: 0 (the default) chooses the low tokens among all full tokens of a payload
+            (a chunk of a message); n > 0 (up to 1024) within each run of n consecutive
+            full tokens, ``floor(low_fraction * n)`` of each (TAH-Quant chooses per
+            sequence: n = the sequence length). Chunks then never split a window
+            (``alignment`` is ``row * window``), so the choice does not depend on the
+            chunk size; on the GPU a window is one block's work, whose encode reads each
+            token once from memory where the window is small (a few tokens).
         pivot: ``"auto"`` (TAH-Quant's pivot swap and Hadamard transform for tiles with
             one dominant value) or ``"off"``.
         pivot_ratio: a tile pivots when its largest |x| is at least this many times its
@@ -94,6 +101,7 @@ class TahCompressor(Compressor):
         bits_high: int = 4,
         bits_low: int = 3,
         low_fraction: float = 0.2,
+        window: int = 0,
         pivot: str = "auto",
         pivot_ratio: float = 2.0,
     ) -> None:
@@ -114,6 +122,9 @@ class TahCompressor(Compressor):
         self.low_fraction = _float_option("low_fraction", low_fraction)
         if not 0.0 <= self.low_fraction <= 1.0:
             raise ValueError(f"low_fraction must be in [0, 1], got {low_fraction!r}")
+        self.window = _int_option("window", window)
+        if not 0 <= self.window <= MAX_WINDOW:
+            raise ValueError(f"window must be in 0..{MAX_WINDOW} tokens, got {window!r}")
         if not isinstance(pivot, str):
             raise TypeError(f"pivot must be a string, got {pivot!r}")
         if pivot not in _PIVOTS:
@@ -131,13 +142,14 @@ class TahCompressor(Compressor):
             "bits_high": self.bits_high,
             "bits_low": self.bits_low,
             "low_fraction": self.low_fraction,
+            "window": self.window,
             "pivot": self.pivot,
             "pivot_ratio": self.pivot_ratio,
         }
 
     @property
     def alignment(self) -> int:
-        return self.row
+        return self.row * max(1, self.window)
 
     @property
     def rel_error_bound(self) -> float:  # type: ignore[override]
@@ -174,12 +186,11 @@ class TahCompressor(Compressor):
             "bits_high": self.bits_high,
             "bits_low": self.bits_low,
             "low_fraction": self.low_fraction,
+            "window": self.window,
         }
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
-        return tah_layout(
-            int(count), self.row, self.tile, self.bits_high, self.bits_low, self.low_fraction
-        ).nbytes
+        return tah_layout(int(count), **self._options()).nbytes
 
     def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
         _dispatch.encode_with(

@@ -38,6 +38,7 @@ from .tah_format import (
     SCORE_W,
     SCORE_WL,
     tah_layout,
+    window_low_count,
 )
 
 _F0 = np.float32(0.0)
@@ -254,13 +255,24 @@ def token_keys(x32: np.ndarray, row: int) -> np.ndarray:
     return keys
 
 
-def low_prefix(keys: np.ndarray, full_tokens: int, low_tokens: int) -> np.ndarray:
-    """``lb`` (int64, tokens + 1): ``lb[t]`` low tokens before token t, the low ones being
-    the ``low_tokens`` full tokens with the smallest keys."""
+def low_prefix(
+    keys: np.ndarray, full_tokens: int, low_fraction: float, window: int = 0
+) -> np.ndarray:
+    """``lb`` (int64, tokens + 1): ``lb[t]`` low tokens before token t. The low ones are,
+    in each window of ``window`` consecutive full tokens (``window`` 0: all of them, one
+    window), the ``window_low_count`` of the window with the smallest keys."""
+    full = int(full_tokens)
+    size = full if window <= 0 or window >= full else int(window)
     flags = np.zeros(keys.size, dtype=np.int64)
-    if low_tokens:
-        chosen = np.sort(keys[:full_tokens])[:low_tokens] & 0xFFFFFFFF
-        flags[chosen] = 1
+    whole = full // size if size else 0
+    nlow = window_low_count(size, low_fraction)
+    if whole and nlow:  # the whole windows, each row one window
+        chosen = np.sort(keys[: whole * size].reshape(whole, size), axis=1)[:, :nlow]
+        flags[(chosen & 0xFFFFFFFF).ravel()] = 1
+    rest = keys[whole * size : full]
+    nrest = window_low_count(rest.size, low_fraction)
+    if nrest:
+        flags[np.sort(rest)[:nrest] & 0xFFFFFFFF] = 1
     return np.concatenate([np.zeros(1, np.int64), np.cumsum(flags)])
 
 
@@ -273,16 +285,17 @@ def tah_encode(
     bits_high: int,
     bits_low: int,
     low_fraction: float,
+    window: int,
     pivot: bool,
     pivot_ratio: float,
 ) -> None:
     """Encode ``x`` into ``payload`` with the tah codec (FORMAT.md)."""
     x32 = _input_f32(x)
-    lay = tah_layout(x32.size, row, tile, bits_high, bits_low, low_fraction)
+    lay = tah_layout(x32.size, row, tile, bits_high, bits_low, low_fraction, window)
     _check_payload(payload, lay.nbytes)
     if lay.tiles == 0:
         return
-    lb = low_prefix(token_keys(x32, row), lay.full_tokens, lay.low_tokens)
+    lb = low_prefix(token_keys(x32, row), lay.full_tokens, low_fraction, window)
     flags = (lb[1:] - lb[:-1]).astype(np.uint8)
     payload[lay.bitmap_offset :] = np.packbits(flags, bitorder="little")
     cs = np.empty(lay.tiles, dtype=np.float32)
@@ -311,11 +324,12 @@ def tah_decode(
     bits_high: int,
     bits_low: int,
     low_fraction: float,
+    window: int,
     accumulate: bool,
 ) -> None:
     """Decode a tah ``payload`` of ``out.size`` elements into ``out`` (or add into it)."""
     _check_out(out)
-    lay = tah_layout(out.size, row, tile, bits_high, bits_low, low_fraction)
+    lay = tah_layout(out.size, row, tile, bits_high, bits_low, low_fraction, window)
     _check_payload(payload, lay.nbytes)
     if lay.tiles == 0:
         return

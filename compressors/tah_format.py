@@ -9,7 +9,8 @@ Payload of ``count`` elements in tokens of ``row`` elements, tiles of ``tile``:
 ``K = ceil(count / tile)`` tiles, ``NT = ceil(count / row)`` tokens. A full token's codes
 take ``row * bits / 8`` bytes (``bits_low`` for the low tokens, ``bits_high`` for the
 others), in token order; the short last token (if any) is always high and takes
-``ceil(rem * bits_high / 8)`` bytes.
+``ceil(rem * bits_high / 8)`` bytes. The low tokens are chosen among the payload's full
+tokens (``window`` 0) or within each window of ``window`` consecutive full tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 TILES: tuple[int, ...] = (32, 64, 128)  # a pivot byte holds an index below 128
 MAX_ROW = 1 << 20  # keeps the score's fixed-point sums inside int64
+MAX_WINDOW = 1024  # tokens of a selection window (the GPU ranks a window's scores in a block)
 PIVOT_FLAG = 0x80  # a pivot byte: 0x80 | index of the tile's largest |x|, or 0
 # Tiles pivot only with absmax in [2^-64, 2^64): the unnormalised transform then neither
 # overflows nor rounds into subnormals (FORMAT.md).
@@ -37,7 +39,7 @@ class TahLayout(NamedTuple):
     tiles: int  # K = ceil(count / tile)
     tokens: int  # NT = ceil(count / row)
     full_tokens: int  # NF = count // row
-    low_tokens: int  # floor(low_fraction * NF), chosen per payload
+    low_tokens: int  # the low tokens of the payload (low_token_count)
     step_offset: int  # K float32 steps (the K float32 centres start at 0)
     codes_offset: int
     pivot_offset: int
@@ -45,14 +47,31 @@ class TahLayout(NamedTuple):
     nbytes: int
 
 
-def low_token_count(full_tokens: int, low_fraction: float) -> int:
-    """``floor(low_fraction * full_tokens)`` (in double precision): the low-bit tokens."""
-    return int(math.floor(float(low_fraction) * int(full_tokens)))
+def window_low_count(tokens: int, low_fraction: float) -> int:
+    """``floor(low_fraction * tokens)`` (in double precision): the low tokens of a window
+    (or of a whole payload) of that many full tokens."""
+    return int(math.floor(float(low_fraction) * int(tokens)))
+
+
+def low_token_count(full_tokens: int, low_fraction: float, window: int = 0) -> int:
+    """The low-bit tokens of a payload of ``full_tokens`` full tokens: the windows' counts
+    summed (``window`` 0: one window of them all)."""
+    full = int(full_tokens)
+    if window <= 0 or window >= full:
+        return window_low_count(full, low_fraction)
+    whole, rest = divmod(full, int(window))
+    return whole * window_low_count(window, low_fraction) + window_low_count(rest, low_fraction)
 
 
 @lru_cache(maxsize=256)
 def tah_layout(
-    count: int, row: int, tile: int, bits_high: int, bits_low: int, low_fraction: float
+    count: int,
+    row: int,
+    tile: int,
+    bits_high: int,
+    bits_low: int,
+    low_fraction: float,
+    window: int = 0,
 ) -> TahLayout:
     """The layout of the tah payload of ``count`` elements (see the module docstring)."""
     count = int(count)
@@ -60,7 +79,7 @@ def tah_layout(
     tokens = -(-count // row)
     full = count // row
     rem = count - full * row
-    low = low_token_count(full, low_fraction)
+    low = low_token_count(full, low_fraction, window)
     code_bytes = ((full - low) * bits_high + low * bits_low) * row // 8
     code_bytes += -(-rem * bits_high // 8)
     codes = 8 * tiles

@@ -48,7 +48,7 @@ from .gpu_build import (
     note_launch,
     sm_count,
 )
-from .tah_format import tah_layout
+from .tah_format import tah_layout, window_low_count
 
 _SOURCE = tuple(
     Path(__file__).with_name(name)
@@ -63,6 +63,7 @@ _PRELUDE = (
 _THREADS = 256
 _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT, _OP_SCORE_SUMS = 1, 2, 3, 4, 5, 6
+_OP_WINDOW_SELECT = 7
 # The scores kernel's blocks per SM, by element type (XT: float32, float16, bfloat16; the
 # same split or not, below): its __launch_bounds__ minimum and its grid, one wave of them
 # (grid-stride over tokens), so that every block takes as many tokens as another, to within
@@ -205,14 +206,15 @@ def _tile_warps(kind: tuple[int, int], tiles: int, tile: int) -> int:
     return -(-tiles // (32 // (tile // _EPL[kind])))
 
 
-def _select_scratch(ptr: int, lay: Any) -> tuple[int, int]:
+def _select_scratch(ptr: int, lay: Any, window: int) -> tuple[int, int]:
     """The multi-block selection's histograms: (payload byte offset, u32 words), or (0, 0)
     for the one-block selection (the switch off, few tokens, none low, or a payload at
-    address ``ptr`` not 4-byte aligned). They lie in the step region (bytes [4 K, 8 K)),
-    which the tiles overwrite."""
+    address ``ptr`` not 4-byte aligned) and for windows. They lie in the step region
+    (bytes [4 K, 8 K)), which the tiles overwrite."""
     words = _SELECT_DIGITS * _SELECT_BINS
     if (
-        not _SELECT_MULTI
+        window
+        or not _SELECT_MULTI
         or lay.full_tokens < _SELECT_MULTI_MIN_TOKENS
         or lay.low_tokens == 0
         or ptr % 4
@@ -244,6 +246,7 @@ def tah_encode(
     bits_high: int,
     bits_low: int,
     low_fraction: float,
+    window: int,
     pivot: bool,
     pivot_ratio: float,
 ) -> None:
@@ -251,12 +254,13 @@ def tah_encode(
     cp = cupy_module()
     xt = element_type(cp, x, "x")
     count = int(x.size)
-    lay = tah_layout(count, row, tile, bits_high, bits_low, low_fraction)
+    lay = tah_layout(count, row, tile, bits_high, bits_low, low_fraction, window)
     check_payload(cp, payload, lay.nbytes, x)
     if lay.tiles == 0:
         return
     device_id = x.data.device_id
-    options = (row, tile, bits_high, bits_low, low_fraction, bool(pivot), float(pivot_ratio))
+    options = (row, tile, bits_high, bits_low, low_fraction, int(window), bool(pivot))
+    options = (*options, float(pivot_ratio))
     switches = (_SCORE_SPLIT, _SCORE_PAIRS, _SELECT_MULTI, _EPL[_ENCODE], _TILE_MIN_BLOCKS[_ENCODE])
     # The scratch offsets depend on the payload's address modulo 8 (_score_sums).
     key = ("encode", device_id, count, xt, options, payload.data.ptr % 8, switches)
@@ -272,9 +276,9 @@ def _encode_plan(
 ) -> tuple[_Launch, ...]:
     """The launches of an encode (see the module docstring) of ``count`` elements, layout
     ``lay``, into a payload at an address congruent to ``payload_ptr`` modulo 8."""
-    row, tile, bits_high, bits_low, _, pivot, pivot_ratio = options
+    row, tile, bits_high, bits_low, fraction, window, pivot, pivot_ratio = options
     i64 = np.int64
-    hist0, hwords = _select_scratch(payload_ptr, lay)
+    hist0, hwords = _select_scratch(payload_ptr, lay, window)
     sums = _score_sums(payload_ptr, lay)
     per_sm = _SCORE_BLOCKS_PER_SM[xt]
     score = _kernel(
@@ -301,10 +305,13 @@ def _encode_plan(
         for d in range(_SELECT_DIGITS):
             args = (i64(lay.full_tokens), i64(lay.low_tokens), i64(hist0), i64(d))
             plan.append(_Launch(digit, (grid,), (_THREADS,), args, 1))
-    counts = (i64(lay.tokens), i64(lay.full_tokens), i64(lay.low_tokens))
-    args = (*counts, i64(lay.bitmap_offset), i64(hist0))
-    select = _kernel({"TAH_OP": _OP_SELECT, "THREADS": _SELECT_THREADS, "MIN_BLOCKS": 1})
-    plan.append(_Launch(select, (1,), (_SELECT_THREADS,), args, 1))
+    if window:
+        plan.append(_window_select(cp, lay, window, fraction))
+    else:
+        counts = (i64(lay.tokens), i64(lay.full_tokens), i64(lay.low_tokens))
+        args = (*counts, i64(lay.bitmap_offset), i64(hist0))
+        select = _kernel({"TAH_OP": _OP_SELECT, "THREADS": _SELECT_THREADS, "MIN_BLOCKS": 1})
+        plan.append(_Launch(select, (1,), (_SELECT_THREADS,), args, 1))
     defs = {
         "TAH_OP": _OP_ENCODE,
         "XT": xt,
@@ -318,6 +325,19 @@ def _encode_plan(
     return tuple(plan)
 
 
+def _window_select(cp: Any, lay: Any, window: int, fraction: float) -> _Launch:
+    """The launch of the selection within windows (TAH_OP 7): a thread a bitmap byte."""
+    i64 = np.int64
+    lows = (
+        window_low_count(window, fraction)
+        | window_low_count(lay.full_tokens % window, fraction) << 32
+    )
+    nbytes = -(-lay.tokens // 8)
+    grid = max(1, min(-(-nbytes // _THREADS), sm_count(cp) * 8))
+    args = (i64(lay.tokens), i64(lay.full_tokens), i64(window), i64(lay.bitmap_offset), i64(lows))
+    return _Launch(_kernel({"TAH_OP": _OP_WINDOW_SELECT}), (grid,), (_THREADS,), args, 1)
+
+
 def tah_decode(
     payload: Any,
     out: Any,
@@ -327,6 +347,7 @@ def tah_decode(
     bits_high: int,
     bits_low: int,
     low_fraction: float,
+    window: int,
     accumulate: bool,
 ) -> None:
     """Decode ``payload`` into flat ``out`` (float32/float16/bfloat16); with
@@ -335,7 +356,7 @@ def tah_decode(
     xt = element_type(cp, out, "out")
     check_accumulate(out, accumulate)
     count = int(out.size)
-    lay = tah_layout(count, row, tile, bits_high, bits_low, low_fraction)
+    lay = tah_layout(count, row, tile, bits_high, bits_low, low_fraction, window)
     check_payload(cp, payload, lay.nbytes, out)
     check_disjoint(payload, out)
     if lay.tiles == 0:
@@ -346,6 +367,7 @@ def tah_decode(
     switches = (_EPL[kind], _TILE_MIN_BLOCKS[kind], _DECODE_AHEAD[kind], prefix)
     switches = (*switches, _DECODE_TABLE_TOKENS)
     key = ("decode", device_id, count, xt, kind, row, tile, bits_high, bits_low, low_fraction)
+    key = (*key, window)
     key = (*key, switches)
     plan = _plans.get(key)
     if plan is None:

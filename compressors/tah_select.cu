@@ -287,3 +287,38 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 b
 }
 #endif
 #endif  // TAH_OP 5
+
+// ================================================================ window selection (7)
+#if TAH_OP == 7
+// The low tokens chosen within windows of `win` consecutive full tokens (the codec's
+// window option; tah_cpu.low_prefix): window [w0, w1) has `nlow` low tokens when whole
+// (w1 - w0 = win), `nrest` when it is the shorter last one, and a full token is low when
+// fewer than that many tokens of its window have a smaller key score << 32 | t (ties to
+// the lower index). Thread j writes bitmap byte j (tokens 8 j .. 8 j + 7, LSB first; the
+// short last token and the bits past NT are 0) from the scores that kernel 1 left at
+// payload bytes [4 t, 4 t + 4). A token reads its window's scores: win of them, from L2.
+extern "C" __global__ void __launch_bounds__(THREADS)
+tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 win, i64 bm0, i64 lows) {
+  const bool a4 = (((u64)pay) & 3) == 0;
+  const i64 nlow = lows & 0xffffffff, nrest = lows >> 32;  // packed: one argument fewer
+  const i64 nbytes = (ntok + 7) >> 3;
+  for (i64 j = (i64)blockIdx.x * THREADS + threadIdx.x; j < nbytes; j += (i64)gridDim.x * THREADS) {
+    u32 byte = 0u;
+    for (int r = 0; r < 8; ++r) {
+      const i64 t = 8 * j + r;
+      if (t >= nfull) break;
+      const i64 w0 = t / win * win, w1 = w0 + win < nfull ? w0 + win : nfull;
+      const i64 need = w1 - w0 == win ? nlow : nrest;
+      if (need == 0) continue;
+      const u32 s = ld32(pay + 4 * t, a4);
+      i64 rank = 0;
+      for (i64 u = w0; u < w1 && rank < need; ++u) {
+        const u32 su = ld32(pay + 4 * u, a4);
+        rank += su < s || (su == s && u < t);
+      }
+      if (rank < need) byte |= 1u << r;
+    }
+    pay[bm0 + j] = (unsigned char)byte;
+  }
+}
+#endif  // TAH_OP 7

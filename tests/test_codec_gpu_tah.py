@@ -225,7 +225,8 @@ def test_gpu_selection_over_many_tokens(monkeypatch, multi: bool) -> None:
     got = cupy.zeros(want.size, cupy.uint8)
     tah_gpu.tah_encode(
         to_dev(x), got, row=32, tile=32, bits_high=c.bits_high, bits_low=c.bits_low,
-        low_fraction=c.low_fraction, pivot=c.pivot == "auto", pivot_ratio=c.pivot_ratio,
+        low_fraction=c.low_fraction, window=0, pivot=c.pivot == "auto",
+        pivot_ratio=c.pivot_ratio,
     )  # fmt: skip
     np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"multi={multi}")
 

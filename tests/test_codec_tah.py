@@ -325,16 +325,19 @@ def test_config_and_errors() -> None:
         "bits_high": 4,
         "bits_low": 3,
         "low_fraction": 0.2,
+        "window": 0,
         "pivot": "auto",
         "pivot_ratio": 2.0,
     }
     assert c.alignment == 1024 and get_compressor("tah").row == 4096
+    assert get_compressor("tah", row=1024, window=5).alignment == 5 * 1024
     assert 0 < c.rel_error_typical < c.rel_error_bound
     for bad in ({"row": 100}, {"row": 0}, {"tile": 256}, {"bits_high": 9}, {"bits_low": 5},
                 {"low_fraction": 1.5}, {"pivot": "on"}, {"pivot_ratio": 0.5},
-                {"row": 2**21}):  # fmt: skip
+                {"row": 2**21}, {"window": -1}, {"window": 1025}):  # fmt: skip
         with pytest.raises(ValueError):
             TahCompressor(**bad)
-    for bad in ({"row": "64"}, {"tile": 64.0}, {"pivot": True}, {"low_fraction": "0.2"}):
+    for bad in ({"row": "64"}, {"tile": 64.0}, {"pivot": True}, {"low_fraction": "0.2"},
+                {"window": 2.0}):  # fmt: skip
         with pytest.raises(TypeError):
             TahCompressor(**bad)

@@ -309,7 +309,7 @@ def test_emulated_selection_is_the_cpu_sort(
     payload[: 4 * lay.tokens] = scores.view(np.uint8)
     emulated_select(build, buf, lay, cache=2, hist0=hist0)
     keys = (scores.astype(np.int64) << 32) | np.arange(lay.tokens)
-    lb = low_prefix(keys, lay.full_tokens, lay.low_tokens)
+    lb = low_prefix(keys, lay.full_tokens, fraction)
     want = np.packbits((lb[1:] - lb[:-1]).astype(np.uint8), bitorder="little")
     np.testing.assert_array_equal(payload[lay.bitmap_offset :], want)
 

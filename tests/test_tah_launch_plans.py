@@ -53,7 +53,7 @@ def launches(monkeypatch) -> list:
     return log
 
 
-OPTIONS = dict(row=4096, tile=64, bits_high=4, bits_low=3, low_fraction=0.2)
+OPTIONS = dict(row=4096, tile=64, bits_high=4, bits_low=3, low_fraction=0.2, window=0)
 # (count, dtype, payload address offset, option changes, switch changes): each differs from
 # the one before it in what a plan depends on.
 CALLS = [

@@ -14,7 +14,7 @@ extern "C" void emu_launch(void* a0, void* a1, long long c, long long r, long lo
     tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q);
 #elif TAH_OP == 3
     tah_kernel((const unsigned char*)a0, a1, c, r, k, p, q);
-#elif TAH_OP == 4
+#elif TAH_OP == 4 || TAH_OP == 7
     tah_kernel((unsigned char*)a0, c, r, k, p, q);
 #else
     tah_kernel((unsigned char*)a0, c, r, k, p);
