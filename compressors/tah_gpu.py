@@ -33,6 +33,7 @@ bitmap bytes before its range (NT / 8 bytes at most).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,11 +49,17 @@ from .gpu_build import (
     note_launch,
     sm_count,
 )
-from .tah_format import tah_layout, window_low_count
+from .tah_format import MAX_WINDOW, tah_layout, window_low_count
 
 _SOURCE = tuple(
     Path(__file__).with_name(name)
-    for name in ("tah_kernels.cu", "tah_encode.cu", "tah_decode.cu", "tah_score.cu")
+    for name in (
+        "tah_kernels.cu",
+        "tah_encode.cu",
+        "tah_decode.cu",
+        "tah_score.cu",
+        "tah_window.cu",
+    )
 )
 _PRELUDE = (
     Path(__file__).with_name("codec_kernels.cu"),
@@ -63,7 +70,18 @@ _PRELUDE = (
 _THREADS = 256
 _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT, _OP_SCORE_SUMS = 1, 2, 3, 4, 5, 6
-_OP_WINDOW_SELECT = 7
+_OP_WINDOW_SELECT, _OP_WINDOW_ENCODE = 7, 8
+# The codec's window option: windows of at most this many tokens are encoded by the one
+# kernel of tah_window.cu (a block a span of windows, each token read once from memory and
+# once more from L2); larger ones, whose tokens no longer stay in L2 between a window's two
+# reads and which give fewer blocks, by the scores kernel, the selection within windows
+# (TAH_OP 7) and the tiles kernel. Bitwise the same payload; a module constant for a
+# device A/B.
+_WINDOW_FUSED_MAX = 64
+# The window encode's __launch_bounds__ minimum blocks an SM, and its grid's (one wave,
+# grid-stride over spans). At 3 (80 registers) ptxas spills a few values in its tile
+# loop, at 2 (128) none; at 4 (64) many.
+_WINDOW_MIN_BLOCKS = 3
 # The scores kernel's blocks per SM, by element type (XT: float32, float16, bfloat16; the
 # same split or not, below): its __launch_bounds__ minimum and its grid, one wave of them
 # (grid-stride over tokens), so that every block takes as many tokens as another, to within
@@ -262,6 +280,7 @@ def tah_encode(
     options = (row, tile, bits_high, bits_low, low_fraction, int(window), bool(pivot))
     options = (*options, float(pivot_ratio))
     switches = (_SCORE_SPLIT, _SCORE_PAIRS, _SELECT_MULTI, _EPL[_ENCODE], _TILE_MIN_BLOCKS[_ENCODE])
+    switches = (*switches, _WINDOW_FUSED_MAX, _WINDOW_MIN_BLOCKS)
     # The scratch offsets depend on the payload's address modulo 8 (_score_sums).
     key = ("encode", device_id, count, xt, options, payload.data.ptr % 8, switches)
     plan = _plans.get(key)
@@ -277,6 +296,8 @@ def _encode_plan(
     """The launches of an encode (see the module docstring) of ``count`` elements, layout
     ``lay``, into a payload at an address congruent to ``payload_ptr`` modulo 8."""
     row, tile, bits_high, bits_low, fraction, window, pivot, pivot_ratio = options
+    if 0 < window <= _WINDOW_FUSED_MAX:
+        return (_window_encode(cp, xt, count, lay, options),)
     i64 = np.int64
     hist0, hwords = _select_scratch(payload_ptr, lay, window)
     sums = _score_sums(payload_ptr, lay)
@@ -325,13 +346,41 @@ def _encode_plan(
     return tuple(plan)
 
 
+def _window_encode(cp: Any, xt: int, count: int, lay: Any, options: tuple) -> _Launch:
+    """The launch of the window encode (TAH_OP 8): a block a span of lcm(window, 8) tokens."""
+    row, tile, bits_high, bits_low, fraction, window, pivot, pivot_ratio = options
+    defs = {
+        "TAH_OP": _OP_WINDOW_ENCODE,
+        "XT": xt,
+        **_tile_defines(_ENCODE, row, tile, bits_high, bits_low),
+        "PIVOT": int(pivot),
+        "RATIO_BITS": _ratio_bits(pivot_ratio),
+        "SC_SPLIT": 1,
+        "SC_PAIR": int(_SCORE_PAIRS and xt != 0),
+        "WMAX": MAX_WINDOW,
+        "MIN_BLOCKS": _WINDOW_MIN_BLOCKS,
+    }
+    # One wave of blocks at most, each as many spans as another (to within one): where the
+    # spans are few, a last wave of a few blocks would take as long as a full one.
+    spans = -(-lay.tokens // math.lcm(window, 8))
+    waves = -(-spans // (sm_count(cp) * _WINDOW_MIN_BLOCKS))
+    grid = max(1, -(-spans // waves))
+    i64 = np.int64
+    args = (i64(count), i64(lay.tiles), i64(lay.pivot_offset), i64(lay.bitmap_offset))
+    args = (*args, i64(window), i64(_window_lows(lay, window, fraction)))
+    return _Launch(_kernel(defs), (grid,), (_THREADS,), args)
+
+
+def _window_lows(lay: Any, window: int, fraction: float) -> int:
+    """The low tokens of a whole window and (shifted by 32) of the last, shorter one."""
+    rest = window_low_count(lay.full_tokens % window, fraction)
+    return window_low_count(window, fraction) | rest << 32
+
+
 def _window_select(cp: Any, lay: Any, window: int, fraction: float) -> _Launch:
     """The launch of the selection within windows (TAH_OP 7): a thread a bitmap byte."""
     i64 = np.int64
-    lows = (
-        window_low_count(window, fraction)
-        | window_low_count(lay.full_tokens % window, fraction) << 32
-    )
+    lows = _window_lows(lay, window, fraction)
     nbytes = -(-lay.tokens // 8)
     grid = max(1, min(-(-nbytes // _THREADS), sm_count(cp) * 8))
     args = (i64(lay.tokens), i64(lay.full_tokens), i64(window), i64(lay.bitmap_offset), i64(lows))

@@ -10,7 +10,8 @@
 // `tah_kernel`:
 //
 //   TAH_OP  1 token scores (tah_score.cu), 4 low-token selection (tah_select.cu), 2 encode,
-//           3 decode
+//           3 decode, 7 selection within windows (tah_select.cu), 8 window encode
+//           (tah_window.cu)
 //   XT      element type of x (score, encode) or out (decode): 0 float32, 1 float16,
 //           2 bfloat16 (codec_kernels.cu's define)
 //   TILE    elements per tile: 32, 64 or 128

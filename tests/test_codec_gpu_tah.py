@@ -154,6 +154,47 @@ def test_gpu_unaligned_buffers(offset: int) -> None:
     assert_values_equal(cupy.asnumpy(out[1:]), c.decode(want, count=n, dtype=np.float32), "")
 
 
+WINDOWS = [
+    {"row": 256, "window": 5},
+    {"row": 4096, "window": 8},
+    {"row": 128, "tile": 32, "bits_high": 5, "bits_low": 2, "low_fraction": 0.5, "window": 3},
+    {"row": 64, "window": 300, "low_fraction": 0.3},  # past _WINDOW_FUSED_MAX
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cfg", WINDOWS, ids=_id)
+def test_gpu_windows(cfg: dict, dtype: np.dtype) -> None:
+    # The window option's encodes (tah_window.cu's one kernel, or the scores, the selection
+    # within windows and the tiles) against the CPU's: a short last window and token, more
+    # spans than the grid's blocks.
+    c = TahCompressor(**cfg)
+    rng = np.random.default_rng(zlib.crc32(_id(cfg).encode()))
+    for n in [1, c.row - 1, 7 * c.row + 100, 3001 * c.row + 33]:
+        check_roundtrip(c, make_data(rng, n, c.row, dtype), f"{cfg} {dtype} n={n}")
+
+
+@pytest.mark.parametrize("offset", [1, 4])
+def test_gpu_window_paths_agree(monkeypatch, offset: int) -> None:
+    # Both paths for the same small window, a payload at an unaligned offset, x off 16
+    # bytes; and the window encode at 2 blocks an SM (its other launch bound).
+    from coccl.compressors import tah_gpu  # noqa: PLC0415
+
+    c = TahCompressor(row=256, window=5)
+    n = 40 * 256 + 100
+    x = make_data(np.random.default_rng(offset), n, 256, np.dtype(np.float32))
+    want = c.encode(x)
+    xd = cupy.zeros(n + 1, cupy.float32)
+    xd[1:] = cupy.asarray(x)
+    for fused_max, blocks in ((64, 3), (0, 3), (64, 2)):
+        monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_MAX", fused_max)
+        monkeypatch.setattr(tah_gpu, "_WINDOW_MIN_BLOCKS", blocks)
+        raw = cupy.zeros(want.size + 8, cupy.uint8)
+        view = raw[offset : offset + want.size]
+        c.encode(xd[1:], view)
+        np.testing.assert_array_equal(cupy.asnumpy(view), want, err_msg=f"{fused_max=} {blocks=}")
+
+
 def test_gpu_float64_goes_through_float32() -> None:
     c = TahCompressor(row=256)
     x = make_data(np.random.default_rng(4), 3000, 256, np.dtype(np.float64))
@@ -164,7 +205,9 @@ def _no_allocation(nbytes: int) -> None:
     raise AssertionError(f"the tah kernels allocated {nbytes} bytes under capture")
 
 
-@pytest.mark.parametrize("cfg", [VARIANTS[0], VARIANTS[2], VARIANTS[3], VARIANTS[5]], ids=_id)
+@pytest.mark.parametrize(
+    "cfg", [VARIANTS[0], VARIANTS[2], VARIANTS[3], VARIANTS[5], WINDOWS[0]], ids=_id
+)
 def test_gpu_encode_and_decode_replay_from_a_cuda_graph(cfg: dict) -> None:
     c = TahCompressor(**cfg)
     assert c.graph_safe

@@ -11,9 +11,22 @@ import ctypes
 
 import numpy as np
 import pytest
+from test_codec_tah_emulated import (  # the kernels' launches as tah_gpu's
+    BF16,
+    XT,
+    XT32,
+    _variant,
+    data,
+    emulated_scores,
+    launch,
+    score_data,
+    tile_grid,
+)
 
+from coccl.compressors import TahCompressor
 from coccl.compressors.tah_cpu import low_prefix
-from coccl.compressors.tah_format import tah_layout, window_low_count
+from coccl.compressors.tah_format import MAX_WINDOW, tah_layout, window_low_count
+from coccl.compressors.tah_gpu import _ENCODE, _EPL, _window_lows
 
 from emulation import CXX, EMULATION, KERNELS, builder
 
@@ -30,6 +43,7 @@ SOURCES = [
     KERNELS / "tah_encode.cu",
     KERNELS / "tah_decode.cu",
     KERNELS / "tah_score.cu",
+    KERNELS / "tah_window.cu",
     EMULATION / "launch.cpp",
 ]
 
@@ -74,3 +88,80 @@ def test_window_selection_is_the_cpus(build, tokens: int, window: int, fraction:
     assert lb[-1] == lay.low_tokens
     want = np.packbits((lb[1:] - lb[:-1]).astype(np.uint8), bitorder="little")
     np.testing.assert_array_equal(payload[lay.bitmap_offset :], want)
+
+
+def fused_encode(build, c: TahCompressor, x: np.ndarray, threads: int, grid: int) -> np.ndarray:
+    """The window encode (TAH_OP 8) on ``grid`` blocks of ``threads`` (grid-stride over
+    spans), into a payload of 0xAB bytes (every byte must be written)."""
+    lay = tah_layout(x.size, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction, c.window)
+    payload = np.full(lay.nbytes, 0xAB, np.uint8)
+    ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
+    defs = {"TAH_OP": 8, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
+    defs |= {"SC_SPLIT": 1, "SC_PAIR": int(x.dtype != XT32), "WMAX": MAX_WINDOW}
+    lib = build({**defs, **_variant(c, _EPL[_ENCODE]), "THREADS": threads})
+    lib.emu_set_grid(grid)
+    lows = _window_lows(lay, c.window, c.low_fraction)
+    lib.emu_launch8(
+        x.ctypes.data, payload.ctypes.data, x.size, lay.tiles, lay.pivot_offset,
+        lay.bitmap_offset, c.window, lows,
+    )  # fmt: skip
+    return payload
+
+
+def three_launch_encode(build, c: TahCompressor, x: np.ndarray) -> np.ndarray:
+    """The other path for windows: the scores (split), the selection within windows, the
+    tiles kernel."""
+    lay = tah_layout(x.size, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction, c.window)
+    payload = np.full(lay.nbytes, 0xAB, np.uint8)
+    emulated_scores(build, x, payload, c.row, lay, split=True)
+    window_select(build, payload, lay, c.window, c.low_fraction)
+    ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
+    defs = {"TAH_OP": 2, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
+    epl = _EPL[_ENCODE]
+    launch(
+        build({**defs, **_variant(c, epl)}), tile_grid(lay, c.tile, epl), x.ctypes.data,
+        payload.ctypes.data, x.size, c.row, lay.tiles, lay.pivot_offset, lay.bitmap_offset,
+    )  # fmt: skip
+    return payload
+
+
+WINDOW_CASES = [
+    ({"row": 256, "window": 5}, XT32),
+    ({"row": 256, "window": 3}, BF16),
+    ({"row": 128, "tile": 32, "bits_high": 5, "bits_low": 2, "low_fraction": 0.5, "window": 8},
+     np.float16),
+    ({"row": 384, "tile": 128, "bits_high": 8, "bits_low": 4, "pivot_ratio": 4.0, "window": 2},
+     XT32),
+    ({"row": 64, "window": 13, "low_fraction": 0.3}, BF16),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cfg, dtype", WINDOW_CASES, ids=lambda v: str(v))
+def test_window_encodes_are_the_cpus(build, cfg: dict, dtype) -> None:
+    # Both GPU paths for windows against the numba encode: one token, short tokens, a
+    # short last window, spans that wrap in the grid (several a block), a NaN tile,
+    # outlier tiles that pivot; 1 and 2 warps a block in the window encode.
+    dtype = np.dtype(dtype)
+    c = TahCompressor(**cfg)
+    rng = np.random.default_rng(c.row + c.window)
+    for n in (1, c.row - 1, c.row, 7 * c.row + 100, 29 * c.row, 41 * c.row + 3):
+        x = data(rng, n, c.row, dtype)
+        want = c.encode(x)
+        msg = f"{cfg} {dtype} n={n}"
+        for threads, grid in ((32, 2), (64, 3)):
+            got = fused_encode(build, c, x, threads, grid)
+            np.testing.assert_array_equal(got, want, err_msg=f"{msg} fused {threads=}")
+        got = three_launch_encode(build, c, x)
+        np.testing.assert_array_equal(got, want, err_msg=f"{msg} three launches")
+
+
+@pytest.mark.parametrize("dtype", [XT32, BF16], ids=str)
+def test_window_encode_scores_in_batches(build, dtype) -> None:
+    # Windows of more tokens than a batch of sums (32), tokens that are not live (zeros,
+    # NaN, infinity: score 0) and ties between them; the largest window.
+    dtype = np.dtype(dtype)
+    x = score_data(np.random.default_rng(7), 75, 64, dtype)
+    for window in (40, 75, MAX_WINDOW):
+        c = TahCompressor(row=64, window=window, low_fraction=0.4)
+        got = fused_encode(build, c, x, 64, 2)
+        np.testing.assert_array_equal(got, c.encode(x), err_msg=f"{window=}")

@@ -76,6 +76,12 @@ CALLS = [
     (256 << 20, BFLOAT16, 0, {"row": 64}, {"_DECODE_PREFIX": True}),
     (1000, BFLOAT16, 0, {}, {}),
     (5, np.float32, 0, {}, {}),
+    # windows: the window encode, then the three launches of larger windows
+    (64 << 20, BFLOAT16, 0, {"window": 5}, {}),
+    (64 << 20, BFLOAT16, 0, {"window": 6}, {}),
+    (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_MIN_BLOCKS": 2}),
+    (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_FUSED_MAX": 4}),
+    (64 << 20, np.float32, 0, {"window": 512}, {}),
 ]
 
 
@@ -149,3 +155,15 @@ def test_decode_blocks_fit_their_tables(
                 klast = min(g1 * tpw, lay.tiles) - 1
                 worst = max(worst, klast // tpr - g0 * tpw // tpr + 1)
         assert 0 < worst <= tah_gpu._DECODE_TABLE_TOKENS, (grid, worst)
+
+
+@pytest.mark.parametrize("window, ops", [(0, [1, 6, 5, 5, 5, 4, 2]), (5, [8]), (512, [1, 6, 7, 2])])
+def test_window_encode_launches(launches, window: int, ops: list) -> None:
+    # Small windows: one kernel (tah_window.cu); larger ones: the scores, the selection
+    # within windows and the tiles; none: the multi-block selection's digits.
+    count = 64 << 20
+    options = {**OPTIONS, "window": window}
+    lay = tah_layout(count, **options)
+    x, payload = _Array(count, BFLOAT16, 1 << 40), _Array(lay.nbytes, np.uint8, 2 << 40)
+    tah_gpu.tah_encode(x, payload, **options, pivot=True, pivot_ratio=2.0)
+    assert [dict(d)["TAH_OP"] for d, *_ in launches] == ops

@@ -298,12 +298,13 @@ p2psweep)
     --overlap-iters 3 --json "$JSONDIR/h200-mpi-2ranks-sendrecv.json" 2>&1 | tee "$OUT/p2psweep.txt" | tail -30 ;;
 p2psweeps)
   # The 2-rank staged send/recv sweeps of record: float32 and bfloat16 as the ranks share the
-  # GPU by default (time-sliced), then float32 under MPS. Budget: about 4 minutes.
+  # GPU by default (time-sliced), then float32 under MPS; P2P_DTYPES and P2P_CODECS (the
+  # --compressor list) narrow or change them. Budget: about 4 minutes.
   for dt in ${P2P_DTYPES:-float32 bfloat16 mps}; do
     step "2-rank staged send/recv sweep on the GPU, $dt, 1 MiB to 1 GiB, overlap from 64 MiB"
     if [ $dt = mps ]; then mps_start || continue; fi
     timeout 120 python3 -m coccl.bench.cli sendrecv --np 2 --device gpu -b 1M -e 1G -f 4 \
-      -n 2 -w 1 --iters-bytes 256M --no-progress -d ${dt/mps/float32} --compressor identity,tah:row=4096,taco \
+      -n 2 -w 1 --iters-bytes 256M --no-progress -d ${dt/mps/float32} --compressor ${P2P_CODECS:-identity,tah:row=4096,taco} \
       --overlap-min 64M --overlap-iters 3 --json "$JSONDIR/h200-mpi-2ranks-sendrecv-$dt.json" 2>&1 \
       | tee "$OUT/p2psweep-$dt.txt" | grep -v "^#  Rank" | tail -26
     if [ $dt = mps ]; then mps_stop; fi
@@ -771,8 +772,8 @@ s25last)
   P2P_DTYPES=bfloat16 bash "$0" p2psweeps ;;
 tahtests)
   # The whole tah GPU test file (bitwise the CPU's): the default decode's restructured loop,
-  # the table's switch both ways, blocks past their table. ~6 minutes on a fresh machine
-  # (NVRTC compiles).
+  # the table's switch both ways, blocks past their table, the window option's encodes
+  # (both paths). ~7 minutes on a fresh machine (NVRTC compiles).
   step "pytest gpu: tah (whole file)"
   timeout ${TAH_TESTS_S:-540} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
     2>&1 | tee "$OUT/pytest_tahtests.txt" | tail -3 ;;
@@ -786,6 +787,27 @@ m._DECODE_PREFIX.update({m._DECODE: $pre, m._DECODE_ACC: $pre}); \
 from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
       --counts 16M,64M,256M --compressor tah:row=4096 -d bfloat16,float16,float32 -n 15 -c 0 \
       --json "$JSONDIR/tahpre-$pre.json" 2>&1 | grep -E " decode" | sed "s/^/[table $pre] /"
+  done ;;
+tahwin)
+  # The tah window option (issue #30's encode): the one-kernel encode of small windows
+  # (tah_window.cu) beside the default's kernels in one run, checked bitwise against the
+  # CPU's; then its arms, each its own process: 2 blocks an SM (_WINDOW_MIN_BLOCKS) and the
+  # three launches (_WINDOW_FUSED_MAX 0); then its launch's time alone. ~250 s.
+  step "tah encode: default / window 5 / window 8"
+  timeout 200 python3 -c "import sys; from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" \
+    codec --device gpu --counts 4M,16M,64M,256M -d bfloat16,float32 -n 15 \
+    --compressor tah:row=4096,tah:row=4096,window=5,tah:row=4096,window=8 \
+    --json "$JSONDIR/tahwin.json" 2>&1 | tee "$OUT/tahwin_log.txt" | grep -E " encode|FAIL|rror"
+  for arm in _WINDOW_MIN_BLOCKS=2 _WINDOW_FUSED_MAX=0; do
+    timeout 80 python3 -c "import sys, coccl.compressors.tah_gpu as m; m.${arm%%=*} = ${arm#*=}; \
+from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
+      --counts 64M,256M --compressor tah:row=4096,window=5 -d bfloat16,float32 -n 15 -c 0 \
+      --json "$JSONDIR/tahwin-${arm%%=*}.json" 2>&1 | grep -E " encode" | sed "s/^/[$arm] /"
+  done
+  step "tah window encode: its launch"
+  for dt in bfloat16 float32; do
+    timeout 60 python3 bench/scripts/launch_times.py encode --count 256M --dtype $dt \
+      --compressor tah:row=4096,window=5 2>&1 | tail -4
   done ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread

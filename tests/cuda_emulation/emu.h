@@ -100,6 +100,7 @@ inline unsigned __reduce_max_sync(unsigned, unsigned v) {
 inline int __clz(unsigned x) { return x == 0u ? 32 : __builtin_clz(x); }
 inline int __ffs(unsigned x) { return x == 0u ? 0 : __builtin_ctz(x) + 1; }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned atomicOr(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_or(v); }
 // Runs kernel() in every thread of a grid of `blocks` blocks of EMU_THREADS threads, one
 // block after the other (the kernels' blocks share nothing but global memory), each
 // thread a std::thread with its threadIdx and blockIdx set.
