@@ -386,9 +386,10 @@ def test_window_past_the_payload_is_window_zero(request) -> None:
 @pytest.mark.parametrize("window", [1, 3, 16])
 def test_a_cut_on_whole_windows_decodes_alike(window: int, request) -> None:
     # 40 full tokens and a short one, the first 20 concentrated (the lowest scores): cut
-    # in two halves, or window by window, at multiples of alignment = row * window, the
-    # pieces choose the tokens of their windows as the whole does and decode alike. With
-    # window 0 the halves choose differently (half of the low tokens each).
+    # in two halves, or in pieces of 1, 2, 3 windows and the rest, at multiples of
+    # alignment = row * window, the pieces choose the tokens of their windows as the whole
+    # does and decode alike. With window 0 the halves choose differently (half of the low
+    # tokens each).
     seed = seed_for(request)
     x = activations(np.random.default_rng(seed), 40 * 64 + 30, 64)
     x[: 20 * 64 : 64] *= 1000.0
@@ -396,7 +397,8 @@ def test_a_cut_on_whole_windows_decodes_alike(window: int, request) -> None:
     whole = c.encode(x)
     y = c.decode(whole, count=x.size, dtype=F32)
     halves = [c.alignment * (40 // window // 2)]
-    for cuts in (halves, list(range(c.alignment, x.size, c.alignment))):
+    uneven = [k * c.alignment for k in (1, 3, 6) if k * c.alignment < x.size]  # 1, 2, 3, rest
+    for cuts in (halves, uneven):
         flags, got = [], []
         for piece in np.split(x, cuts):
             payload = c.encode(piece)
