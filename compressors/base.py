@@ -20,7 +20,8 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
   group of ``alignment`` elements is encoded from its own values alone (the last one
   zero-padded), so any cut on multiples of ``alignment`` decodes alike. True for mx with
   ``scale="e4m3"`` (one float32 scale ``S`` per payload, from the payload's largest
-  block), tah (a payload's lowest-entropy share of tokens is coded at fewer bits) and int
+  block), tah with ``window=0`` (a payload's lowest-entropy share of tokens is coded at
+  fewer bits; with a window, a share of each window of ``alignment`` elements) and int
   with ``rounding="stochastic"`` (the random stream is indexed by the element's position
   in the payload). An instance property where it depends on the options.
 * ``encoded_nbytes(count, dtype)`` is the exact payload size, known before encoding, so

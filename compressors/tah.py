@@ -2,13 +2,14 @@
 
 A flat array is read as tokens of ``row`` channels, each cut into tiles of ``tile``
 channels. Per tile, an asymmetric (centre, step) pair of float32 and ``bits``-bit codes;
-the ``floor(low_fraction * full tokens)`` full tokens of lowest entropy take ``bits_low``
-bits, the others ``bits_high``; a tile whose largest magnitude is at least
-``pivot_ratio`` times its second largest swaps that value to the front and is quantized
-after a Walsh-Hadamard transform (the value becomes an offset shared by every coefficient,
-which the asymmetric centre absorbs). FORMAT.md (section ``tah``) pins the arithmetic and
-the payload, and says where this differs from TAH-Quant (notably: the token entropy is an
-integer fixed-point proxy, so that CPU and GPU choose the same tokens bit for bit).
+the ``floor(low_fraction * full tokens)`` full tokens of lowest entropy (of the payload, or
+of each ``window`` of consecutive tokens) take ``bits_low`` bits, the others
+``bits_high``; a tile whose largest magnitude is at least ``pivot_ratio`` times its second
+largest swaps that value to the front and is quantized after a Walsh-Hadamard transform
+(the value becomes an offset shared by every coefficient, which the asymmetric centre
+absorbs). FORMAT.md (section ``tah``) pins the arithmetic and the payload, and says where
+this differs from TAH-Quant (notably: the token entropy is an integer fixed-point proxy,
+so that CPU and GPU choose the same tokens bit for bit).
 
 TAH-Quant's backward recipe (symmetric 6-bit tiles of 32 for the activation gradients) is
 not a mode of this codec: it is the ``int`` codec with ``bits=6, group_size=32``.
@@ -89,8 +90,6 @@ class TahCompressor(Compressor):
     """
 
     codec_id = "tah"
-    # the low tokens are a share of each payload's full tokens, ranked within the payload
-    payload_scoped = True
     abs_error_floor = LOSSY_ABS_ERROR_FLOOR
 
     def __init__(
@@ -150,6 +149,13 @@ class TahCompressor(Compressor):
     @property
     def alignment(self) -> int:
         return self.row * max(1, self.window)
+
+    @property
+    def payload_scoped(self) -> bool:  # type: ignore[override]
+        """With ``window`` 0 the low tokens are a share of the whole payload's full tokens,
+        ranked within it: where payloads are cut changes them. With a window they are
+        chosen per window of ``alignment`` elements, from its own tokens alone."""
+        return self.window == 0
 
     @property
     def rel_error_bound(self) -> float:  # type: ignore[override]

@@ -43,6 +43,8 @@ def test_codec_specs() -> None:
         "coccl_clamps": False,
     }
     assert codec_specs("taco:fp8_format=e5m2")[0].codec.fp8_format == "e5m2"
+    tah = codec_specs("tah:row=4096,window=5")[0].codec  # an int option after another
+    assert (tah.row, tah.window, tah.alignment) == (4096, 5, 5 * 4096)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from coccl.compressors import TahCompressor, get_compressor
+from coccl.compressors.tah_cpu import low_prefix
 from coccl.compressors.tah_format import SCORE_W, SCORE_WL, tah_layout
 
 from codec_reference import (
@@ -35,6 +36,7 @@ VARIANTS = [
     {"row": 384, "tile": 128, "bits_high": 8, "bits_low": 4, "pivot_ratio": 4.0},
     {"row": 64, "low_fraction": 1.0},
     {"row": 192, "low_fraction": 0.0},
+    {"row": 64, "window": 4, "low_fraction": 0.4},  # windows of 4: 7 tokens 4 + 3, 9: 4 + 4 + 1
 ]
 
 
@@ -54,14 +56,36 @@ def activations(rng: np.random.Generator, count: int, row: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------- reference
+def windows(full: int, window: int) -> list[range]:
+    """FORMAT.md's windows of ``full`` full tokens: runs of ``window`` from token 0, the
+    last one shorter; one run of them all for window 0 or window >= full."""
+    size = full if window == 0 or window >= full else window
+    return [range(a, min(a + size, full)) for a in range(0, full, max(size, 1))]
+
+
+def low_count(n: int, f: float) -> int:
+    return math.floor(f * n)  # Python floats are doubles
+
+
+def low_flags(scores: list[int], full: int, f: float, window: int) -> list[int]:
+    """The low tokens by FORMAT.md, window by window: sorted by score, then index."""
+    flags = [0] * len(scores)
+    for w in windows(full, window):
+        for t in sorted(w, key=lambda t: (scores[t], t))[: low_count(len(w), f)]:
+            flags[t] = 1
+    return flags
+
+
 def parse(c: TahCompressor, payload: np.ndarray, count: int) -> dict:
     """The parts of a payload, by FORMAT.md: per tile c, step and pivot byte; per token
-    its flag; per element its code."""
-    lay = tah_layout(count, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
+    its flag; per element its code. Checks the flags' count in every window."""
+    lay = tah_layout(count, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction, c.window)
     assert payload.size == lay.nbytes
     k = lay.tiles
     flags = np.unpackbits(payload[lay.bitmap_offset :], bitorder="little")[: lay.tokens]
     assert not flags[lay.full_tokens :].any() and int(flags.sum()) == lay.low_tokens
+    for w in windows(lay.full_tokens, c.window):
+        assert int(flags[w.start : w.stop].sum()) == low_count(len(w), c.low_fraction)
     codes = np.zeros(count, np.int64)
     bits = np.zeros(count, np.int64)
     off = lay.codes_offset
@@ -181,13 +205,14 @@ def _check_tiles(c: TahCompressor, x64: np.ndarray, parts: dict, msg: str) -> No
 
 
 def _check_low_tokens(c: TahCompressor, x: np.ndarray, flags: np.ndarray, msg: str) -> None:
-    """The low tokens are the full tokens of lowest score (float64 proxy, ties aside)."""
-    lay = tah_layout(x.size, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction)
-    if lay.low_tokens in (0, lay.full_tokens):
-        return
-    h = entropy_proxy(x, c.row)[: lay.full_tokens]
-    low = flags[: lay.full_tokens].astype(bool)
-    assert h[low].max() <= h[~low].min() + 1e-5, msg
+    """The low tokens are each window's full tokens of lowest score (float64 proxy, ties
+    aside)."""
+    h = entropy_proxy(x, c.row)
+    for w in windows(x.size // c.row, c.window):
+        low = flags[w.start : w.stop].astype(bool)
+        if low.any() and not low.all():
+            hw = h[w.start : w.stop]
+            assert hw[low].max() <= hw[~low].min() + 1e-5, f"{msg} window {w}"
 
 
 def test_token_scores_match_float64_proxy(request) -> None:
@@ -230,7 +255,7 @@ def test_payload_size_is_fixed(cfg: dict) -> None:
         sizes.add(c.encode(np.zeros(count, np.float32)).size)
         assert sizes == {c.encoded_nbytes(count, F32)}
         full = count // c.row
-        low = math.floor(c.low_fraction * full)
+        low = sum(low_count(len(w), c.low_fraction) for w in windows(full, c.window))
         tiles = -(-count // c.tile)
         rem = count - full * c.row
         code_bits = ((full - low) * c.bits_high + low * c.bits_low) * c.row
@@ -314,6 +339,78 @@ def test_ties_go_to_the_lower_token() -> None:
     x = np.tile(np.linspace(-1, 1, 64, dtype=np.float32), 6)
     flags = parse(c, c.encode(x), x.size)["flags"]
     np.testing.assert_array_equal(flags, [1, 1, 1, 0, 0, 0])
+
+
+# ---------------------------------------------------------------------- windows
+@pytest.mark.parametrize("fraction", [0.0, 0.2, 0.5, 1.0])
+@pytest.mark.parametrize("window", [0, 1, 3, 7, 23, 50])
+def test_low_prefix_by_windows(window: int, fraction: float) -> None:
+    # 23 full tokens (23 mod 3 = 23 mod 7 = 2; 23 and 50: one window) and a short one;
+    # scores of 6 values, so that many tie.
+    full = 23
+    scores = np.random.default_rng([window, round(10 * fraction)]).integers(0, 6, full + 1)
+    keys = (scores.astype(np.int64) << 32) | np.arange(full + 1)
+    expect = low_flags(scores.tolist(), full, fraction, window)
+    lb = low_prefix(keys, full, fraction, window)
+    np.testing.assert_array_equal(lb, np.concatenate([[0], np.cumsum(expect)]))
+    assert tah_layout(full * 64 + 5, 64, 64, 4, 3, fraction, window).low_tokens == sum(expect)
+
+
+def test_low_token_count_formula() -> None:
+    # FORMAT.md's L against the windows' counts summed, and the payload size it gives.
+    for full in range(41):
+        for window in (0, 1, 2, 3, 5, 8, 40, 41, 1024):
+            for f in (0.0, 0.2, 1 - 0.8, 0.4, 0.5, 1.0):
+                if window == 0 or window >= full:
+                    want = low_count(full, f)
+                else:
+                    want = full // window * low_count(window, f) + low_count(full % window, f)
+                assert want == sum(low_count(len(w), f) for w in windows(full, window))
+                lay = tah_layout(full * 128 + 7, 128, 64, 5, 2, f, window)
+                assert lay.low_tokens == want, (full, window, f)
+                k = -(-(full * 128 + 7) // 64)
+                codes = ((full - want) * 5 + want * 2) * 16 + 5  # the short token: 7 x 5 bits
+                assert lay.nbytes == 9 * k + codes + -(-(full + 1) // 8)
+
+
+def test_window_past_the_payload_is_window_zero(request) -> None:
+    seed = seed_for(request)
+    x = activations(np.random.default_rng(seed), 20 * 64 + 30, 64)
+    old = TahCompressor(row=64, low_fraction=0.3).encode(x)
+    for window in (20, 21, 1024):  # one window of the 20 full tokens
+        np.testing.assert_array_equal(
+            TahCompressor(row=64, low_fraction=0.3, window=window).encode(x), old
+        )
+
+
+@pytest.mark.parametrize("window", [1, 3, 16])
+def test_a_cut_on_whole_windows_decodes_alike(window: int, request) -> None:
+    # 40 full tokens and a short one, the first 20 concentrated (the lowest scores): cut
+    # in two halves, or in pieces of 1, 2, 3 windows and the rest, at multiples of
+    # alignment = row * window, the pieces choose the tokens of their windows as the whole
+    # does and decode alike. With window 0 the halves choose differently (half of the low
+    # tokens each).
+    seed = seed_for(request)
+    x = activations(np.random.default_rng(seed), 40 * 64 + 30, 64)
+    x[: 20 * 64 : 64] *= 1000.0
+    c = TahCompressor(row=64, low_fraction=0.4, window=window)
+    whole = c.encode(x)
+    y = c.decode(whole, count=x.size, dtype=F32)
+    halves = [c.alignment * (40 // window // 2)]
+    uneven = [k * c.alignment for k in (1, 3, 6) if k * c.alignment < x.size]  # 1, 2, 3, rest
+    for cuts in (halves, uneven):
+        flags, got = [], []
+        for piece in np.split(x, cuts):
+            payload = c.encode(piece)
+            flags.append(parse(c, payload, piece.size)["flags"])
+            got.append(c.decode(payload, count=piece.size, dtype=F32))
+        np.testing.assert_array_equal(np.concatenate(flags), parse(c, whole, x.size)["flags"])
+        np.testing.assert_array_equal(np.concatenate(got).view(np.uint32), y.view(np.uint32))
+    g = TahCompressor(row=64, low_fraction=0.4)
+    got = np.concatenate(
+        [g.decode(g.encode(p), count=p.size, dtype=F32) for p in np.split(x, halves)]
+    )
+    assert not np.array_equal(got, g.decode(g.encode(x), count=x.size, dtype=F32))
 
 
 def test_config_and_errors() -> None:

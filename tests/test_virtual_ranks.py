@@ -45,6 +45,7 @@ PAYLOAD_SCOPED = [
     (NVFP4, True),
     ({"id": "mx", "element": "e3m2", "block": 32, "scale": "e4m3"}, True),
     (SMALL_TAH, True),
+    ({**SMALL_TAH, "window": 2}, False),  # low tokens per window of alignment elements
     ({"id": "int", "bits": 4, "rounding": "stochastic", "seed": 3}, True),
 ]
 

@@ -43,6 +43,14 @@ def meeting_at_the_end():
         ("int8", np.float32, 1001, 1024),
         ("taco", np.float32, 700, 1024),
         ("tah", np.float32, 5000, 1 << 14),
+        # windows of 3 tokens of 64: chunks of 5 windows, the last 3 tokens and a short one
+        pytest.param(
+            {"id": "tah", "row": 64, "window": 3},
+            np.float32,
+            5000,
+            1 << 12,
+            id="tah_window3-float32-5000-4096",
+        ),
     ],
 )
 def test_isend_irecv_around_a_ring(comm, codec, dtype, count, chunk_bytes):

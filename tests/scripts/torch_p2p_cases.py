@@ -27,6 +27,7 @@ import coccl.torch
 from coccl.torch import CocclOptions
 
 TAH = {"id": "tah", "row": 64}
+TAH_WINDOW = {**TAH, "window": 3}  # low tokens per 3 tokens: chunks of whole windows
 INT6 = {"id": "int", "bits": 6, "group_size": 32}
 CPU = torch.device("cpu")
 LOSSY = {"p2p_forward": TAH, "p2p_backward": INT6, "min_compress_bytes": 0}
@@ -186,17 +187,20 @@ def pair_exchange(g, fwd: torch.Tensor, bwd: torch.Tensor) -> torch.Tensor:
     return got
 
 
-@pytest.mark.parametrize("count, chunk_bytes", [(1, None), (1001, None), (4099, 4096)])
-def test_a_codec_per_direction(count, chunk_bytes):
+@pytest.mark.parametrize(
+    "count, chunk_bytes, forward",
+    [(1, None, TAH), (1001, None, TAH), (4099, 4096, TAH), (4099, 4096, TAH_WINDOW)],
+)
+def test_a_codec_per_direction(count, chunk_bytes, forward):
     """Activations forward with tah, gradients backward with int bits=6 group_size=32:
     each received as the codec's roundtrip of every chunk, within its bound."""
-    g = group((0, 1), chunk_bytes=chunk_bytes, **LOSSY)
+    g = group((0, 1), chunk_bytes=chunk_bytes, **{**LOSSY, "p2p_forward": forward})
     if g is None:
         return
     me = dist.get_rank(g)
     fwd, bwd = data(torch.float32, count, "fwd"), data(torch.float32, count, "bwd")
     got = pair_exchange(g, fwd, bwd)
-    config, sent = (INT6, bwd) if me == 0 else (TAH, fwd)
+    config, sent = (INT6, bwd) if me == 0 else (forward, fwd)
     assert torch.equal(got, roundtrip(config, sent, chunk_bytes or 4 << 20))
     if count > 1:
         bound = coccl.get_compressor(config).rel_error_bound
