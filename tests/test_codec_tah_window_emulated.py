@@ -165,3 +165,11 @@ def test_window_encode_scores_in_batches(build, dtype) -> None:
         c = TahCompressor(row=64, window=window, low_fraction=0.4)
         got = fused_encode(build, c, x, 64, 2)
         np.testing.assert_array_equal(got, c.encode(x), err_msg=f"{window=}")
+
+
+def test_window_encode_at_the_gpus_block(build) -> None:
+    # The launch's block of 256 threads (8 warps: eight sums a token, warps past a short
+    # window's tiles), bfloat16 tokens of 4096 as the benchmark's, two spans a block.
+    c = TahCompressor(row=4096, window=5)
+    x = data(np.random.default_rng(1), 80 * 4096 + 77, 4096, BF16)
+    np.testing.assert_array_equal(fused_encode(build, c, x, 256, 1), c.encode(x))
