@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import hashlib
 import json
 import os
@@ -48,7 +49,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -415,5 +416,31 @@ def write_result(args: argparse.Namespace, policy: Policy, dropped: list[str],
     print(json.dumps({k: result[k] for k in ("final_loss", "tokens_per_s")}), flush=True)
 
 
+def exit_now(code: int) -> NoReturn:
+    """End this rank with ``code`` without the interpreter's finalization.
+
+    ``destroy_process_group`` leaves torch's Gloo groups alive: Gloo's ``shutdown`` does
+    nothing, and DTensor's cached shardings keep the meshes, whose groups hold the worker
+    threads. A worker drops a finished collective's work, and with it the tensors,
+    after ``wait()`` has returned, and dropping a tensor that Python also sees takes the
+    GIL. If the interpreter is finalizing by then, Python 3.11 ends that thread with
+    ``pthread_exit``, whose unwind through a ``noexcept`` destructor calls
+    ``std::terminate`` ("terminate called without an active exception"): a rank whose
+    work is done dies with SIGABRT. With no finalization there is no such moment. Output
+    is flushed and MPI (under mpiexec) finalized first, as a normal exit would.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")  # imported when mpiexec launched this rank
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+        # MPICH tells its process manager of a clean exit from the C library's exit
+        # handlers, which os._exit skips (hydra then kills the ranks still running). The
+        # C exit, called holding the GIL, runs them and still no finalization: a Gloo
+        # worker that wants the GIL from here on waits until the process is gone.
+        ctypes.PyDLL(None).exit(code)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

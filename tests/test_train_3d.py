@@ -1,7 +1,7 @@
 """examples/train_3d.py under torchrun on 8 CPU ranks (PP 2 x DP 2 x TP 2, tiny): the
 coccl identity policy trains to the losses of torch's own groups, taco3d compresses the TP
 and DP traffic (the DP parameter gather as delta) and keeps the TP replicas bitwise equal,
-and rank 0's JSON has its fields."""
+and rank 0's JSON has its fields; a rank ends without the interpreter's finalization."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from mpi_launch import mpiexec
 
 pytest.importorskip("torch")
 
@@ -69,3 +71,44 @@ def test_taco3d_compresses_tp_and_dp(tmp_path: Path) -> None:
     assert record["pp_codecs_carried"] == {"forward": True, "backward": True}
     pp = record["traffic"]["pp"]["calls"]  # activations forward, gradients back, compressed
     assert pp["send_forward:compressed"] > 0 and pp["send_backward:compressed"] > 0
+
+
+# A rank of the example that ends by ``exit_now``: it prints without a newline (so that the
+# text waits in stdout's buffer) and registers an atexit handler, which only the
+# interpreter's finalization would run; under mpiexec one of the C library's exit handlers
+# too (MPICH reports a clean exit to its process manager from one of those).
+EXITING_RANK = """
+import atexit, ctypes, os, sys
+sys.path.insert(0, sys.argv[1])
+import train_3d
+atexit.register(print, "finalized", flush=True)
+if sys.argv[3:] == ["mpi"]:
+    from mpi4py import MPI
+    def on_c_exit(status, arg):
+        os.write(1, b" exit handlers")
+    on_c_exit = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)(on_c_exit)
+    ctypes.CDLL(None).on_exit(on_c_exit, None)  # glibc's
+print("done", end="")
+train_3d.exit_now(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.launch
+def test_a_rank_exits_without_finalizing() -> None:
+    """``exit_now`` skips the finalization, in which a Gloo worker that still drops a
+    finished work aborts the process (see its docstring), and keeps the output and the
+    exit status."""
+    cmd = [sys.executable, "-c", EXITING_RANK, str(SCRIPT.parent), "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert (proc.returncode, proc.stdout) == (3, "done"), proc.stderr[-4000:]
+
+
+@pytest.mark.mpi
+def test_a_rank_exits_without_finalizing_under_mpiexec() -> None:
+    """Under mpiexec the C library's exit handlers run too: without MPICH's, its process
+    manager may take a rank that leaves before the others for a failed one."""
+    cmd = [*mpiexec(), "-n", "2", sys.executable, "-c", EXITING_RANK, str(SCRIPT.parent)]
+    proc = subprocess.run(cmd + ["0", "mpi"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    out = proc.stdout
+    assert out.count("done") == out.count(" exit handlers") == 2 and "finalized" not in out, out
