@@ -73,10 +73,11 @@ _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT, _OP_SCORE_SUMS = 1, 2,
 _OP_WINDOW_SELECT, _OP_WINDOW_ENCODE = 7, 8
 # The codec's window option: windows of at most this many tokens are encoded by the one
 # kernel of tah_window.cu (a block a span of windows, each token read once from memory and
-# once more from L2); larger ones, whose tokens no longer stay in L2 between a window's two
-# reads and which give fewer blocks, by the scores kernel, the selection within windows
-# (TAH_OP 7) and the tiles kernel. Bitwise the same payload; a module constant for a
-# device A/B.
+# once more from L2), where the spans are at least as many as the SMs; larger windows,
+# whose tokens no longer stay in L2 between a window's two reads, and payloads of fewer
+# spans (a block takes its span's tokens one after another), by the scores kernel, the
+# selection within windows (TAH_OP 7) and the tiles kernel. Bitwise the same payload; a
+# module constant for a device A/B.
 _WINDOW_FUSED_MAX = 64
 # The window encode's __launch_bounds__ minimum blocks an SM, and its grid's (one wave,
 # grid-stride over spans). At 3 (80 registers) ptxas spills a few values in its tile
@@ -296,7 +297,7 @@ def _encode_plan(
     """The launches of an encode (see the module docstring) of ``count`` elements, layout
     ``lay``, into a payload at an address congruent to ``payload_ptr`` modulo 8."""
     row, tile, bits_high, bits_low, fraction, window, pivot, pivot_ratio = options
-    if 0 < window <= _WINDOW_FUSED_MAX:
+    if 0 < window <= _WINDOW_FUSED_MAX and _spans(lay, window) >= sm_count(cp):
         return (_window_encode(cp, xt, count, lay, options),)
     i64 = np.int64
     hist0, hwords = _select_scratch(payload_ptr, lay, window)
@@ -357,18 +358,24 @@ def _window_encode(cp: Any, xt: int, count: int, lay: Any, options: tuple) -> _L
         "RATIO_BITS": _ratio_bits(pivot_ratio),
         "SC_SPLIT": 1,
         "SC_PAIR": int(_SCORE_PAIRS and xt != 0),
-        "WMAX": MAX_WINDOW,
+        "WMAX": -(-_WINDOW_FUSED_MAX // 4) * 4,  # its shared memory: this many tokens' scores
         "MIN_BLOCKS": _WINDOW_MIN_BLOCKS,
     }
     # One wave of blocks at most, each as many spans as another (to within one): where the
     # spans are few, a last wave of a few blocks would take as long as a full one.
-    spans = -(-lay.tokens // math.lcm(window, 8))
+    spans = _spans(lay, window)
     waves = -(-spans // (sm_count(cp) * _WINDOW_MIN_BLOCKS))
     grid = max(1, -(-spans // waves))
     i64 = np.int64
     args = (i64(count), i64(lay.tiles), i64(lay.pivot_offset), i64(lay.bitmap_offset))
     args = (*args, i64(window), i64(_window_lows(lay, window, fraction)))
     return _Launch(_kernel(defs), (grid,), (_THREADS,), args)
+
+
+def _spans(lay: Any, window: int) -> int:
+    """The spans of ``window``'s kernels: runs of lcm(window, 8) tokens, whole windows whose
+    bitmap bytes one block writes."""
+    return -(-lay.tokens // math.lcm(window, 8))
 
 
 def _window_lows(lay: Any, window: int, fraction: float) -> int:
@@ -378,13 +385,13 @@ def _window_lows(lay: Any, window: int, fraction: float) -> int:
 
 
 def _window_select(cp: Any, lay: Any, window: int, fraction: float) -> _Launch:
-    """The launch of the selection within windows (TAH_OP 7): a thread a bitmap byte."""
+    """The launch of the selection within windows (TAH_OP 7): a block a span."""
     i64 = np.int64
     lows = _window_lows(lay, window, fraction)
-    nbytes = -(-lay.tokens // 8)
-    grid = max(1, min(-(-nbytes // _THREADS), sm_count(cp) * 8))
+    grid = max(1, min(_spans(lay, window), sm_count(cp) * 8))
     args = (i64(lay.tokens), i64(lay.full_tokens), i64(window), i64(lay.bitmap_offset), i64(lows))
-    return _Launch(_kernel({"TAH_OP": _OP_WINDOW_SELECT}), (grid,), (_THREADS,), args, 1)
+    kern = _kernel({"TAH_OP": _OP_WINDOW_SELECT, "WMAX": MAX_WINDOW})
+    return _Launch(kern, (grid,), (_THREADS,), args, 1)
 
 
 def tah_decode(

@@ -290,35 +290,47 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 b
 
 // ================================================================ window selection (7)
 #if TAH_OP == 7
+#ifndef WMAX
+#define WMAX 1024  // the largest window (tah_format.MAX_WINDOW)
+#endif
 // The low tokens chosen within windows of `win` consecutive full tokens (the codec's
 // window option; tah_cpu.low_prefix): window [w0, w1) has `nlow` low tokens when whole
 // (w1 - w0 = win), `nrest` when it is the shorter last one, and a full token is low when
 // fewer than that many tokens of its window have a smaller key score << 32 | t (ties to
-// the lower index). Thread j writes bitmap byte j (tokens 8 j .. 8 j + 7, LSB first; the
-// short last token and the bits past NT are 0) from the scores that kernel 1 left at
-// payload bytes [4 t, 4 t + 4). A token reads its window's scores: win of them, from L2.
+// the lower index). A block takes a span of lcm(win, 8) tokens (whole windows that begin
+// and end at bitmap bytes, so that the block owns its bytes), window by window: the
+// window's scores (left by kernel 1 at payload bytes [4 t, 4 t + 4)) into shared memory,
+// each thread ranking tokens against them into the span's bits, then the span's bytes
+// (LSB first; the short last token and the bits past NT are 0).
 extern "C" __global__ void __launch_bounds__(THREADS)
 tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 win, i64 bm0, i64 lows) {
+  __shared__ u32 wsc[WMAX];      // the window's scores
+  __shared__ u32 sbm[WMAX / 4];  // the span's bits, token s0 + i at bit i
   const bool a4 = (((u64)pay) & 3) == 0;
   const i64 nlow = lows & 0xffffffff, nrest = lows >> 32;  // packed: one argument fewer
-  const i64 nbytes = (ntok + 7) >> 3;
-  for (i64 j = (i64)blockIdx.x * THREADS + threadIdx.x; j < nbytes; j += (i64)gridDim.x * THREADS) {
-    u32 byte = 0u;
-    for (int r = 0; r < 8; ++r) {
-      const i64 t = 8 * j + r;
-      if (t >= nfull) break;
-      const i64 w0 = t / win * win, w1 = w0 + win < nfull ? w0 + win : nfull;
-      const i64 need = w1 - w0 == win ? nlow : nrest;
-      if (need == 0) continue;
-      const u32 s = ld32(pay + 4 * t, a4);
-      i64 rank = 0;
-      for (i64 u = w0; u < w1 && rank < need; ++u) {
-        const u32 su = ld32(pay + 4 * u, a4);
-        rank += su < s || (su == s && u < t);
+  const i64 span = win * 8 / min(win & -win, (i64)8);     // lcm(win, 8)
+  for (i64 s0 = (i64)blockIdx.x * span; s0 < ntok; s0 += (i64)gridDim.x * span) {
+    const i64 s1 = min(s0 + span, ntok);
+    for (int i = threadIdx.x; i < WMAX / 4; i += THREADS) sbm[i] = 0u;
+    __syncthreads();
+    for (i64 t0 = s0; t0 < s1; t0 += win) {
+      const i64 f1 = min(min(t0 + win, s1), nfull), n = f1 - t0;  // full tokens [t0, f1)
+      const i64 need = n == win ? nlow : (n > 0 ? nrest : 0);
+      if (need == 0) continue;  // the block alike
+      for (i64 i = threadIdx.x; i < n; i += THREADS) wsc[i] = ld32(pay + 4 * (t0 + i), a4);
+      __syncthreads();
+      for (i64 i = threadIdx.x; i < n; i += THREADS) {
+        const u32 s = wsc[i];
+        i64 rank = 0;
+        for (i64 j = 0; j < n; ++j) rank += wsc[j] < s || (wsc[j] == s && j < i);
+        const i64 bit = t0 + i - s0;
+        if (rank < need) atomicOr(&sbm[bit >> 5], 1u << (bit & 31));
       }
-      if (rank < need) byte |= 1u << r;
+      __syncthreads();  // the bits; wsc free for the next window
     }
-    pay[bm0 + j] = (unsigned char)byte;
+    for (i64 j = threadIdx.x; j < ((s1 - s0 + 7) >> 3); j += THREADS)
+      pay[bm0 + (s0 >> 3) + j] = ((const unsigned char*)sbm)[j];
+    __syncthreads();  // read before the next span zeroes them
   }
 }
 #endif  // TAH_OP 7

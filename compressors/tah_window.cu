@@ -49,7 +49,9 @@ PHASE_S void window_scores(const void* src, i64 count, i64 t0, i64 f1, const u64
                          u32 (*red_m)[WARPS], long long* sums, u32* wsc) {
   ScoreBlock b;
   b.xb = (const char*)src;
+  b.pay = nullptr;  // the scores stay in shared memory
   b.count = count;
+  b.ntok = f1;
   b.vec = (((u64)src) & 15) == 0;
   b.tab = (const unsigned char*)tab;
   b.c8 = 8u * (u32)(threadIdx.x & (SC_COPIES - 1));
@@ -88,25 +90,25 @@ PHASE_S void window_scores(const void* src, i64 count, i64 t0, i64 f1, const u64
 }
 
 // The tiles of tokens [t0, t1) (up to tile K for the last window), their places from the
-// span's bits (bms: at their bitmap byte indices, from byte s0 / 8 on, s0 the span's first
-// token, pre the low tokens before it). The warps take consecutive tile groups.
+// span's bits (sbm: the bitmap's bytes from byte s0 / 8 on, s0 the span's first token, pre
+// the low tokens before it). The warps take consecutive tile groups.
 PHASE_T void window_tiles(const void* src, unsigned char* pay, i64 count, i64 K, i64 piv0,
-                        i64 t0, i64 t1, const unsigned char* bms, i64 s0, i64 pre) {
+                        i64 t0, i64 t1, const unsigned char* sbm, i64 s0, i64 pre) {
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vec = (((u64)src) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
   const i64 tpr = TROW / TILE;  // tiles a token
   const i64 kw0 = t0 * tpr, kw1 = min(t1 * tpr, K);
   const i64 ngroups = (kw1 - kw0 + TPW - 1) / TPW;
   LowRun run;
-  run.byte0 = s0 >> 3;
+  run.byte0 = run.org = s0 >> 3;
   run.pre = pre;
   for (i64 gs = 0; gs < ngroups; gs += WARPS) {
-    low_advance(bms, (kw0 + gs * TPW) / tpr, run);  // the same in every thread
+    low_advance(sbm, (kw0 + gs * TPW) / tpr, run);  // the same in every thread
     const i64 g = gs + (threadIdx.x >> 5);
     if (g >= ngroups) break;  // the whole warp
     const i64 k0 = kw0 + g * TPW;
     const bool whole = vec && k0 + TPW <= kw1 && (k0 + TPW) * TILE <= count;
-    encode_group((const char*)src, pay, k0, kw1, whole, count, K, piv0, bms, run, TROW, a4,
+    encode_group((const char*)src, pay, k0, kw1, whole, count, K, piv0, sbm, run, TROW, a4,
                  lane, li);
   }
 }
@@ -146,8 +148,8 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
         }
         __syncthreads();  // the window's bits
       }
-      const unsigned char* bms = (const unsigned char*)sbm - (s0 >> 3);
-      window_tiles(src, pay, count, K, piv0, t0, t1, bms, s0, s0 / win * nlow);
+      window_tiles(src, pay, count, K, piv0, t0, t1, (const unsigned char*)sbm, s0,
+                   s0 / win * nlow);
       __syncthreads();  // the next window's bits are set after these tiles read theirs
     }
     for (i64 j = threadIdx.x; j < ((s1 - s0 + 7) >> 3); j += THREADS)
