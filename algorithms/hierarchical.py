@@ -15,6 +15,16 @@ The last ``n - L * m`` elements (fewer than ``L`` times the alignment) are all-r
 inside the node, then across nodes, in place: the same quantization count as the rest,
 and bitwise equal everywhere because every local index computes it from equal inputs.
 
+Two encodes are made redundantly, by several ranks from bitwise equal inputs: phase 3's
+of shard l (by local index l of every node) and the leftover's across nodes (by every
+local index of a node). A stochastic codec must then draw the same random stream on each
+of those ranks, so those encodes are salted by what they compute, not by who computes
+it: the stream numbered ``size + l`` for phase 3's shard l and ``size + L + node`` for
+the node's leftover (after the real ranks' numbers, so never one a rank draws for its
+own encodes), each counted from 0 in its phase, where every rank of the redundant set
+issues the same encodes in the same order. Every other encode draws from the rank's own
+stream (``ScheduleArgs.next_salt``).
+
 ReduceScatter of ``size * n`` elements: phase 1 is ``N`` intra-node ReduceScatters, one
 per node-sized segment of ``x`` (segment j holds global shards ``j*L .. j*L + L - 1``),
 so local index l ends with the node's sums of shards ``j*L + l`` for every node j, in
@@ -46,6 +56,7 @@ divides once, by the global rank count, at the last reduction (phase 2).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +70,7 @@ from .footprint import Footprint
 from .schedule_args import ScheduleArgs
 
 LEVEL_ALGORITHMS = ("ring", "two_shot")
+STREAMS = 1 << 16  # the rank field of a stochastic codec's salt (intq.stream_salt)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -115,8 +127,12 @@ def check_plan(plan: HierarchicalArgs) -> tuple[int, int]:
     return plan.size // local, local
 
 
-def _level(plan: HierarchicalArgs, level: str, op: str, like: Any) -> _LevelArgs:
-    """The sub-plan of this rank's node (``intra``) or of its local index (``inter``)."""
+def _level(
+    plan: HierarchicalArgs, level: str, op: str, like: Any, stream: int | None = None
+) -> _LevelArgs:
+    """The sub-plan of this rank's node (``intra``) or of its local index (``inter``).
+    With ``stream``, a stochastic codec's salts come from that stream, counted from 0,
+    instead of the rank's own (the redundant encodes of the module docstring)."""
     nodes, local = plan.size // plan.local_size, plan.local_size
     node, index = divmod(plan.rank, local)
     codec = plan.codec if level == "intra" else plan.inter_codec
@@ -126,6 +142,8 @@ def _level(plan: HierarchicalArgs, level: str, op: str, like: Any) -> _LevelArgs
     fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(ScheduleArgs)}
     fields.update(rank=rank, size=size, codec=codec, op=op, chunk_elems=chunk, hop=hop)
     fields.update(stream_rank=plan.rank if plan.stream_rank < 0 else plan.stream_rank)
+    if stream is not None:
+        fields.update(stream_rank=stream, _salts=itertools.count())
     # the transport's AllGather spans every rank, never a sub-group
     fields.update(gather=False, label=f"{plan.label} {level}")
     return _LevelArgs(**fields, divisor=plan.size)  # _tags: the plan's own counter
@@ -184,9 +202,16 @@ def allreduce(plan: HierarchicalArgs, x: Any, out: Any) -> Iterator[Round]:
     """Hierarchical AllReduce of flat ``x`` into flat ``out`` (same size; may be ``x``).
 
     Raises:
-        ValueError: nodes of unequal size, or an unknown level algorithm.
+        ValueError: nodes of unequal size, an unknown level algorithm, or (stochastic
+            codecs) more ranks than the salts' streams.
     """
     nodes, local = check_plan(plan)
+    stochastic = plan.codec.stochastic or plan.inter_codec.stochastic
+    if stochastic and plan.size + local + nodes > STREAMS:  # the shared streams' numbers
+        raise ValueError(
+            f"a stochastic codec's salts number at most {STREAMS} streams: {plan.size} ranks "
+            f"and the {local + nodes} shared streams of the two levels are too many"
+        )
     return _allreduce(plan, x, out, nodes, local)
 
 
@@ -215,14 +240,17 @@ def _allreduce(plan: HierarchicalArgs, x: Any, out: Any, nodes: int, local: int)
     inter = _level(plan, "inter", plan.op, x)
     if m:
         yield from phases.run("inter", _schedule(plan, "inter", "allreduce")(inter, shard, shard))
-    if main < x.size:
+    if main < x.size:  # every local index alike: the node's stream (module docstring)
+        node = plan.rank // local
+        leftover = _level(plan, "inter", plan.op, x, stream=plan.size + local + node)
         yield from phases.run(
-            "inter", _schedule(plan, "inter", "allreduce")(inter, out[tail], out[tail])
+            "inter", _schedule(plan, "inter", "allreduce")(leftover, out[tail], out[tail])
         )
     if m:
         yield from phases.close()
+        gather = _level(plan, "intra", inner, x, stream=plan.size + index)  # every node alike
         yield from phases.run(
-            "intra", _schedule(plan, "intra", "allgather")(intra, shard, out[:main])
+            "intra", _schedule(plan, "intra", "allgather")(gather, shard, out[:main])
         )
 
 

@@ -137,8 +137,8 @@ def rel_error_bound(
         dtype: the data type.
         nranks: the rank count.
         ref: the exact result's norm and its contributions' energy on this rank.
-        stated: the quantization count ``describe()`` states (``hierarchical``; one
-            codec at both levels, ``codec``).
+        stated: the quantization count ``describe()`` states (``hierarchical``; with a
+            codec per level, ``codec`` is the one of the larger bound).
 
     Returns:
         The bound (0.0 where the result must be exact; ``inf`` if nothing can be said,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -361,7 +362,7 @@ class Sweep:
             local_bound = bounds.rel_error_bound(
                 self.spec.name,
                 ran["algorithm"],
-                coccl.get_compressor(ran["compressor"]),
+                bound_codec(ran),
                 self.op,
                 self.dtype,
                 self.mpi.Get_size(),
@@ -586,10 +587,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated coccl.init backends (auto, mpi, nccl), one sweep each: "
              "the transport of device data")
     add("--algorithm", type=comma_list, default=["ring", "two_shot"],
-        help="comma-separated algorithms to compare (ring, two_shot, native, auto)")
+        help="comma-separated algorithms to compare (ring, two_shot, native, auto, "
+             "hierarchical: nodes of COCCL_LOCAL_SIZE ranks or each host's)")
     add("--plot", metavar="PATH", help="draw busbw and latency against size (PNG)")
     # fmt: on
-    add_codec_arguments(add, "identity,taco,int:bits=4,hadamard=32")
+    add_codec_arguments(
+        add,
+        "identity,taco,int:bits=4,hadamard=32; with --algorithm hierarchical also an "
+        "(intra, inter) pair joined by +, e.g. int8+int:bits=4,hadamard=32",
+    )
 
 
 def validate_sizes(args: argparse.Namespace) -> str | None:
@@ -807,7 +813,7 @@ def _table_plan(cases: list[Case], codecs: dict[str, Any], overlap_min: int) -> 
             labels = [f"auto>{choice}" for choice in _AUTO_ALGORITHMS]
             algorithms += labels if algorithm == "auto" else [algorithm]
             compressors.append(name)
-            compressed = not codecs[name].lossless
+            compressed = not lossless(codecs[name])
             lossy = lossy or compressed
             schedule = algorithm in ("ring", "two_shot", "auto")
             overlap = overlap or (schedule and compressed)
@@ -867,23 +873,71 @@ def _select_device(mpi: Any, device: str) -> tuple[Any, Callable[[], None], dict
     return cp, timing.device_sync(), {"gpu": name, "gpu_id": device_id}
 
 
+# An (intra, inter) codec pair of ``--algorithm hierarchical`` is two labels joined by
+# "+": a "+" followed by a codec's name (an option's exponent, "1e+6", has a digit there;
+# no name and no "name:key=value" holds a "+").
+_PAIR_JOIN = re.compile(r"\s*\+(?=\s*[A-Za-z_])")
+
+
 def compressor_labels(text: str) -> list[str]:
     """argparse type: the ``--compressor`` list as labels, each ``name`` or
     ``name:key=value,...`` (``int:bits=4,hadamard=32``: a ``key=value`` after a
-    ``name:key=value`` is one more option of it; ``coccl.bench.codec``'s syntax). The
-    codecs are built (and a bad one refused, by rank 0) when the sweep starts."""
-    labels = []
-    for name, options in _split_specs(text):
-        labels.append(f"{name}:{','.join(options)}" if options else name)
-    return list(dict.fromkeys(labels))
+    ``name:key=value`` is one more option of it; ``coccl.bench.codec``'s syntax), or two
+    of them joined by ``+``, an ``(intra, inter)`` pair (``int8+int:bits=4,group_size=32``:
+    the options after ``+`` are the inter codec's). The codecs are built (and a bad one
+    refused, by rank 0) when the sweep starts."""
+    entries: list[list[str]] = []
+    for i, segment in enumerate(_PAIR_JOIN.split(text)):
+        if not segment.strip():
+            raise argparse.ArgumentTypeError(f"invalid list {text!r}: '+' joins two codecs")
+        labels = [
+            f"{name}:{','.join(opts)}" if opts else name for name, opts in _split_specs(segment)
+        ]
+        if i:  # the segment's first codec is the inter codec of the entry before the "+"
+            if not entries or len(entries[-1]) != 1:
+                raise argparse.ArgumentTypeError(
+                    f"invalid list {text!r}: '+' joins two codecs, an (intra, inter) pair"
+                )
+            entries[-1].append(labels.pop(0))
+        entries += [[label] for label in labels]
+    return list(dict.fromkeys("+".join(entry) for entry in entries))
 
 
-def codec_of(label: str) -> Compressor:
-    """The codec of a ``--compressor`` label (UsageError if it cannot be built)."""
+def is_pair(label: str) -> bool:
+    """Whether a ``--compressor`` label is an ``(intra, inter)`` pair."""
+    return len(_PAIR_JOIN.split(label)) == 2
+
+
+def codec_of(label: str) -> Compressor | tuple[Compressor, Compressor]:
+    """The codec of a ``--compressor`` label, or a pair's ``(intra, inter)`` codecs
+    (UsageError if one cannot be built)."""
     try:
-        return codec_specs(label)[0].codec
+        codecs = [codec_specs(part)[0].codec for part in _PAIR_JOIN.split(label)]
     except argparse.ArgumentTypeError as exc:
         raise UsageError(str(exc)) from None
+    return (codecs[0], codecs[1]) if len(codecs) == 2 else codecs[0]
+
+
+def lossless(codec: Compressor | tuple[Compressor, ...]) -> bool:
+    """Whether a codec, or both of a pair, lose nothing."""
+    return all(c.lossless for c in (codec if isinstance(codec, tuple) else (codec,)))
+
+
+def bound_codec(ran: Mapping[str, Any]) -> Compressor:
+    """The codec whose error bound a measured call obeys (``Communicator.describe``'s
+    ``ran``): the one that ran, or of a hierarchical call's two levels the lossier."""
+    levels = [coccl.get_compressor(ran["compressor"])]
+    if "inter compressor" in ran:
+        levels.append(coccl.get_compressor(ran["inter compressor"]))
+    return max(levels, key=lambda c: (not c.lossless, c.rel_error_bound))
+
+
+def config_of(label: str) -> dict[str, Any] | list[dict[str, Any]]:
+    """The JSON record's config of a ``--compressor`` label (a pair's: both)."""
+    codec = codec_of(label)
+    if isinstance(codec, tuple):
+        return [c.get_config() for c in codec]
+    return codec.get_config()
 
 
 def _codecs(names: list[str]) -> dict[str, Any]:
@@ -900,6 +954,8 @@ def _variants(
         for name in compressors:
             if algorithm == "native" and name != "identity":
                 notes.append(f"native takes identity only: native/{name} left out")
+            elif algorithm != "hierarchical" and is_pair(name):
+                notes.append(f"a codec pair is for hierarchical: {algorithm}/{name} left out")
             else:
                 variants.append((algorithm, name))
     if not variants:
@@ -1004,7 +1060,7 @@ def _metadata(sweep: Sweep, args: argparse.Namespace, device: dict[str, Any]) ->
         "chunk_bytes": sweep.chunk_bytes,
         "bus_factor": sweep.spec.bus_factor(mpi.Get_size()),
         "algorithms": args.algorithm,
-        "compressors": {name: codec_of(name).get_config() for name in args.compressor},
+        "compressors": {name: config_of(name) for name in args.compressor},
         "coccl_version": coccl.__version__,
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
         "environment": recorded_environment(os.environ),

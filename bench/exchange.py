@@ -52,6 +52,7 @@ from .collective import (
     _select_device,
     add_codec_arguments,
     add_size_arguments,
+    is_pair,
     rank_data,
     recorded_environment,
     sweep_sizes,
@@ -408,6 +409,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def validate(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags taken together, if anything."""
+    pairs = [name for name in args.compressor if is_pair(name)]
+    if pairs:
+        return f"--compressor {','.join(pairs)}: a codec pair is for the hierarchical reductions"
     return validate_sizes(args)
 
 

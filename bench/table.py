@@ -17,6 +17,7 @@ import datetime
 import json
 import math
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -117,7 +118,8 @@ class Row:
     def compressor_label(self) -> str:
         """The table's codec: as asked (``int:bits=4``), or ``taco>identity`` when auto
         ran another."""
-        if self.ran is None or self.ran["compressor"]["id"] == self.compressor.partition(":")[0]:
+        # the label's (first) codec name: labels are name:options, or intra+inter pairs
+        if self.ran is None or self.ran["compressor"]["id"] == re.split("[:+]", self.compressor)[0]:
             return self.compressor
         return f"{self.compressor}>{self.ran['compressor']['id']}"
 

@@ -9,8 +9,10 @@ simulator plays the polling engine's rules on every rank at once, with a window 
 * compute runs on one FIFO executor per rank, as the polling engine's: ``pre`` is
   submitted once every dependency is ready (its receives landed and its ``post``, if it
   has one, was submitted; a dependency without dependencies of its own has submitted its
-  ``pre`` too, as the engine's in-order polls ensure), ``post`` once ``pre`` was
-  submitted and the receives landed;
+  ``pre`` too, as the engine's in-order polls ensure), and after the ``pre`` of every
+  earlier round of the window whose dependencies are ready (the engine advances a
+  window's rounds in order on every poll, so such a round submits first); ``post`` once
+  ``pre`` was submitted and the receives landed;
 * the sends are posted after ``pre`` ran; a send's bytes are read when it is matched, and
   they must not change between posting and matching (a buffer rewritten in flight is a
   schedule bug);
@@ -125,11 +127,14 @@ class _Sim:
                 found.append(("admit", r))
             if self.executors[r]:
                 found.append(("compute", r))
+            earlier = False  # an earlier round of the window may submit its pre
             for st in self.windows[r]:
                 if st.finished:
                     continue
                 if not st.pre_submitted and all(self.states[id(d)].ready for d in st.rnd.deps):
-                    found.append(("submit pre", st))
+                    if not earlier:  # the engine's polls advance rounds in order
+                        found.append(("submit pre", st))
+                    earlier = True
                 if st.pre_done and not st.sends_posted:
                     found.append(("send", st))
                 if st.pre_submitted and not st.post_submitted and st.received:

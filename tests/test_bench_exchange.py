@@ -6,14 +6,15 @@ labels and hierarchical rows."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
-from test_bench import help_text, run_bench
+from test_bench import fake_row, help_text, run_bench
 from test_bench_schema import schema
 
-from coccl.bench import bounds, cli
+from coccl.bench import bounds, cli, collective, exchange
 from coccl.bench.collective import codec_of, compressor_labels
 
 
@@ -58,6 +59,73 @@ def test_codec_labels_take_options() -> None:
     ]
     codec = codec_of("int:bits=4,hadamard=32")
     assert codec.get_config()["bits"] == 4 and codec.get_config()["hadamard"] == 32
+
+
+def test_codec_pair_labels() -> None:
+    """``intra+inter``: an (intra, inter) pair of --algorithm hierarchical, each side a
+    label of its own (the options after ``+`` are the inter codec's); an exponent's
+    ``+`` is no join."""
+    text = "identity,int8+int:bits=4,hadamard=32,int:bits=8,group_size=64 + int:bits=4,taco"
+    assert compressor_labels(text) == [
+        "identity",
+        "int8+int:bits=4,hadamard=32",
+        "int:bits=8,group_size=64+int:bits=4",
+        "taco",
+    ]
+    assert compressor_labels("taco:lambda=1e+6") == ["taco:lambda=1e+6"]
+    intra, inter = codec_of("int8+int:bits=4,hadamard=32")
+    assert intra.codec_id == "int8" and inter.get_config()["hadamard"] == 32
+    assert collective.config_of("int8+int:bits=4")[1]["bits"] == 4
+    assert collective.is_pair("int8+int") and not collective.is_pair("taco:lambda=1e+6")
+    assert not collective.lossless(codec_of("identity+int8"))
+    for bad in ("int8+int+taco", "+int8", "int8+group_size=3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            compressor_labels(bad)
+    with pytest.raises(collective.UsageError, match="unknown compressor 'zz'"):
+        codec_of("int8+zz")
+
+
+def test_codec_pairs_run_with_hierarchical_only() -> None:
+    variants, notes = collective._variants(["hierarchical", "two_shot"], ["int8", "int8+int"])
+    assert variants == [
+        ("hierarchical", "int8"),
+        ("hierarchical", "int8+int"),
+        ("two_shot", "int8"),
+    ]
+    assert notes == ["a codec pair is for hierarchical: two_shot/int8+int left out"]
+    args = cli.build_parser().parse_args(["alltoall", "--compressor", "int8+int:bits=4"])
+    assert "a codec pair is for the hierarchical reductions" in exchange.validate(args)
+
+
+def test_a_pairs_bound_is_its_lossier_codec() -> None:
+    ran = {"compressor": {"id": "int8"}, "inter compressor": {"id": "int", "bits": 4}}
+    assert collective.bound_codec(ran).get_config()["bits"] == 4
+    assert collective.bound_codec({"compressor": {"id": "taco"}}).codec_id == "taco"
+    exact_inside = {"compressor": {"id": "identity"}, "inter compressor": {"id": "int8"}}
+    assert collective.bound_codec(exact_inside).codec_id == "int8"
+    row = fake_row(
+        algorithm="hierarchical",
+        compressor="int8+int:bits=4",
+        ran={"algorithm": "hierarchical", **ran},
+    )
+    assert row.compressor_label == "int8+int:bits=4"  # as asked, not "...>int8"
+
+
+@pytest.mark.mpi
+def test_hierarchical_pair_sweep_on_two_nodes_of_two(tmp_path: Path, monkeypatch) -> None:
+    """``--algorithm hierarchical --compressor int8+int:bits=4`` on 4 ranks as 2 x 2: the
+    rows run both codecs, within the bound of the lossier, and the JSON has both."""
+    monkeypatch.setenv("COCCL_LOCAL_SIZE", "2")
+    args = "allreduce --np 4 -b 4K -e 4K -n 1 -w 0 --no-progress --json p.json"
+    args += " --algorithm hierarchical --compressor int8+int:bits=4,rounding=stochastic"
+    proc = run_bench(args.split(), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((tmp_path / "p.json").read_text())
+    label = "int8+int:bits=4,rounding=stochastic"
+    assert [c["id"] for c in record["compressors"][label]] == ["int8", "int"]
+    (row,) = [r for r in record["rows"] if r["compressor"] == label]
+    assert row["ran"]["nodes"] == 2 and row["ran"]["inter compressor"]["bits"] == 4
+    assert row["wrong"] == 0 and 0 < row["rel_err"] <= row["rel_err_bound"]
 
 
 def test_hierarchical_quantizations_come_from_describe() -> None:

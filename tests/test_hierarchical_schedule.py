@@ -29,6 +29,16 @@ from coccl.algorithms.hierarchical import HierarchicalArgs, allreduce, reduce_sc
 from coccl.compressors import get_compressor
 from coccl.core.arrays import accumulate_dtype
 
+STOCHASTIC = {"id": "int", "bits": 4, "rounding": "stochastic", "seed": 7}
+# (intra, inter): the 8-bit / 4-bit recipe, its stochastic form, stochastic at both levels
+# and inside the node only
+PAIRS = [
+    ("int8", {"id": "int", "bits": 4}),
+    ("int8", STOCHASTIC),
+    (STOCHASTIC, STOCHASTIC),
+    (STOCHASTIC, "int8"),
+]
+PAIR_IDS = ["int8+int4", "int8+int4sr", "int4sr+int4sr", "int4sr+int8"]
 # (ranks, local_size): one rank, one rank a node, one node, and 2 x 2
 LAYOUTS = [(1, 1), (2, 1), (3, 3), (4, 2), (4, 4)]
 LEVELS = [("two_shot", "two_shot"), ("ring", "ring"), ("ring", "two_shot")]
@@ -204,3 +214,111 @@ def test_allreduce_float64_through_a_lossy_codec(codec):
     energy = math.sqrt(sum(float(np.sum(x**2)) for x in xs))
     bound = reduction_bound(ps[0].codec, np.float32, n, 4)  # float32 arithmetic inside
     assert rel_error(outs[0], _exact(xs, "sum", n), energy) <= bound
+
+
+def _pair_plans(n, local, pair, levels, dtype=F32):
+    intra, inter = pair
+    return plans(
+        n, intra, dtype, chunk_elems=128, cls=HierarchicalArgs, local_size=local,
+        inter_codec=get_compressor(inter), intra_algorithm=levels[0], inter_algorithm=levels[1],
+    )  # fmt: skip
+
+
+def _worse(pair):
+    """The codec of the pair with the larger error bound (the bound both levels obey)."""
+    return max((get_compressor(c) for c in pair), key=lambda c: c.rel_error_bound)
+
+
+@pytest.mark.parametrize("count", [0, 1, 255, 10007])  # 255, 10007: a leftover after the shards
+@pytest.mark.parametrize("levels", LEVELS, ids="+".join)
+@pytest.mark.parametrize("layout", [(4, 2), (6, 3)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_allreduce_codec_pair_ends_bitwise_equal(pair, layout, levels, count):
+    """A codec per level, stochastic rounding at either: every rank ends bitwise equal
+    (the encodes several ranks make alike share a stream), within the bound of the
+    quantizations the module docstring counts."""
+    n, local = layout
+    rng = np.random.default_rng(count + n)
+    xs = [normal_data(rng, count, F32) for _ in range(n)]
+    outs = [np.full(count, np.nan, F32) for _ in range(n)]
+    ps = _pair_plans(n, local, pair, levels)
+    run_ranks([allreduce(ps[r], xs[r], outs[r]) for r in range(n)], seed=count)
+    assert no_leaks(ps)
+    for r in range(1, n):
+        np.testing.assert_array_equal(outs[r].view(np.uint8), outs[0].view(np.uint8))
+    energy = math.sqrt(sum(float(np.sum(x.astype(F64) ** 2)) for x in xs))
+    q = _quantizations("allreduce", levels, n // local, local)
+    assert rel_error(outs[0], _exact(xs, "sum", n), energy) <= reduction_bound(
+        _worse(pair), F32, n, q
+    )
+
+
+@pytest.mark.parametrize("count", [0, 1, 255, 2501])
+@pytest.mark.parametrize("levels", LEVELS, ids="+".join)
+@pytest.mark.parametrize("layout", [(4, 2), (6, 3)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_reduce_scatter_codec_pair(pair, layout, levels, count):
+    """ReduceScatter with a codec per level: no element is reduced by two ranks, so each
+    shard is its owner's alone; it stays within the bound of its quantizations."""
+    n, local = layout
+    rng = np.random.default_rng(count + n)
+    xs = [normal_data(rng, n * count, F32) for _ in range(n)]
+    outs = [np.full(count, np.nan, F32) for _ in range(n)]
+    ps = _pair_plans(n, local, pair, levels)
+    run_ranks([reduce_scatter(ps[r], xs[r], outs[r]) for r in range(n)], seed=count)
+    assert no_leaks(ps)
+    exact = _exact(xs, "sum", n)
+    q = _quantizations("reduce_scatter", levels, n // local, local)
+    for r in range(n):
+        parts = [x[r * count : (r + 1) * count].astype(F64) for x in xs]
+        energy = math.sqrt(sum(float(np.sum(p**2)) for p in parts))
+        shard = exact[r * count : (r + 1) * count]
+        assert rel_error(outs[r], shard, energy) <= reduction_bound(_worse(pair), F32, n, q)
+
+
+def _record_salts(ps, log, monkeypatch):
+    """Log (salt, input bytes) of every stochastic encode of every rank's plans (whose
+    codecs may be one cached instance: each is wrapped once, until the test ends)."""
+    codecs = {id(c): c for p in ps for c in (p.codec, p.inter_codec)}
+    for codec in codecs.values():
+        if codec.stochastic:
+            encode = codec.encode_into
+
+            def logged(x, payload, dtype, salt=0, encode=encode):
+                log.append((salt, np.ascontiguousarray(x).tobytes()))
+                encode(x, payload, dtype, salt=salt)
+
+            monkeypatch.setattr(codec, "encode_into", logged)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
+@pytest.mark.parametrize("layout", [(4, 2), (6, 3)], ids=lambda t: f"{t[0]}x{t[1]}")
+def test_stochastic_streams_are_shared_only_by_equal_encodes(collective, layout, monkeypatch):
+    """Over every rank, two encodes with one salt encode the same bytes: a random stream
+    is shared only by ranks that compute the same encode, never by two different ones.
+    The AllReduce does share some (its redundant encodes), the ReduceScatter none."""
+    n, local = layout
+    count = 1001  # a main part of whole groups and a leftover
+    rng = np.random.default_rng(5)
+    total = n * count if collective == "reduce_scatter" else count
+    xs = [normal_data(rng, total, F32) for _ in range(n)]
+    outs = [np.empty(count, F32) for _ in range(n)]
+    ps = _pair_plans(n, local, (STOCHASTIC, STOCHASTIC), ("two_shot", "two_shot"))
+    log = []
+    _record_salts(ps, log, monkeypatch)
+    schedule = allreduce if collective == "allreduce" else reduce_scatter
+    run_ranks([schedule(ps[r], xs[r], outs[r]) for r in range(n)], seed=1)
+    inputs = {}
+    for salt, data in log:
+        assert inputs.setdefault(salt, data) == data, f"salt {salt:#x} drawn for two inputs"
+    shared = len(log) - len(inputs)
+    assert shared > 0 if collective == "allreduce" else shared == 0
+
+
+def test_allreduce_refuses_more_ranks_than_stochastic_streams():
+    p = HierarchicalArgs(
+        rank=0, size=1 << 16, codec=get_compressor("int8"), dtype=F32, op="sum",
+        chunk_elems=128, pool=None, label="t", local_size=2, inter_codec=get_compressor(STOCHASTIC),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="streams"):
+        allreduce(p, np.zeros(4, F32), np.zeros(4, F32))

@@ -238,11 +238,41 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
                  "reduce_scatter": {"codec": "taco"}}}, "different codecs, backward codecs"),
         ({"backend": "plain", "tp": {"allreduce": {"backward_codec": "taco"}}},
          "compresses nothing"),
+        ({"dp": {"reduce": {"codec": ["int8", "int8"]}}},
+         "policy.dp.reduce.codec: a pair .* is for schedule 'hierarchical'"),
+        ({"dp": {"reduce": {"codec": ["int8"] * 3, "schedule": "hierarchical"}}},
+         r"a pair is \(intra, inter\), got 3"),
+        ({"dp": {"reduce": {"codec": ["int8", "zstd"], "schedule": "hierarchical"}}},
+         r"policy.dp.reduce.codec\[1\] 'zstd'"),
+        ({"dp": {"gather": {"codec": "int8", "schedule": "hierarchical"}}},
+         "policy.dp.gather.schedule 'hierarchical' runs"),
+        ({"dp": {"reduce": {"codec": "int8", "schedule": "hierarchical", "state": "feedback"}}},
+         "'hierarchical' carries no state"),
     ],
 )  # fmt: skip
 def test_bad_policies_name_what_is_wrong(spec: dict, match: str) -> None:
     with pytest.raises(PolicyError, match=match):
         Policy.from_dict(spec)
+
+
+def test_a_dp_codec_pair_goes_to_the_dp_group() -> None:
+    """SDP4Bit's reduce: 8-bit inside the node, 4-bit across, as a ``[intra, inter]``
+    list with schedule ``hierarchical``; its placeholders fill per level."""
+    int4 = {"id": "int", "bits": 4, "group_size": "{g}"}
+    spec = {"dp": {"reduce": {"codec": ["int8", int4], "schedule": "hierarchical"},
+                   "gather": {"codec": {"id": "int", "bits": 4, "group_size": 2048}}}}  # fmt: skip
+    policy = Policy.from_dict(spec)
+    assert policy.placeholders() == ["dp.reduce.group_size={g}"]
+    policy = policy.fill(g=32)
+    reduce = policy.traffic["dp"]["reduce"]
+    assert isinstance(reduce.codec, tuple) and reduce.codec[1]["group_size"] == 32
+    assert reduce.lossy and policy.lossy_kinds() == ["dp.reduce", "dp.gather"]
+    opts = policy.group_options("dp")
+    assert opts.algorithm == "hierarchical" and [c.codec_id for c in opts.codecs] == ["int8", "int"]
+    assert opts.compress == ("allreduce", "reduce_scatter")
+    gather = dataclasses.replace(opts, **policy.call_options("dp", "gather"))  # a valid call
+    assert gather.algorithm == "auto" and len(gather.codecs) == 1
+    assert Policy.from_dict(json.loads(json.dumps(policy.to_dict()))) == policy
 
 
 def test_placeholders_must_be_filled() -> None:

@@ -74,6 +74,24 @@ def test_a_send_buffer_rewritten_in_flight_fails():
             run_ranks([rank0, [_round(0, recvs=[(0, dst)])]], seed=seed)
 
 
+def test_pres_whose_dependencies_are_ready_run_in_round_order():
+    """The engine advances a window's rounds in order, so a round whose dependencies
+    became ready submits its pre before any later round's: an encode after a phase's
+    join round runs before the send that depends on both, in every order drawn."""
+    buf, dst = np.zeros(4, np.uint8), np.zeros(4, np.uint8)
+
+    def encode():
+        buf[...] = 7
+
+    for seed in range(50):
+        buf[...] = 0
+        join = Round(label="join", tag=0, post=lambda: None)
+        own = Round(label="encode", tag=1, pre=encode, deps=[join])
+        send = Round(label="send", tag=2, sends=[(1, buf)], deps=[join, own])
+        run_ranks([[join, own, send], [_round(2, recvs=[(0, dst)])]], seed=seed)
+        np.testing.assert_array_equal(dst, 7)
+
+
 def test_messages_must_pair_in_order_for_nccl():
     """Two sends to one peer in one order, received in the other: MPI's tags pair them,
     NCCL's per-peer order would not."""

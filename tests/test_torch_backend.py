@@ -23,6 +23,7 @@ from coccl.torch import CocclOptions  # noqa: E402
 
 RANKS = ROOT / "tests" / "scripts" / "torch_ranks.py"
 CASES = "tests/scripts/torch_backend_cases.py"
+HIERARCHICAL_CASES = "tests/scripts/torch_hierarchical_cases.py"
 
 
 # ------------------------------------------------------------- one process
@@ -54,11 +55,47 @@ def test_default_options_are_exact_and_compress_reductions_only():
         ({"backward_compressor": "zstd"}, ValueError),
         ({"backward_compressor": {"id": "mx", "element": "e9m9"}}, ValueError),
         ({"backward_compressor": "taco", "algorithm": "native"}, ValueError),
+        ({"compressor": ("int8", "int8")}, ValueError),  # a pair without "hierarchical"
+        ({"backward_compressor": ["int8", "int8"], "algorithm": "two_shot"}, ValueError),
+        ({"compressor": ("int8", "int8", "int8"), "algorithm": "hierarchical"}, ValueError),
+        ({"compressor": ("int8", "zstd"), "algorithm": "hierarchical"}, ValueError),
+        ({"algorithm": "hierarchical", "compress": ("allreduce", "allgather")}, ValueError),
+        (
+            {
+                "compressor": ("int8", "int8"),
+                "algorithm": "hierarchical",
+                "compress": ("alltoall",),
+            },
+            ValueError,
+        ),
     ],
 )
 def test_bad_options_are_refused(kwargs, error):
     with pytest.raises(error):
         CocclOptions(**kwargs)
+
+
+INT4 = {"id": "int", "bits": 4}
+
+
+def test_a_codec_pair_is_for_the_hierarchical_algorithm():
+    """``compressor=(intra, inter)`` as the Communicator takes it: a codec per level,
+    with ``algorithm="hierarchical"`` only (a list is taken as the tuple)."""
+    opts = CocclOptions(compressor=["int8", INT4], algorithm="hierarchical")
+    assert opts.compressor == ("int8", INT4)
+    assert [c.codec_id for c in opts.codecs] == ["int8", "int"]
+    assert opts.codec is opts.codecs[0] and opts.backward_codecs == opts.codecs
+    assert opts.compressor_for(True) == (("int8", INT4), opts.codecs)
+    one = CocclOptions(compressor="int8", algorithm="hierarchical", compress=("alltoall",))
+    assert len(one.codecs) == 1
+    with pytest.raises(ValueError, match="pair is for algorithm='hierarchical', not 'auto'"):
+        CocclOptions(compressor=("int8", INT4))
+    with pytest.raises(ValueError, match="compresses allreduce, reduce_scatter only"):
+        CocclOptions(compressor=("int8", INT4), algorithm="hierarchical", compress=("allgather",))
+    with coccl.torch.options(compressor=("int8", INT4)):  # the group's algorithm: at the call
+        pass
+    with pytest.raises(ValueError, match="pair must be"), coccl.torch.options(compressor=("a",)):
+        pass
 
 
 MXFP6 = {"id": "mx", "element": "e2m3"}
@@ -68,10 +105,10 @@ NVFP4 = {"id": "mx", "element": "e2m1", "block": 16, "scale": "e4m3"}
 def test_backward_compressor_is_the_compressor_unless_given():
     opts = CocclOptions(compressor="taco")
     assert opts.backward_codec is opts.codec
-    assert opts.compressor_for(True) == opts.compressor_for(False) == ("taco", opts.codec)
+    assert opts.compressor_for(True) == opts.compressor_for(False) == ("taco", (opts.codec,))
     split = CocclOptions(compressor=MXFP6, backward_compressor=NVFP4)
-    assert split.compressor_for(False) == (MXFP6, split.codec)
-    assert split.compressor_for(True) == (NVFP4, split.backward_codec)
+    assert split.compressor_for(False) == (MXFP6, (split.codec,))
+    assert split.compressor_for(True) == (NVFP4, (split.backward_codec,))
     assert split.backward_codec.get_config() == {**NVFP4, "id": "mx"}
     CocclOptions(algorithm="native", backward_compressor="identity")  # exact: allowed
     with pytest.raises(ValueError, match="backward_compressor"):
@@ -285,6 +322,15 @@ def test_cases_under_torchrun(tmp_path: Path):
 def test_cases_under_mpiexec(tmp_path: Path):
     """Three ranks: counts that are not multiples of the group, two-shot unlike ring."""
     run_cases([*mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py"], tmp_path)
+
+
+@pytest.mark.launch
+def test_hierarchical_cases_on_two_nodes_of_two(tmp_path: Path, monkeypatch):
+    """The two-level schedule with one codec and a codec pair through a coccl group:
+    tests/scripts/torch_hierarchical_cases.py on 4 ranks as 2 emulated nodes of 2."""
+    monkeypatch.setenv("COCCL_LOCAL_SIZE", "2")  # every rank inherits it
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    run_cases([*torchrun, "--nproc-per-node", "4"], tmp_path, HIERARCHICAL_CASES)
 
 
 # ------------------------------------------------------------------ example

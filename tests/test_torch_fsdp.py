@@ -36,6 +36,14 @@ def test_shard_comms_needs_a_sharded_module():
         shard_comms(torch.nn.Linear(2, 2))
 
 
+def test_a_codec_pair_needs_the_hierarchical_schedule():
+    pair = ({"id": "int8"}, INT4)
+    gather, reduce = fsdp_comms(reduce=Traffic(pair, "hierarchical"))
+    assert reduce.lossy and not gather.lossy
+    with pytest.raises(ValueError, match="pair .* is for schedule 'hierarchical'"):
+        Traffic(pair, "two_shot")
+
+
 def test_each_pair_keeps_its_own_state():
     a, b = fsdp_comms(Traffic(INT4, state="delta")), fsdp_comms(Traffic(INT4, state="delta"))
     assert a[0].delta is not b[0].delta and a[1].feedback is None

@@ -30,6 +30,11 @@ max) and the collectives not named take coccl's exact path (identity codec;
 PRODUCT, and PREMUL_SUM where torch exposes its factor (2.13); other ops (BAND...) and
 dtypes coccl does not carry (bool, complex) forward to the inner group.
 
+A codec per level: with ``algorithm="hierarchical"`` the AllReduce and ReduceScatter run
+the two-level schedule over nodes of ``COCCL_LOCAL_SIZE`` ranks (or each host's), and
+``compressor`` may be an ``(intra, inter)`` pair, as the Communicator takes it (SDP4Bit's
+8-bit inside the node, 4-bit across: ``("int8", {"id": "int", "bits": 4})``).
+
 A codec per direction: ``backward_compressor`` carries the collectives issued while
 autograd runs a backward pass (``in_backward()``), ``compressor`` the others. Over
 DTensor's TP that puts the activations' AllReduces on one codec and the input
@@ -85,6 +90,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from coccl import CallHandle, algorithms
+from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES
 from coccl.config import settings
 from coccl.torch import alltoall, p2p
 from coccl.torch.forwarding import Forwarding
@@ -96,6 +102,7 @@ from coccl.torch.group_options import (
     CocclOptions,
     effective,
     in_backward,
+    is_pair,
     options,
 )
 from coccl.torch.work import CocclWork, Steps
@@ -321,8 +328,8 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
         opts = self._effective()
         if backward is None:
             backward = in_backward()
-        codec_arg, codec = opts.compressor_for(backward)
-        lossy = not codec.lossless
+        codec_arg, codecs = opts.compressor_for(backward)
+        lossy = not all(codec.lossless for codec in codecs)
         if lossy and not (
             collective in opts.compress and compressible(x, op, opts.min_compress_bytes)
         ):
@@ -330,8 +337,11 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
         else:
             algorithm, compressor = opts.algorithm, codec_arg
             path = "compressed" if lossy else "exact"
-        if collective == "alltoall":  # one schedule: the direct exchange
-            algorithm = "auto"
+        one_level = collective not in HIERARCHICAL_COLLECTIVES
+        if collective == "alltoall" or (one_level and algorithm == "hierarchical"):
+            algorithm = "auto"  # all-to-all: one schedule; AllGather: no two-level one
+        if one_level and is_pair(compressor):  # a lossless pair: CocclOptions lets no
+            compressor = "identity"  # lossy one compress these
         kwargs: dict[str, Any] = {
             "algorithm": algorithm, "compressor": compressor, "chunk_bytes": opts.chunk_bytes,
         }  # fmt: skip

@@ -80,7 +80,7 @@ class _Comm:
 
     def __init__(self, traffic: Traffic) -> None:
         self.traffic = traffic
-        self.codec = coccl.get_compressor(traffic.codec)
+        self.lossy = traffic.lossy  # a codec pair (schedule "hierarchical"): either level
         self.calls: dict[str, int] = {"compressed": 0, "exact": 0}
 
     def allocate(
@@ -92,7 +92,7 @@ class _Comm:
     def compressed(self, x: torch.Tensor, group: Any, op: str = "sum") -> bool:
         """Whether this call of ``x`` runs the codec (see the module docstring)."""
         t = self.traffic
-        lossy = not self.codec.lossless and compressible(x, op, t.min_compress_bytes)
+        lossy = self.lossy and compressible(x, op, t.min_compress_bytes)
         if lossy and not isinstance(group, CocclProcessGroup):
             raise TypeError(
                 f"a lossy FSDP {self.collective} ({t.codec}) needs a coccl group, got "

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from coccl import algorithms
+from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES, level_codecs
 from coccl.compressors import Compressor, get_compressor
 from coccl.core.options import check_chunk_bytes
 
@@ -32,8 +33,13 @@ class CocclOptions:
 
     Attributes:
         compressor: codec name or config dict (``"taco"``, ``{"id": "int8"}``...) for the
-            collectives in ``compress``. Default ``"identity"``: exact.
-        algorithm: ``"auto"``, ``"ring"``, ``"two_shot"`` or ``"native"``.
+            collectives in ``compress``, or with ``algorithm="hierarchical"`` an
+            ``(intra, inter)`` pair of them (a tuple; a list is taken as one), one codec a
+            level, as the Communicator takes it. Default ``"identity"``: exact.
+        algorithm: ``"auto"``, ``"ring"``, ``"two_shot"``, ``"native"`` or
+            ``"hierarchical"`` (AllReduce and ReduceScatter over nodes of
+            ``COCCL_LOCAL_SIZE`` ranks; ``compress`` may then name no AllGather, nor an
+            all-to-all with a pair; an exact AllGather runs ``"auto"``).
         chunk_bytes: pipeline chunk size (None: coccl's sizing rules).
         min_compress_bytes: messages (input bytes) smaller than this run exact, so a
             loss-averaging AllReduce of a scalar or a metric is never quantized.
@@ -59,7 +65,7 @@ class CocclOptions:
             direction a call carries, see ``in_backward()``.
     """
 
-    compressor: str | dict = "identity"
+    compressor: str | dict | tuple = "identity"
     algorithm: str = "auto"
     chunk_bytes: int | None = None
     min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
@@ -67,18 +73,21 @@ class CocclOptions:
     device_backend: str = "auto"
     p2p_forward: str | dict = "identity"
     p2p_backward: str | dict = "identity"
-    backward_compressor: str | dict | None = None
+    backward_compressor: str | dict | tuple | None = None
 
     def __post_init__(self) -> None:
-        codec = get_compressor(self.compressor)  # ValueError for an unknown codec
-        backward = self.backward_codec  # ValueError for an unknown codec
+        for name in ("compressor", "backward_compressor"):
+            if isinstance(getattr(self, name), list):  # a pair from JSON: held as a tuple
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         algorithms.check_algorithm(self.algorithm)
-        if self.algorithm == "native" and not codec.lossless:
-            raise ValueError(f"algorithm 'native' takes compressor='identity', not {codec!r}")
-        if self.algorithm == "native" and not backward.lossless:
+        # ValueError for an unknown codec, or a pair with another algorithm
+        codecs, backward = self.codecs, self.backward_codecs
+        if self.algorithm == "native" and not codecs[0].lossless:
+            raise ValueError(f"algorithm 'native' takes compressor='identity', not {codecs[0]!r}")
+        if self.algorithm == "native" and not backward[0].lossless:
             raise ValueError(
                 f"algorithm 'native' takes backward_compressor='identity' (or None), not "
-                f"{backward!r}"
+                f"{backward[0]!r}"
             )
         check_chunk_bytes(self.chunk_bytes)
         if isinstance(self.min_compress_bytes, bool) or not isinstance(
@@ -89,6 +98,16 @@ class CocclOptions:
         unknown = [c for c in self.compress if c not in COMPRESSIBLE]
         if unknown:
             raise ValueError(f"compress names {unknown}; coccl's collectives are {COMPRESSIBLE}")
+        if self.algorithm == "hierarchical":
+            # no two-level AllGather; an all-to-all has one schedule, so one codec
+            pair = len(codecs) == 2 or len(backward) == 2
+            runs = HIERARCHICAL_COLLECTIVES if pair else (*HIERARCHICAL_COLLECTIVES, "alltoall")
+            beyond = [c for c in self.compress if c not in runs]
+            if beyond:
+                raise ValueError(
+                    f"algorithm 'hierarchical' compresses {', '.join(runs)} only"
+                    f"{' (a codec pair)' if pair else ''}; compress names {beyond}"
+                )
         self.p2p_codecs  # noqa: B018  (ValueError for an unknown codec)
         if self.device_backend not in DEVICE_BACKENDS:
             raise ValueError(
@@ -102,28 +121,52 @@ class CocclOptions:
         return None
 
     @functools.cached_property
-    def codec(self) -> Compressor:
-        """The group's codec object."""
-        return get_compressor(self.compressor)
+    def codecs(self) -> tuple[Compressor, ...]:
+        """The group's codec objects: ``(codec,)``, or ``(intra, inter)`` for a pair."""
+        return _levels(self.compressor, self.algorithm)
 
     @functools.cached_property
+    def backward_codecs(self) -> tuple[Compressor, ...]:
+        """The backward pass's codec objects (``codecs`` when ``backward_compressor`` is
+        None)."""
+        if self.backward_compressor is None:
+            return self.codecs
+        return _levels(self.backward_compressor, self.algorithm)
+
+    @property
+    def codec(self) -> Compressor:
+        """The group's codec object (a pair's intra-node one: ``codecs`` has both)."""
+        return self.codecs[0]
+
+    @property
     def backward_codec(self) -> Compressor:
         """The codec object of the backward pass's collectives (``codec`` when
-        ``backward_compressor`` is None)."""
-        if self.backward_compressor is None:
-            return self.codec
-        return get_compressor(self.backward_compressor)
+        ``backward_compressor`` is None; a pair's intra-node one)."""
+        return self.backward_codecs[0]
 
-    def compressor_for(self, backward: bool) -> tuple[str | dict, Compressor]:
-        """``(compressor argument, codec object)`` of one direction's collectives."""
+    def compressor_for(self, backward: bool) -> tuple[str | dict | tuple, tuple[Compressor, ...]]:
+        """``(compressor argument, codec objects)`` of one direction's collectives."""
         if backward and self.backward_compressor is not None:
-            return self.backward_compressor, self.backward_codec
-        return self.compressor, self.codec
+            return self.backward_compressor, self.backward_codecs
+        return self.compressor, self.codecs
 
     @functools.cached_property
     def p2p_codecs(self) -> tuple[Compressor, Compressor]:
         """The point-to-point codec objects: (forward, backward)."""
         return get_compressor(self.p2p_forward), get_compressor(self.p2p_backward)
+
+
+def _levels(spec: Any, algorithm: str) -> tuple[Compressor, ...]:
+    """A compressor argument's codec objects, checked as the Communicator checks them
+    (``level_codecs``): ValueError for an unknown codec, a pair with an algorithm other
+    than ``hierarchical``, or a tuple that is not a pair."""
+    codec, inter = level_codecs(get_compressor, spec, algorithm, HIERARCHICAL_COLLECTIVES[0])
+    return (codec, inter) if is_pair(spec) and inter is not None else (codec,)
+
+
+def is_pair(spec: Any) -> bool:
+    """Whether a compressor argument is an ``(intra, inter)`` pair."""
+    return isinstance(spec, (tuple, list))
 
 
 def in_backward() -> bool:
@@ -181,7 +224,10 @@ def options(group: Any = None, **changes: Any) -> Iterator[None]:
         >>> with coccl.torch.options(tp_group, compressor="int8", algorithm="ring"):
         ...     dist.all_reduce(x, group=tp_group)
     """
-    dataclasses.replace(CocclOptions(), **changes)  # validates names and values now
+    # validates names and values now (a pair against "hierarchical": the group's own
+    # algorithm is checked with it at the call, as any combination of the two)
+    pair = is_pair(changes.get("compressor")) or is_pair(changes.get("backward_compressor"))
+    dataclasses.replace(CocclOptions(algorithm="hierarchical" if pair else "auto"), **changes)
     entry = (group, changes)
     _OVERRIDES.append(entry)
     try:
@@ -207,5 +253,6 @@ __all__ = [
     "CocclOptions",
     "effective",
     "in_backward",
+    "is_pair",
     "options",
 ]

@@ -18,12 +18,16 @@ Traffic kinds: ``tp``: ``allreduce``, ``reduce_scatter``, ``allgather`` (what DT
 TP issues); ``pp``: ``forward`` (activations), ``backward`` (their gradients); ``dp``:
 ``reduce`` (gradients: ReduceScatter or AllReduce), ``gather`` (parameters). Each entry:
 ``codec`` (a name or config dict of coccl's registry; default ``identity``), ``schedule``
-(``auto``, ``ring``, ``two_shot``, ``native``; not for ``pp``), ``min_compress_bytes``
-(smaller messages run exact; default coccl's 64 KiB), ``state`` (``delta`` for a gather,
-``feedback`` for a reduce; default none). A ``tp`` entry may also name a
-``backward_codec``: the codec of its collectives issued during autograd's backward pass
-(DTensor's AllReduces of input gradients; ``CocclOptions.backward_compressor``), while
-``codec`` carries the forward pass's (activations); absent or null, ``codec`` carries both.
+(``auto``, ``ring``, ``two_shot``, ``native``; not for ``pp``; ``hierarchical`` for the
+reductions: ``dp.reduce``, ``tp.allreduce``, ``tp.reduce_scatter``, with no state),
+``min_compress_bytes`` (smaller messages run exact; default coccl's 64 KiB), ``state``
+(``delta`` for a gather, ``feedback`` for a reduce; default none). With ``hierarchical``,
+``codec`` may be a list of two, ``[intra, inter]``: a codec per level (``"dp": {"reduce":
+{"codec": ["int8", {"id": "int", "bits": 4}], "schedule": "hierarchical"}}``). A ``tp``
+entry may also name a ``backward_codec``: the codec of its collectives issued during
+autograd's backward pass (DTensor's AllReduces of input gradients;
+``CocclOptions.backward_compressor``), while ``codec`` carries the forward pass's
+(activations); absent or null, ``codec`` carries both.
 A string value ``"{name}"`` in a codec config is a placeholder the caller fills
 (``fill(d_model=768)``): tah's ``row`` is the model width.
 
@@ -60,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from coccl import algorithms
+from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES
 from coccl.compressors import Compressor, get_compressor
 from coccl.torch.backend import DEFAULT_MIN_COMPRESS_BYTES, CocclOptions
 
@@ -96,7 +101,8 @@ class Traffic:
     """One kind of traffic on one mesh dimension: how it travels.
 
     Attributes:
-        codec: the codec's config dict (coccl's registry), ``{"id": "identity"}``: exact.
+        codec: the codec's config dict (coccl's registry), ``{"id": "identity"}``: exact;
+            with schedule ``hierarchical``, an ``(intra, inter)`` pair of them.
         schedule: coccl's algorithm for a collective (``auto`` for point-to-point).
         min_compress_bytes: messages of fewer input bytes run exact.
         state: ``None``, ``"delta"`` or ``"feedback"``.
@@ -104,20 +110,29 @@ class Traffic:
             autograd's backward pass; ``None``: ``codec`` in both directions.
     """
 
-    codec: dict[str, Any]
+    codec: dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]
     schedule: str = "auto"
     min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
     state: str | None = None
-    backward_codec: dict[str, Any] | None = None
+    backward_codec: dict[str, Any] | tuple[dict[str, Any], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("codec", "backward_codec"):
+            value = getattr(self, name)
+            if isinstance(value, list):  # a pair from JSON: held as a tuple
+                object.__setattr__(self, name, tuple(value))
+            if isinstance(getattr(self, name), tuple) and self.schedule != "hierarchical":
+                raise PolicyError(
+                    f"a {name} pair (intra, inter) is for schedule 'hierarchical', "
+                    f"not {self.schedule!r}"
+                )
 
     @property
     def lossy(self) -> bool:
-        """Whether its codec, in either direction, loses information (its configs have
-        no placeholders left)."""
-        return (
-            not get_compressor(self.codec).lossless
-            or not get_compressor(self.backward_codec or self.codec).lossless
-        )
+        """Whether its codec, in either direction and at either level, loses
+        information (its configs have no placeholders left)."""
+        configs = [*_configs(self.codec), *_configs(self.backward_codec)]
+        return not all(get_compressor(c).lossless for c in configs)
 
     def options(self, collectives: tuple[str, ...]) -> dict[str, Any]:
         """``CocclOptions`` fields that make ``collectives`` travel this way."""
@@ -230,7 +245,8 @@ class Policy:
             f"{dim}.{kind}.{prefix}{key}={value}"
             for dim, kinds in self.traffic.items()
             for kind, t in kinds.items()
-            for prefix, codec in (("", t.codec), ("backward_codec.", t.backward_codec or {}))
+            for prefix, codecs in (("", t.codec), ("backward_codec.", t.backward_codec))
+            for codec in _configs(codecs)
             for key, value in codec.items()
             if isinstance(value, str) and _PLACEHOLDER.match(value)
         ]
@@ -355,7 +371,6 @@ def _entry(spec: Any, dim: str, kind: str) -> Traffic:
     if not isinstance(spec, Mapping):
         raise PolicyError(f"{where} must be a dict of {list(ENTRY_KEYS)}, got {spec!r}")
     _check_keys(spec, ENTRY_KEYS, where)
-    codec = _codec(spec.get("codec", "identity"), f"{where}.codec")
     schedule = spec.get("schedule", "auto")
     if dim == "pp" and schedule != "auto":
         raise PolicyError(f"{where}.schedule: point-to-point has no schedule, got {schedule!r}")
@@ -363,6 +378,14 @@ def _entry(spec: Any, dim: str, kind: str) -> Traffic:
         algorithms.check_algorithm(schedule)
     except ValueError as e:
         raise PolicyError(f"{where}.schedule: {e}") from None
+    if schedule == "hierarchical":
+        if not set(COLLECTIVES.get(kind, ())) <= set(HIERARCHICAL_COLLECTIVES):
+            raise PolicyError(
+                f"{where}.schedule 'hierarchical' runs {HIERARCHICAL_COLLECTIVES}, not {kind}"
+            )
+        if spec.get("state") is not None:
+            raise PolicyError(f"{where}: schedule 'hierarchical' carries no state")
+    codec = _codec_or_pair(spec.get("codec", "identity"), f"{where}.codec", schedule)
     threshold = spec.get("min_compress_bytes", DEFAULT_MIN_COMPRESS_BYTES)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
         raise PolicyError(f"{where}.min_compress_bytes must be an int >= 0, got {threshold!r}")
@@ -380,7 +403,7 @@ def _entry(spec: Any, dim: str, kind: str) -> Traffic:
                 f"{dim} {kind} travels in one direction"
                 + ("; pp's backward is its own entry)" if dim == "pp" else ")")
             )
-        backward = _codec(backward, f"{where}.backward_codec")
+        backward = _codec_or_pair(backward, f"{where}.backward_codec", schedule)
         if schedule == "native" and backward["id"] != "identity":
             raise PolicyError(
                 f"{where}: schedule 'native' is exact, not backward_codec {backward['id']!r}"
@@ -391,6 +414,25 @@ def _entry(spec: Any, dim: str, kind: str) -> Traffic:
                 f"backward_codec gives its calls two"
             )
     return Traffic(codec, schedule, threshold, state, backward)
+
+
+def _codec_or_pair(spec: Any, where: str, schedule: str) -> Any:
+    """``_codec``'s config, or for a list or tuple an ``(intra, inter)`` pair of them,
+    which only schedule ``hierarchical`` takes."""
+    if not isinstance(spec, (list, tuple)):
+        return _codec(spec, where)
+    if schedule != "hierarchical":
+        raise PolicyError(f"{where}: a pair (intra, inter) is for schedule 'hierarchical'")
+    if len(spec) != 2:
+        raise PolicyError(f"{where}: a pair is (intra, inter), got {len(spec)} codecs")
+    return tuple(_codec(level, f"{where}[{i}]") for i, level in enumerate(spec))
+
+
+def _configs(codec: Any) -> list[dict[str, Any]]:
+    """The config dicts of a codec entry: none (None), one, or a pair's two."""
+    if codec is None:
+        return []
+    return list(codec) if isinstance(codec, tuple) else [codec]
 
 
 def _codec(spec: Any, where: str) -> dict[str, Any]:
@@ -419,11 +461,11 @@ def _open(codec: Mapping[str, Any]) -> bool:
     return any(isinstance(v, str) and _PLACEHOLDER.match(v) for v in codec.values())
 
 
-def _fill(
-    codec: dict[str, Any] | None, values: Mapping[str, Any], where: str
-) -> dict[str, Any] | None:
+def _fill(codec: Any, values: Mapping[str, Any], where: str) -> Any:
     if codec is None:  # no backward codec
         return None
+    if isinstance(codec, tuple):  # a pair: each level
+        return tuple(_fill(c, values, f"{where}[{i}]") for i, c in enumerate(codec))
     out = {}
     for key, value in codec.items():
         match = _PLACEHOLDER.match(value) if isinstance(value, str) else None

@@ -92,8 +92,19 @@ def level_data(seed: int, rank: int, count: int, codec) -> np.ndarray:
     return rank_data(seed, rank, count, F32)
 
 
-@pytest.mark.parametrize("count", [1, 1000])
-@pytest.mark.parametrize("codec", ["identity", "int8", ("int8", "taco")], ids=str)
+INT4 = {"id": "int", "bits": 4}
+LEVEL_CODECS = {  # one codec for both levels, or (intra, inter)
+    "identity": "identity",
+    "int8": "int8",
+    "int8+taco": ("int8", "taco"),
+    "int8+int4": ("int8", INT4),
+    "int8+int4sr": ("int8", STOCHASTIC),  # stochastic across nodes: ranks still bitwise equal
+}
+
+
+# 255, 1000, 10007: a leftover after the node's whole groups (all of it at 255)
+@pytest.mark.parametrize("count", [0, 1, 255, 1000, 10007])
+@pytest.mark.parametrize("codec", list(LEVEL_CODECS.values()), ids=list(LEVEL_CODECS))
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
 def test_hierarchical(two_level, collective, codec, count):
     comm = two_level
