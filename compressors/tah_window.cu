@@ -47,35 +47,14 @@
 // Has barriers: the whole block calls it.
 PHASE_S void window_scores(const void* src, i64 count, i64 t0, i64 f1, const u64* tab,
                          u32 (*red_m)[WARPS], long long* sums, u32* wsc) {
-  ScoreBlock b;
-  b.xb = (const char*)src;
-  b.pay = nullptr;  // the scores stay in shared memory
-  b.count = count;
-  b.ntok = f1;
-  b.vec = (((u64)src) & 15) == 0;
-  b.tab = (const unsigned char*)tab;
-  b.c8 = 8u * (u32)(threadIdx.x & (SC_COPIES - 1));
-  b.red_m = red_m;
+  ScoreBlock b = score_block(src, nullptr, count, f1, tab, red_m);  // no payload: scores
   b.sums = sums + 2 * SC_BATCH * (threadIdx.x >> 5);
   for (i64 tb = t0; tb < f1; tb += SC_BATCH) {
     b.tb = tb;
     b.tend = min(tb + SC_BATCH, f1);
     u32 w0[SC_CACHE][SC_WORDS], w1[SC_CACHE][SC_WORDS];
     load_token(b.xb, tb, count, b.vec, w0);
-#if SC_PAIR
-    for (i64 t = tb;; ++t) {
-      if (!score_token(b, t, 0, w0, w1)) break;
-      if (!score_token(b, ++t, 1, w1, w0)) break;
-    }
-#else
-    for (i64 t = tb, par = 0;; ++t, par ^= 1) {
-      if (!score_token(b, t, (int)par, w0, w1)) break;
-#pragma unroll
-      for (int c = 0; c < SC_CACHE; ++c)
-#pragma unroll
-        for (int q = 0; q < SC_WORDS; ++q) w0[c][q] = w1[c][q];
-    }
-#endif
+    score_run(b, tb, 1, w0, w1);
     __syncthreads();  // the batch's sums
     if (threadIdx.x < b.tend - tb) {
       long long ss = 0, ll = 0;

@@ -69,15 +69,18 @@ CASES = [
 ]
 
 
+# launch.cpp's entry points
+ARGTYPES = {
+    "emu_launch": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 5,
+    "emu_launch8": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 6,
+    "emu_set_grid": [ctypes.c_int],
+}
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """A function from a variant's defines to its compiled emulation (cached)."""
-    argtypes = {
-        "emu_launch": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 5,
-        "emu_launch8": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 6,
-        "emu_set_grid": [ctypes.c_int],
-    }
-    return builder(tmp_path_factory.mktemp("tah_emulation"), SOURCES, argtypes, {"OP": 0})
+    return builder(tmp_path_factory.mktemp("tah_emulation"), SOURCES, ARGTYPES, {"OP": 0})
 
 
 def _variant(c: TahCompressor, epl: int) -> dict:

@@ -7,12 +7,12 @@ tests/test_codec_gpu_tah.py checks the same on a GPU. Skips without a C++20 comp
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
-from test_codec_tah_emulated import (  # the kernels' launches as tah_gpu's
+from test_codec_tah_emulated import (  # the kernels' sources and launches as tah_gpu's
+    ARGTYPES,
     BF16,
+    SOURCES,
     XT,
     XT32,
     _variant,
@@ -28,39 +28,20 @@ from coccl.compressors.tah_cpu import low_prefix
 from coccl.compressors.tah_format import MAX_WINDOW, tah_layout, window_low_count
 from coccl.compressors.tah_gpu import _ENCODE, _EPL, _window_lows
 
-from emulation import CXX, EMULATION, KERNELS, builder
+from emulation import CXX, builder
 
 if CXX is None:
     pytest.skip("needs g++ for the CUDA host emulation", allow_module_level=True)
 
-SOURCES = [
-    EMULATION / "emu.h",
-    KERNELS / "codec_kernels.cu",
-    KERNELS / "codec_tile_helpers.cu",
-    KERNELS / "tah_tables.cu",
-    KERNELS / "tah_select.cu",
-    KERNELS / "tah_kernels.cu",
-    KERNELS / "tah_encode.cu",
-    KERNELS / "tah_decode.cu",
-    KERNELS / "tah_score.cu",
-    KERNELS / "tah_window.cu",
-    EMULATION / "launch.cpp",
-]
-
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    argtypes = {
-        "emu_launch": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 5,
-        "emu_launch8": [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 6,
-        "emu_set_grid": [ctypes.c_int],
-    }
-    return builder(tmp_path_factory.mktemp("tah_window"), SOURCES, argtypes, {"OP": 0})
+    return builder(tmp_path_factory.mktemp("tah_window"), SOURCES, ARGTYPES, {"OP": 0})
 
 
 def window_select(build, payload: np.ndarray, lay, window: int, fraction: float) -> None:
-    """tah_gpu._window_select's launch, on two blocks of 32 threads (a thread a bitmap
-    byte, grid-stride past 64 bytes)."""
+    """tah_gpu._window_select's launch, on two blocks of 32 threads (a block a span,
+    grid-stride over the spans)."""
     lows = window_low_count(window, fraction)
     lows |= window_low_count(lay.full_tokens % window, fraction) << 32
     lib = build({"TAH_OP": 7, "THREADS": 32})

@@ -809,6 +809,16 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
     timeout 60 python3 bench/scripts/launch_times.py encode --count 256M --dtype $dt \
       --compressor tah:row=4096,window=5 2>&1 | tail -4
   done ;;
+dppair)
+  # Issue #31's recipe on 4 staged ranks as 2 emulated nodes of 2: the two-level AllReduce
+  # with int8 inside the node and 4-bit int with a 32-point Hadamard across (a codec pair),
+  # beside int8 at both levels, identity and the native AllReduce of the same run. ~60 s.
+  step "4-rank staged two-level AllReduce, the 8-bit / 4-bit pair"
+  COCCL_LOCAL_SIZE=2 timeout 90 python3 -m coccl.bench.cli allreduce --np 4 --device gpu \
+    -b 4M -e 256M -f 4 -n 5 -w 1 --no-progress --algorithm hierarchical,native \
+    --compressor identity,int:bits=8,int8+int:bits=4,hadamard=32 -d float32,bfloat16 \
+    --json "$JSONDIR/h200-mpi-4ranks-hierarchical-pair.json" 2>&1 | tee "$OUT/dppair.txt" \
+    | grep -v "^#  Rank" | tail -24 ;;
 next23)
   # What session 23 left for the device: the decodes' floor with the payload's reads spread
   # through the writes as a decode's are (against the phased floor of
