@@ -18,7 +18,7 @@
 // bitmap's unused bits (0).
 //
 // Defines: those of kernel 1 (XT, ROW, SC_PAIR; SC_SPLIT is 1) and of kernel 2 (TILE,
-// BH, BL, EPL, PIVOT, RATIO_BITS); WMAX, the largest window (tah_format.MAX_WINDOW).
+// BH, BL, EPL, PIVOT, RATIO_BITS); WMAX, the largest window it takes (a multiple of 4).
 #if TAH_OP == 8
 #if !SC_SPLIT
 #error "the window encode keeps its warps' sums (SC_SPLIT 1)"
@@ -31,21 +31,16 @@
 #endif
 #define SC_BATCH 32            // tokens whose warps' sums the block holds before their scores
 #define SPAN_WORDS (WMAX / 4)  // a span of lcm(win, 8) <= 8 WMAX tokens' bits
-// The two phases of a window are functions of their own (not inlined): each then has the
-// registers of the kernel it comes from (kernel 1's, kernel 2's), and only the few values
-// of the loops over spans and windows are kept across a call.
-#define PHASE_CALL COLD  // codec_tile_helpers.cu's: out of line on the device
-#ifndef PHASE_S
-#define PHASE_S PHASE_CALL
-#endif
-#ifndef PHASE_T
-#define PHASE_T PHASE_CALL
-#endif
+// The two phases of a window are functions of their own (codec_tile_helpers.cu's COLD:
+// not inlined on the device): each then has the registers of the kernel it comes from
+// (kernel 1's, kernel 2's), and only the few values of the loops over spans and windows
+// are kept across a call (inlined, the kernel spilled ~1 KB at the same bound).
+#define PHASE COLD
 
 // The scores of full tokens [t0, f1) into wsc[0, f1 - t0) (tab: the table in shared
 // memory; red_m and sums: shared memory for score_token's maxima and the warps' sums).
 // Has barriers: the whole block calls it.
-PHASE_S void window_scores(const void* src, i64 count, i64 t0, i64 f1, const u64* tab,
+PHASE void window_scores(const void* src, i64 count, i64 t0, i64 f1, const u64* tab,
                          u32 (*red_m)[WARPS], long long* sums, u32* wsc) {
   ScoreBlock b = score_block(src, nullptr, count, f1, tab, red_m);  // no payload: scores
   b.sums = sums + 2 * SC_BATCH * (threadIdx.x >> 5);
@@ -71,7 +66,7 @@ PHASE_S void window_scores(const void* src, i64 count, i64 t0, i64 f1, const u64
 // The tiles of tokens [t0, t1) (up to tile K for the last window), their places from the
 // span's bits (sbm: the bitmap's bytes from byte s0 / 8 on, s0 the span's first token, pre
 // the low tokens before it). The warps take consecutive tile groups.
-PHASE_T void window_tiles(const void* src, unsigned char* pay, i64 count, i64 K, i64 piv0,
+PHASE void window_tiles(const void* src, unsigned char* pay, i64 count, i64 K, i64 piv0,
                         i64 t0, i64 t1, const unsigned char* sbm, i64 s0, i64 pre) {
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vec = (((u64)src) & 15) == 0, a4 = (((u64)pay) & 3) == 0;

@@ -16,7 +16,6 @@ tests/test_codec_gpu_mx.py checks the real thing on one. Skips without g++ (C++2
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,8 +29,8 @@ from coccl.compressors.gpu_build import ELEMENT_TYPES
 from coccl.compressors.layout import num_groups
 
 from codec_reference import grouped_gaussian, magnitude_sweep, seed_for
+from emulation import CXX  # g++ that builds the emulation's C++20, or None
 
-CXX = shutil.which("g++")
 if CXX is None:
     pytest.skip("needs g++ for the CUDA host emulation", allow_module_level=True)
 
@@ -98,7 +97,7 @@ def build(tmp_path_factory):
             cmd = [CXX, *FLAGS, "-shared", "-o", str(so), str(source)]
             done = subprocess.run(cmd, capture_output=True)
             if done.returncode != 0:
-                pytest.skip(f"the emulation does not build here: {done.stderr[-500:]!r}")
+                pytest.fail(f"the emulation of {key} does not build: {done.stderr[-800:]!r}")
             lib = ctypes.CDLL(str(so))
             lib.emu_mx_launch.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 3
             lib.emu_codes.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong]
