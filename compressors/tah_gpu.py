@@ -79,6 +79,7 @@ _OP_WINDOW_SELECT, _OP_WINDOW_ENCODE = 7, 8
 # selection within windows (TAH_OP 7) and the tiles kernel. Bitwise the same payload; a
 # module constant for a device A/B.
 _WINDOW_FUSED_MAX = 64
+_WINDOW_FUSED_SPANS_PER_SM = 1  # the fewest spans an SM for the one kernel (0: any)
 # The window encode's __launch_bounds__ minimum blocks an SM, and its grid's (one wave,
 # grid-stride over spans). At 3 (80 registers) ptxas spills a few values in its tile
 # loop, at 2 (128) none; at 4 (64) many.
@@ -281,7 +282,7 @@ def tah_encode(
     options = (row, tile, bits_high, bits_low, low_fraction, int(window), bool(pivot))
     options = (*options, float(pivot_ratio))
     switches = (_SCORE_SPLIT, _SCORE_PAIRS, _SELECT_MULTI, _EPL[_ENCODE], _TILE_MIN_BLOCKS[_ENCODE])
-    switches = (*switches, _WINDOW_FUSED_MAX, _WINDOW_MIN_BLOCKS)
+    switches = (*switches, _WINDOW_FUSED_MAX, _WINDOW_FUSED_SPANS_PER_SM, _WINDOW_MIN_BLOCKS)
     # The scratch offsets depend on the payload's address modulo 8 (_score_sums).
     key = ("encode", device_id, count, xt, options, payload.data.ptr % 8, switches)
     plan = _plans.get(key)
@@ -297,7 +298,8 @@ def _encode_plan(
     """The launches of an encode (see the module docstring) of ``count`` elements, layout
     ``lay``, into a payload at an address congruent to ``payload_ptr`` modulo 8."""
     row, tile, bits_high, bits_low, fraction, window, pivot, pivot_ratio = options
-    if 0 < window <= _WINDOW_FUSED_MAX and _spans(lay, window) >= sm_count(cp):
+    few = sm_count(cp) * _WINDOW_FUSED_SPANS_PER_SM  # spans below which three launches
+    if 0 < window <= _WINDOW_FUSED_MAX and _spans(lay, window) >= few:
         return (_window_encode(cp, xt, count, lay, options),)
     i64 = np.int64
     hist0, hwords = _select_scratch(payload_ptr, lay, window)

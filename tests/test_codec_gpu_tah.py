@@ -164,11 +164,18 @@ WINDOWS = [
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cfg", WINDOWS, ids=_id)
-def test_gpu_windows(cfg: dict, dtype: np.dtype) -> None:
-    # The window option's encodes (tah_window.cu's one kernel, or the scores, the selection
-    # within windows and the tiles) against the CPU's: a short last window and token, more
-    # spans than the grid's blocks.
+@pytest.mark.parametrize("fused", [True, False], ids=["one-kernel", "three-launches"])
+def test_gpu_windows(monkeypatch, cfg: dict, dtype: np.dtype, fused: bool) -> None:
+    # The window option's encodes, each path at every size (tah_window.cu's one kernel,
+    # whatever its spans; or the scores, the selection within windows and the tiles)
+    # against the CPU's: a short last window and token, more spans than the grid's blocks.
+    from coccl.compressors import tah_gpu  # noqa: PLC0415
+
+    monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_SPANS_PER_SM", 0)
+    monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_MAX", 64 if fused else 0)
     c = TahCompressor(**cfg)
+    if fused and c.window > 64:
+        pytest.skip("the one kernel takes windows up to 64 tokens")
     rng = np.random.default_rng(zlib.crc32(_id(cfg).encode()))
     for n in [1, c.row - 1, 7 * c.row + 100, 3001 * c.row + 33]:
         check_roundtrip(c, make_data(rng, n, c.row, dtype), f"{cfg} {dtype} n={n}")
@@ -186,6 +193,7 @@ def test_gpu_window_paths_agree(monkeypatch, offset: int) -> None:
     want = c.encode(x)
     xd = cupy.zeros(n + 1, cupy.float32)
     xd[1:] = cupy.asarray(x)
+    monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_SPANS_PER_SM", 0)  # 2 spans: the one kernel
     for fused_max, blocks in ((64, 3), (0, 3), (64, 2)):
         monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_MAX", fused_max)
         monkeypatch.setattr(tah_gpu, "_WINDOW_MIN_BLOCKS", blocks)

@@ -81,6 +81,8 @@ CALLS = [
     (64 << 20, BFLOAT16, 0, {"window": 6}, {}),
     (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_MIN_BLOCKS": 2}),
     (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_FUSED_MAX": 4}),
+    (1 << 20, BFLOAT16, 0, {"window": 6}, {}),  # 11 spans: three launches
+    (1 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_FUSED_SPANS_PER_SM": 0}),
     (64 << 20, np.float32, 0, {"window": 512}, {}),
 ]
 

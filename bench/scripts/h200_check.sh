@@ -792,7 +792,8 @@ tahwin)
   # The tah window option (issue #30's encode): the one-kernel encode of small windows
   # (tah_window.cu) beside the default's kernels in one run, checked bitwise against the
   # CPU's; then its arms, each its own process: 2 blocks an SM (_WINDOW_MIN_BLOCKS) and the
-  # three launches (_WINDOW_FUSED_MAX 0); then its launch's time alone. ~250 s.
+  # three launches (_WINDOW_FUSED_MAX 0), and the one kernel below one span an SM; then its
+  # launch's time alone. ~280 s.
   step "tah encode: default / window 5 / window 8"
   timeout 200 python3 -c "import sys; from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" \
     codec --device gpu --counts 4M,16M,64M,256M -d bfloat16,float32 -n 15 \
@@ -804,6 +805,11 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
       --counts 64M,256M --compressor tah:row=4096,window=5 -d bfloat16,float32 -n 15 -c 0 \
       --json "$JSONDIR/tahwin-${arm%%=*}.json" 2>&1 | grep -E " encode" | sed "s/^/[$arm] /"
   done
+  # below one span an SM (4M, 16M at window 5) the one kernel against the three launches
+  timeout 80 python3 -c "import sys, coccl.compressors.tah_gpu as m; m._WINDOW_FUSED_SPANS_PER_SM = 0; \
+from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
+    --counts 4M,16M --compressor tah:row=4096,window=5 -d bfloat16,float32 -n 15 -c 0 \
+    --json "$JSONDIR/tahwin-few-spans.json" 2>&1 | grep -E " encode" | sed "s/^/[one kernel, few spans] /"
   step "tah window encode: its launch"
   for dt in bfloat16 float32; do
     timeout 60 python3 bench/scripts/launch_times.py encode --count 256M --dtype $dt \
