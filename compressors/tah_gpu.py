@@ -84,6 +84,11 @@ _WINDOW_FUSED_SPANS_PER_SM = 1  # the fewest spans an SM for the one kernel (0: 
 # grid-stride over spans). At 3 (80 registers) ptxas spills a few values in its tile
 # loop, at 2 (128) none; at 4 (64) many.
 _WINDOW_MIN_BLOCKS = 3
+# The window encode asks L2 for the block's next window before a window's tiles
+# (tah_window.cu's WIN_PREFETCH): its reads from memory under the tiles' work, at the cost
+# of two windows a block in L2 (~32 MB of float32 rows of 4096 at window 5, of the 50 MB).
+# False until a device A/B; bitwise the same payload.
+_WINDOW_PREFETCH = False
 # The scores kernel's blocks per SM, by element type (XT: float32, float16, bfloat16; the
 # same split or not, below): its __launch_bounds__ minimum and its grid, one wave of them
 # (grid-stride over tokens), so that every block takes as many tokens as another, to within
@@ -283,6 +288,7 @@ def tah_encode(
     options = (*options, float(pivot_ratio))
     switches = (_SCORE_SPLIT, _SCORE_PAIRS, _SELECT_MULTI, _EPL[_ENCODE], _TILE_MIN_BLOCKS[_ENCODE])
     switches = (*switches, _WINDOW_FUSED_MAX, _WINDOW_FUSED_SPANS_PER_SM, _WINDOW_MIN_BLOCKS)
+    switches = (*switches, _WINDOW_PREFETCH)
     # The scratch offsets depend on the payload's address modulo 8 (_score_sums).
     key = ("encode", device_id, count, xt, options, payload.data.ptr % 8, switches)
     plan = _plans.get(key)
@@ -362,6 +368,7 @@ def _window_encode(cp: Any, xt: int, count: int, lay: Any, options: tuple) -> _L
         "SC_PAIR": int(_SCORE_PAIRS and xt != 0),
         "WMAX": -(-_WINDOW_FUSED_MAX // 4) * 4,  # its shared memory: this many tokens' scores
         "MIN_BLOCKS": _WINDOW_MIN_BLOCKS,
+        "WIN_PREFETCH": int(_WINDOW_PREFETCH),
     }
     # One wave of blocks at most, each as many spans as another (to within one): where the
     # spans are few, a last wave of a few blocks would take as long as a full one.

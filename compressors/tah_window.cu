@@ -18,7 +18,8 @@
 // bitmap's unused bits (0).
 //
 // Defines: those of kernel 1 (XT, ROW, SC_PAIR; SC_SPLIT is 1) and of kernel 2 (TILE,
-// BH, BL, EPL, PIVOT, RATIO_BITS); WMAX, the largest window it takes (a multiple of 4).
+// BH, BL, EPL, PIVOT, RATIO_BITS); WMAX, the largest window it takes (a multiple of 4);
+// WIN_PREFETCH (below).
 #if TAH_OP == 8
 #if !SC_SPLIT
 #error "the window encode keeps its warps' sums (SC_SPLIT 1)"
@@ -36,6 +37,23 @@
 // (kernel 1's, kernel 2's), and only the few values of the loops over spans and windows
 // are kept across a call (inlined, the kernel spilled ~1 KB at the same bound).
 #define PHASE COLD
+#ifndef WIN_PREFETCH
+#define WIN_PREFETCH 0
+#endif
+
+// WIN_PREFETCH: the block asks L2 for the next window's tokens (the next in its span, or
+// its next span's first) before this window's tiles, so that their reads from memory run
+// under the tiles' work instead of after it (up to two windows a block in L2).
+DEV void prefetch_window(const char* xb, i64 t0, i64 t1) {
+#if WIN_PREFETCH
+  const i64 first = t0 * TROW * EB, bytes = (t1 - t0) * TROW * EB;
+  for (i64 i = 128 * (i64)threadIdx.x; i < bytes; i += 128 * THREADS) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(xb + first + i));
+#endif
+  }
+#endif
+}
 
 // The scores of full tokens [t0, f1) into wsc[0, f1 - t0) (tab: the table in shared
 // memory; red_m and sums: shared memory for score_token's maxima and the warps' sums).
@@ -122,6 +140,8 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
         }
         __syncthreads();  // the window's bits
       }
+      const i64 n0 = t1 < s1 ? t1 : s0 + (i64)gridDim.x * span;  // the block's next window
+      prefetch_window((const char*)src, n0, min(n0 + win, nfull));
       window_tiles(src, pay, count, K, piv0, t0, t1, (const unsigned char*)sbm, s0,
                    s0 / win * nlow);
       __syncthreads();  // the next window's bits are set after these tiles read theirs

@@ -71,15 +71,19 @@ def test_window_selection_is_the_cpus(build, tokens: int, window: int, fraction:
     np.testing.assert_array_equal(payload[lay.bitmap_offset :], want)
 
 
-def fused_encode(build, c: TahCompressor, x: np.ndarray, threads: int, grid: int) -> np.ndarray:
+def fused_encode(
+    build, c: TahCompressor, x: np.ndarray, threads: int, grid: int, prefetch: int = 0
+) -> np.ndarray:
     """The window encode (TAH_OP 8) on ``grid`` blocks of ``threads`` (grid-stride over
-    spans), into a payload of 0xAB bytes (every byte must be written)."""
+    spans), into a payload of 0xAB bytes (every byte must be written); ``prefetch``: its
+    WIN_PREFETCH (a hint to L2, nothing on the host: the variant builds and runs alike)."""
     lay = tah_layout(x.size, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction, c.window)
     payload = np.full(lay.nbytes, 0xAB, np.uint8)
     ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
     defs = {"TAH_OP": 8, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
     defs |= {"SC_SPLIT": 1, "SC_PAIR": int(x.dtype != XT32), "WMAX": MAX_WINDOW}
-    lib = build({**defs, **_variant(c, _EPL[_ENCODE]), "THREADS": threads})
+    defs |= {"THREADS": threads, "WIN_PREFETCH": prefetch}
+    lib = build({**defs, **_variant(c, _EPL[_ENCODE])})
     lib.emu_set_grid(grid)
     lows = _window_lows(lay, c.window, c.low_fraction)
     lib.emu_launch8(
@@ -129,8 +133,8 @@ def test_window_encodes_are_the_cpus(build, cfg: dict, dtype) -> None:
         x = data(rng, n, c.row, dtype)
         want = c.encode(x)
         msg = f"{cfg} {dtype} n={n}"
-        for threads, grid in ((32, 2), (64, 3)):
-            got = fused_encode(build, c, x, threads, grid)
+        for threads, grid, prefetch in ((32, 2, 0), (64, 3, 1)):
+            got = fused_encode(build, c, x, threads, grid, prefetch)
             np.testing.assert_array_equal(got, want, err_msg=f"{msg} fused {threads=}")
         got = three_launch_encode(build, c, x)
         np.testing.assert_array_equal(got, want, err_msg=f"{msg} three launches")

@@ -83,6 +83,7 @@ CALLS = [
     (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_FUSED_MAX": 4}),
     (1 << 20, BFLOAT16, 0, {"window": 6}, {}),  # 11 spans: three launches
     (1 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_FUSED_SPANS_PER_SM": 0}),
+    (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_PREFETCH": True}),
     (64 << 20, np.float32, 0, {"window": 512}, {}),
 ]
 

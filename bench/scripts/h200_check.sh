@@ -791,15 +791,15 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
 tahwin)
   # The tah window option (issue #30's encode): the one-kernel encode of small windows
   # (tah_window.cu) beside the default's kernels in one run, checked bitwise against the
-  # CPU's; then its arms, each its own process: 2 blocks an SM (_WINDOW_MIN_BLOCKS) and the
-  # three launches (_WINDOW_FUSED_MAX 0), and the one kernel below one span an SM; then its
-  # launch's time alone. ~280 s.
+  # CPU's; then its arms, each its own process: 2 blocks an SM (_WINDOW_MIN_BLOCKS), the
+  # three launches (_WINDOW_FUSED_MAX 0), the next window asked of L2 (_WINDOW_PREFETCH),
+  # and the one kernel below one span an SM; then its launch's time alone. ~310 s.
   step "tah encode: default / window 5 / window 8"
   timeout 200 python3 -c "import sys; from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" \
     codec --device gpu --counts 4M,16M,64M,256M -d bfloat16,float32 -n 15 \
     --compressor tah:row=4096,tah:row=4096,window=5,tah:row=4096,window=8 \
     --json "$JSONDIR/tahwin.json" 2>&1 | tee "$OUT/tahwin_log.txt" | grep -E " encode|FAIL|rror"
-  for arm in _WINDOW_MIN_BLOCKS=2 _WINDOW_FUSED_MAX=0; do
+  for arm in _WINDOW_MIN_BLOCKS=2 _WINDOW_FUSED_MAX=0 _WINDOW_PREFETCH=True; do
     timeout 80 python3 -c "import sys, coccl.compressors.tah_gpu as m; m.${arm%%=*} = ${arm#*=}; \
 from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
       --counts 64M,256M --compressor tah:row=4096,window=5 -d bfloat16,float32 -n 15 -c 0 \
