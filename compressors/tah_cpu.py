@@ -38,7 +38,7 @@ from .tah_format import (
     SCORE_W,
     SCORE_WL,
     tah_layout,
-    window_low_count,
+    windows,
 )
 
 _F0 = np.float32(0.0)
@@ -260,19 +260,15 @@ def low_prefix(
 ) -> np.ndarray:
     """``lb`` (int64, tokens + 1): ``lb[t]`` low tokens before token t. The low ones are,
     in each window of ``window`` consecutive full tokens (``window`` 0: all of them, one
-    window), the ``window_low_count`` of the window with the smallest keys."""
-    full = int(full_tokens)
-    size = full if window <= 0 or window >= full else int(window)
+    window; ``tah_format.windows``), the window's low count with the smallest keys."""
+    w = windows(full_tokens, low_fraction, window)
     flags = np.zeros(keys.size, dtype=np.int64)
-    whole = full // size if size else 0
-    nlow = window_low_count(size, low_fraction)
-    if whole and nlow:  # the whole windows, each row one window
-        chosen = np.sort(keys[: whole * size].reshape(whole, size), axis=1)[:, :nlow]
+    end = w.whole * w.size  # the whole windows' tokens, then the shorter last window's
+    if w.whole and w.low:  # each row one window
+        chosen = np.sort(keys[:end].reshape(w.whole, w.size), axis=1)[:, : w.low]
         flags[(chosen & 0xFFFFFFFF).ravel()] = 1
-    rest = keys[whole * size : full]
-    nrest = window_low_count(rest.size, low_fraction)
-    if nrest:
-        flags[np.sort(rest)[:nrest] & 0xFFFFFFFF] = 1
+    if w.rest_low:
+        flags[np.sort(keys[end : end + w.rest])[: w.rest_low] & 0xFFFFFFFF] = 1
     return np.concatenate([np.zeros(1, np.int64), np.cumsum(flags)])
 
 

@@ -53,14 +53,33 @@ def window_low_count(tokens: int, low_fraction: float) -> int:
     return int(math.floor(float(low_fraction) * int(tokens)))
 
 
+class Windows(NamedTuple):
+    """How a payload's full tokens fall into windows (FORMAT.md's step 2): ``whole``
+    windows of ``size`` tokens, ``low`` low tokens each, then the last ``rest`` tokens
+    (fewer than ``size``: a shorter window) with ``rest_low``."""
+
+    size: int
+    whole: int
+    low: int
+    rest: int
+    rest_low: int
+
+
+def windows(full_tokens: int, low_fraction: float, window: int = 0) -> Windows:
+    """The windows of ``full_tokens`` full tokens: of ``window`` tokens, or with ``window``
+    0 one window of them all."""
+    full = int(full_tokens)
+    size = int(window) if window > 0 else full
+    whole, rest = divmod(full, size) if size else (0, 0)
+    f = low_fraction
+    return Windows(size, whole, window_low_count(size, f), rest, window_low_count(rest, f))
+
+
 def low_token_count(full_tokens: int, low_fraction: float, window: int = 0) -> int:
     """The low-bit tokens of a payload of ``full_tokens`` full tokens: the windows' counts
     summed (``window`` 0: one window of them all)."""
-    full = int(full_tokens)
-    if window <= 0 or window >= full:
-        return window_low_count(full, low_fraction)
-    whole, rest = divmod(full, int(window))
-    return whole * window_low_count(window, low_fraction) + window_low_count(rest, low_fraction)
+    w = windows(full_tokens, low_fraction, window)
+    return w.whole * w.low + w.rest_low
 
 
 @lru_cache(maxsize=256)

@@ -49,7 +49,7 @@ from .gpu_build import (
     note_launch,
     sm_count,
 )
-from .tah_format import MAX_WINDOW, tah_layout, window_low_count
+from .tah_format import MAX_WINDOW, tah_layout, windows
 
 _SOURCE = tuple(
     Path(__file__).with_name(name)
@@ -389,8 +389,8 @@ def _spans(lay: Any, window: int) -> int:
 
 def _window_lows(lay: Any, window: int, fraction: float) -> int:
     """The low tokens of a whole window and (shifted by 32) of the last, shorter one."""
-    rest = window_low_count(lay.full_tokens % window, fraction)
-    return window_low_count(window, fraction) | rest << 32
+    w = windows(lay.full_tokens, fraction, window)
+    return w.low | w.rest_low << 32
 
 
 def _window_select(cp: Any, lay: Any, window: int, fraction: float) -> _Launch:

@@ -25,7 +25,7 @@ from test_codec_tah_emulated import (  # the kernels' sources and launches as ta
 
 from coccl.compressors import TahCompressor
 from coccl.compressors.tah_cpu import low_prefix
-from coccl.compressors.tah_format import MAX_WINDOW, tah_layout, window_low_count
+from coccl.compressors.tah_format import MAX_WINDOW, tah_layout
 from coccl.compressors.tah_gpu import _ENCODE, _EPL, _window_lows
 
 from emulation import CXX, builder
@@ -42,8 +42,7 @@ def build(tmp_path_factory):
 def window_select(build, payload: np.ndarray, lay, window: int, fraction: float) -> None:
     """tah_gpu._window_select's launch, on two blocks of 32 threads (a block a span,
     grid-stride over the spans)."""
-    lows = window_low_count(window, fraction)
-    lows |= window_low_count(lay.full_tokens % window, fraction) << 32
+    lows = _window_lows(lay, window, fraction)
     lib = build({"TAH_OP": 7, "THREADS": 32})
     lib.emu_set_grid(2)
     lib.emu_launch(
