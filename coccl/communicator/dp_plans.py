@@ -61,13 +61,19 @@ def node_layout(hosts: list[str], local_setting: int | None) -> NodeLayout:
     return NodeLayout(local, "host names")
 
 
+def is_pair(spec: Any) -> bool:
+    """Whether a compressor argument is an ``(intra, inter)`` pair (a tuple, or a list as
+    JSON gives one) rather than one codec."""
+    return isinstance(spec, tuple | list)
+
+
 def level_codecs(
     codec_of: Any, spec: Any, requested: str, collective: str
 ) -> tuple[Compressor, Compressor | None]:
     """The call's codec and, for ``hierarchical``, the inter-node one: ``spec`` is a
     codec (both levels) or an ``(intra, inter)`` pair. ValueError for a pair given to
     another schedule, or ``hierarchical`` for a collective it has no schedule of."""
-    pair = isinstance(spec, tuple | list)
+    pair = is_pair(spec)
     if requested != "hierarchical":
         if pair:
             raise ValueError(

@@ -90,7 +90,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from coccl import CallHandle, algorithms
-from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES
+from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES, is_pair
 from coccl.config import settings
 from coccl.torch import alltoall, p2p
 from coccl.torch.forwarding import Forwarding
@@ -102,7 +102,6 @@ from coccl.torch.group_options import (
     CocclOptions,
     effective,
     in_backward,
-    is_pair,
     options,
 )
 from coccl.torch.work import CocclWork, Steps

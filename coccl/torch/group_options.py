@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from coccl import algorithms
-from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES, level_codecs
+from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES, is_pair, level_codecs
 from coccl.compressors import Compressor, get_compressor
 from coccl.core.options import check_chunk_bytes
 
@@ -164,11 +164,6 @@ def _levels(spec: Any, algorithm: str) -> tuple[Compressor, ...]:
     return (codec, inter) if is_pair(spec) and inter is not None else (codec,)
 
 
-def is_pair(spec: Any) -> bool:
-    """Whether a compressor argument is an ``(intra, inter)`` pair."""
-    return isinstance(spec, (tuple, list))
-
-
 def in_backward() -> bool:
     """Whether the calling thread is inside an autograd backward pass: the direction a
     coccl group's collective takes (``CocclOptions.backward_compressor``), decided when
@@ -253,6 +248,5 @@ __all__ = [
     "CocclOptions",
     "effective",
     "in_backward",
-    "is_pair",
     "options",
 ]

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from coccl import algorithms
-from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES
+from coccl.communicator.dp_plans import HIERARCHICAL_COLLECTIVES, is_pair
 from coccl.compressors import Compressor, get_compressor
 from coccl.torch.backend import DEFAULT_MIN_COMPRESS_BYTES, CocclOptions
 
@@ -419,7 +419,7 @@ def _entry(spec: Any, dim: str, kind: str) -> Traffic:
 def _codec_or_pair(spec: Any, where: str, schedule: str) -> Any:
     """``_codec``'s config, or for a list or tuple an ``(intra, inter)`` pair of them,
     which only schedule ``hierarchical`` takes."""
-    if not isinstance(spec, (list, tuple)):
+    if not is_pair(spec):
         return _codec(spec, where)
     if schedule != "hierarchical":
         raise PolicyError(f"{where}: a pair (intra, inter) is for schedule 'hierarchical'")
