@@ -289,26 +289,50 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 b
 #endif  // TAH_OP 5
 
 // ================================================================ window selection (7)
+// What the selection within windows shares with the window encode (tah_window.cu).
+#if TAH_OP == 7 || TAH_OP == 8
+// The tokens a block takes at once for windows of `win`: lcm(win, 8), whole windows that
+// begin and end at bitmap bytes, so that the block owns its bytes (a span).
+DEV i64 window_span(i64 win) { return win * 8 / min(win & -win, (i64)8); }
+
+// A window's low tokens among its n scores sc: a token is low when fewer than `need`
+// tokens of the window have a smaller key score << 32 | t (ties to the lower index). Its
+// bit is set in the span's bits sbm, the window's first token at bit bit0.
+DEV void rank_window(const u32* sc, i64 n, i64 need, i64 bit0, u32* sbm) {
+  for (i64 i = threadIdx.x; i < n; i += THREADS) {
+    const u32 s = sc[i];
+    i64 rank = 0;
+    for (i64 j = 0; j < n && rank < need; ++j) rank += sc[j] < s || (sc[j] == s && j < i);
+    const i64 bit = bit0 + i;
+    if (rank < need) atomicOr(&sbm[bit >> 5], 1u << (bit & 31));
+  }
+}
+
+// The span [s0, s1)'s bitmap bytes from its bits sbm (LSB first; bits of tokens that are
+// not low, the short last token's and those past NT, are 0).
+DEV void write_span(unsigned char* bm, const u32* sbm, i64 s0, i64 s1) {
+  for (i64 j = threadIdx.x; j < ((s1 - s0 + 7) >> 3); j += THREADS)
+    bm[(s0 >> 3) + j] = ((const unsigned char*)sbm)[j];
+}
+#endif
+
 #if TAH_OP == 7
 #ifndef WMAX
 #define WMAX 1024  // the largest window (tah_format.MAX_WINDOW)
 #endif
 // The low tokens chosen within windows of `win` consecutive full tokens (the codec's
 // window option; tah_cpu.low_prefix): window [w0, w1) has `nlow` low tokens when whole
-// (w1 - w0 = win), `nrest` when it is the shorter last one, and a full token is low when
-// fewer than that many tokens of its window have a smaller key score << 32 | t (ties to
-// the lower index). A block takes a span of lcm(win, 8) tokens (whole windows that begin
-// and end at bitmap bytes, so that the block owns its bytes), window by window: the
-// window's scores (left by kernel 1 at payload bytes [4 t, 4 t + 4)) into shared memory,
-// each thread ranking tokens against them into the span's bits, then the span's bytes
-// (LSB first; the short last token and the bits past NT are 0).
+// (w1 - w0 = win), `nrest` when it is the shorter last one (rank_window's rule). A block
+// takes a span (window_span), window by window: the window's scores (left by kernel 1 at
+// payload bytes [4 t, 4 t + 4)) into shared memory, ranked into the span's bits, then
+// the span's bytes.
 extern "C" __global__ void __launch_bounds__(THREADS)
 tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 win, i64 bm0, i64 lows) {
   __shared__ u32 wsc[WMAX];      // the window's scores
   __shared__ u32 sbm[WMAX / 4];  // the span's bits, token s0 + i at bit i
   const bool a4 = (((u64)pay) & 3) == 0;
   const i64 nlow = lows & 0xffffffff, nrest = lows >> 32;  // packed: one argument fewer
-  const i64 span = win * 8 / min(win & -win, (i64)8);     // lcm(win, 8)
+  const i64 span = window_span(win);
   for (i64 s0 = (i64)blockIdx.x * span; s0 < ntok; s0 += (i64)gridDim.x * span) {
     const i64 s1 = min(s0 + span, ntok);
     for (int i = threadIdx.x; i < WMAX / 4; i += THREADS) sbm[i] = 0u;
@@ -319,17 +343,10 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 win, i64 bm
       if (need == 0) continue;  // the block alike
       for (i64 i = threadIdx.x; i < n; i += THREADS) wsc[i] = ld32(pay + 4 * (t0 + i), a4);
       __syncthreads();
-      for (i64 i = threadIdx.x; i < n; i += THREADS) {
-        const u32 s = wsc[i];
-        i64 rank = 0;
-        for (i64 j = 0; j < n; ++j) rank += wsc[j] < s || (wsc[j] == s && j < i);
-        const i64 bit = t0 + i - s0;
-        if (rank < need) atomicOr(&sbm[bit >> 5], 1u << (bit & 31));
-      }
+      rank_window(wsc, n, need, t0 - s0, sbm);
       __syncthreads();  // the bits; wsc free for the next window
     }
-    for (i64 j = threadIdx.x; j < ((s1 - s0 + 7) >> 3); j += THREADS)
-      pay[bm0 + (s0 >> 3) + j] = ((const unsigned char*)sbm)[j];
+    write_span(pay + bm0, sbm, s0, s1);
     __syncthreads();  // read before the next span zeroes them
   }
 }

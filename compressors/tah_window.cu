@@ -6,16 +6,16 @@
 // The low tokens of a window depend only on its own tokens' scores, so one block takes a
 // window whole: the scores of its full tokens (each as kernel 1 takes one: the block's
 // largest |x|, then each warp's sums, here kept in shared memory), their ranks within the
-// window (a token is low when fewer than the window's count of low tokens have a smaller
-// key score << 32 | t), then the window's tiles (as kernel 2's), which read the tokens
-// again: from L2, where the window was read a moment before. The low tokens before the
-// window's first token t0 are (t0 / win) nlow (every window before it is whole), so the
-// tiles' places need nothing from other blocks. The bitmap's bytes hold 8 tokens and a
-// window need not begin at one, so a block takes a span of whole windows that begins and
-// ends at bytes (lcm(win, 8) tokens), keeps the span's bits in shared memory (the places
-// of its tiles count them there) and writes the span's bytes at its end. The last span
-// holds the short last token (never low; its tiles are the last window's) and the
-// bitmap's unused bits (0).
+// window (tah_select.cu's rank_window, as the selection within windows), then the
+// window's tiles (as kernel 2's), which read the tokens again: from L2, where the window
+// was read a moment before. The low tokens before the window's first token t0 are
+// (t0 / win) nlow (every window before it is whole), so the tiles' places need nothing
+// from other blocks. The bitmap's bytes hold 8 tokens and a window need not begin at one,
+// so a block takes a span of whole windows that begins and ends at bytes (window_span:
+// lcm(win, 8) tokens), keeps the span's bits in shared memory (the places of its tiles
+// count them there) and writes the span's bytes at its end. The last span holds the short
+// last token (never low; its tiles are the last window's) and the bitmap's unused bits
+// (0).
 //
 // Defines: those of kernel 1 (XT, ROW, SC_PAIR; SC_SPLIT is 1) and of kernel 2 (TILE,
 // BH, BL, EPL, PIVOT, RATIO_BITS); WMAX, the largest window it takes (a multiple of 4);
@@ -116,7 +116,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
   __shared__ u32 sbm[SPAN_WORDS];                   // the span's bits, token s0 + i at bit i
   const i64 ntok = (count + TROW - 1) / TROW, nfull = count / TROW;
   const i64 nlow = lows & 0xffffffff, nrest = lows >> 32;  // a whole window's, the last's
-  const i64 span = win * 8 / min(win & -win, (i64)8);     // lcm(win, 8)
+  const i64 span = window_span(win);
   for (int i = threadIdx.x; i < (SCORE_LEVELS + 1) * SC_COPIES; i += THREADS) {
     const int l = i / SC_COPIES;
     tab[i] = ((u64)TAH_SCORE_W[l] << 32) | (u64)TAH_SCORE_WL[l];
@@ -130,14 +130,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
       const i64 need = f1 - t0 == win ? nlow : (f1 > t0 ? nrest : 0);
       if (need > 0) {  // the block alike
         window_scores(src, count, t0, f1, tab, red_m, sums, wsc);
-        for (i64 i = threadIdx.x; i < f1 - t0; i += THREADS) {
-          const u32 s = wsc[i];
-          i64 rank = 0;
-          for (i64 j = 0; j < f1 - t0 && rank < need; ++j)
-            rank += wsc[j] < s || (wsc[j] == s && j < i);
-          const i64 bit = t0 + i - s0;
-          if (rank < need) atomicOr(&sbm[bit >> 5], 1u << (bit & 31));
-        }
+        rank_window(wsc, f1 - t0, need, t0 - s0, sbm);
         __syncthreads();  // the window's bits
       }
       const i64 n0 = t1 < s1 ? t1 : s0 + (i64)gridDim.x * span;  // the block's next window
@@ -146,8 +139,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
                    s0 / win * nlow);
       __syncthreads();  // the next window's bits are set after these tiles read theirs
     }
-    for (i64 j = threadIdx.x; j < ((s1 - s0 + 7) >> 3); j += THREADS)
-      pay[bm0 + (s0 >> 3) + j] = ((const unsigned char*)sbm)[j];
+    write_span(pay + bm0, sbm, s0, s1);
     __syncthreads();  // read before the next span zeroes them
   }
 }
