@@ -2,8 +2,7 @@
 // defines, layout and shared helpers) and before tah_decode.cu and tah_score.cu.
 
 // ========================================================================= encode (2)
-// (and what the window encode, TAH_OP 8 in tah_window.cu, shares with it)
-#if TAH_OP == 2 || TAH_OP == 8
+#if TAH_OP == 2
 // Packed 16-bit integer min/max, both halves of a word at once (VIMNMX3.S16x2 and .U16x2
 // on sm_90, three operands an instruction).
 #if defined(__CUDA_ARCH__)

@@ -8,10 +8,11 @@ payload has room, in two launches: one block a token storing its warps' sums in 
 region, then one thread a token adding them into the score), the choice of the low tokens
 (one block's radix select of the nlow-th smallest score, ties to the lower index as the
 CPU's sort; with ``_SELECT_MULTI`` and many tokens its three digits first histogrammed by
-three launches of many blocks) into the token bitmap, and the tiles; decoding runs one
-kernel. Each call's launches (kernels, grids, arguments) are planned once per shape,
-options and payload alignment and replayed. The tile kernels give each block one
-contiguous range of tiles, whose places it finds by counting the bitmap bytes before the
+three launches of many blocks; with the codec's ``window`` option, a block a span of
+whole windows choosing each window's low tokens) into the token bitmap, and the tiles;
+decoding runs one kernel. Each call's launches (kernels, grids, arguments) are planned
+once per shape, options and payload alignment and replayed. The tile kernels give each
+block one contiguous range of tiles, whose places it finds by counting the bitmap bytes before the
 range once and then those it passes (the decode: from a table of its tokens' places that
 it writes into shared memory once, ``_DECODE_PREFIX``). No allocation, no host
 synchronisation, no copy from the host per call, so a CUDA graph may capture them
@@ -58,7 +59,6 @@ _SOURCE = tuple(
         "tah_encode.cu",
         "tah_decode.cu",
         "tah_score.cu",
-        "tah_window.cu",
     )
 )
 _PRELUDE = (
@@ -70,25 +70,7 @@ _PRELUDE = (
 _THREADS = 256
 _SELECT_THREADS = 512  # the selection's one block (16 scores a thread in registers)
 _OP_SCORE, _OP_ENCODE, _OP_DECODE, _OP_SELECT, _OP_DIGIT, _OP_SCORE_SUMS = 1, 2, 3, 4, 5, 6
-_OP_WINDOW_SELECT, _OP_WINDOW_ENCODE = 7, 8
-# The codec's window option: windows of at most this many tokens are encoded by the one
-# kernel of tah_window.cu (a block a span of windows, each token read once from memory and
-# once more from L2), where the spans are at least as many as the SMs; larger windows,
-# whose tokens no longer stay in L2 between a window's two reads, and payloads of fewer
-# spans (a block takes its span's tokens one after another), by the scores kernel, the
-# selection within windows (TAH_OP 7) and the tiles kernel. Bitwise the same payload; a
-# module constant for a device A/B.
-_WINDOW_FUSED_MAX = 64
-_WINDOW_FUSED_SPANS_PER_SM = 1  # the fewest spans an SM for the one kernel (0: any)
-# The window encode's __launch_bounds__ minimum blocks an SM, and its grid's (one wave,
-# grid-stride over spans). At 3 (80 registers) ptxas spills a few values in its tile
-# loop, at 2 (128) none; at 4 (64) many.
-_WINDOW_MIN_BLOCKS = 3
-# The window encode asks L2 for the block's next window before a window's tiles
-# (tah_window.cu's WIN_PREFETCH): its reads from memory under the tiles' work, at the cost
-# of two windows a block in L2 (~32 MB of float32 rows of 4096 at window 5, of the 50 MB).
-# False until a device A/B; bitwise the same payload.
-_WINDOW_PREFETCH = False
+_OP_WINDOW_SELECT = 7
 # The scores kernel's blocks per SM, by element type (XT: float32, float16, bfloat16; the
 # same split or not, below): its __launch_bounds__ minimum and its grid, one wave of them
 # (grid-stride over tokens), so that every block takes as many tokens as another, to within
@@ -147,9 +129,10 @@ _DECODE_AHEAD = {_DECODE: True, _DECODE_ACC: False}
 # bits), so that a tile group's place is one shared-memory word and a few integer operations,
 # not a walk over the bitmap in global memory and 64-bit arithmetic a step; with them the
 # whole-group tests and the staging buffer's flush addresses computed once. False: the previous
-# loop. Bitwise the same output (by the host emulation); off until a device A/B and the GPU
-# tests have run it (bench/NOTES.md has its counts and the A/B to run).
-_DECODE_PREFIX = {_DECODE: False, _DECODE_ACC: False}
+# loop. Bitwise the same output (the host emulation and the GPU tests run both). On for the
+# decode, where the device A/B gained most at 16-bit types; off for the accumulating
+# decode, which the A/B left within noise (bench/NOTES.md, session 27).
+_DECODE_PREFIX = {_DECODE: True, _DECODE_ACC: False}
 # Tokens in a block's table (tah_decode.cu's NPRE; 4 bytes each of shared memory): the decode
 # grids give each block at most this many tokens (a block of more still decodes, slowly).
 _DECODE_TABLE_TOKENS = 2048
@@ -287,8 +270,6 @@ def tah_encode(
     options = (row, tile, bits_high, bits_low, low_fraction, int(window), bool(pivot))
     options = (*options, float(pivot_ratio))
     switches = (_SCORE_SPLIT, _SCORE_PAIRS, _SELECT_MULTI, _EPL[_ENCODE], _TILE_MIN_BLOCKS[_ENCODE])
-    switches = (*switches, _WINDOW_FUSED_MAX, _WINDOW_FUSED_SPANS_PER_SM, _WINDOW_MIN_BLOCKS)
-    switches = (*switches, _WINDOW_PREFETCH)
     # The scratch offsets depend on the payload's address modulo 8 (_score_sums).
     key = ("encode", device_id, count, xt, options, payload.data.ptr % 8, switches)
     plan = _plans.get(key)
@@ -304,9 +285,6 @@ def _encode_plan(
     """The launches of an encode (see the module docstring) of ``count`` elements, layout
     ``lay``, into a payload at an address congruent to ``payload_ptr`` modulo 8."""
     row, tile, bits_high, bits_low, fraction, window, pivot, pivot_ratio = options
-    few = sm_count(cp) * _WINDOW_FUSED_SPANS_PER_SM  # spans below which three launches
-    if 0 < window <= _WINDOW_FUSED_MAX and _spans(lay, window) >= few:
-        return (_window_encode(cp, xt, count, lay, options),)
     i64 = np.int64
     hist0, hwords = _select_scratch(payload_ptr, lay, window)
     sums = _score_sums(payload_ptr, lay)
@@ -355,35 +333,9 @@ def _encode_plan(
     return tuple(plan)
 
 
-def _window_encode(cp: Any, xt: int, count: int, lay: Any, options: tuple) -> _Launch:
-    """The launch of the window encode (TAH_OP 8): a block a span of lcm(window, 8) tokens."""
-    row, tile, bits_high, bits_low, fraction, window, pivot, pivot_ratio = options
-    defs = {
-        "TAH_OP": _OP_WINDOW_ENCODE,
-        "XT": xt,
-        **_tile_defines(_ENCODE, row, tile, bits_high, bits_low),
-        "PIVOT": int(pivot),
-        "RATIO_BITS": _ratio_bits(pivot_ratio),
-        "SC_SPLIT": 1,
-        "SC_PAIR": int(_SCORE_PAIRS and xt != 0),
-        "WMAX": -(-_WINDOW_FUSED_MAX // 4) * 4,  # its shared memory: this many tokens' scores
-        "MIN_BLOCKS": _WINDOW_MIN_BLOCKS,
-        "WIN_PREFETCH": int(_WINDOW_PREFETCH),
-    }
-    # One wave of blocks at most, each as many spans as another (to within one): where the
-    # spans are few, a last wave of a few blocks would take as long as a full one.
-    spans = _spans(lay, window)
-    waves = -(-spans // (sm_count(cp) * _WINDOW_MIN_BLOCKS))
-    grid = max(1, -(-spans // waves))
-    i64 = np.int64
-    args = (i64(count), i64(lay.tiles), i64(lay.pivot_offset), i64(lay.bitmap_offset))
-    args = (*args, i64(window), i64(_window_lows(lay, window, fraction)))
-    return _Launch(_kernel(defs), (grid,), (_THREADS,), args)
-
-
 def _spans(lay: Any, window: int) -> int:
-    """The spans of ``window``'s kernels: runs of lcm(window, 8) tokens, whole windows whose
-    bitmap bytes one block writes."""
+    """The spans of the selection within windows: runs of lcm(window, 8) tokens, whole
+    windows whose bitmap bytes one block writes."""
     return -(-lay.tokens // math.lcm(window, 8))
 
 

@@ -10,8 +10,7 @@
 // `tah_kernel`:
 //
 //   TAH_OP  1 token scores (tah_score.cu), 4 low-token selection (tah_select.cu), 2 encode,
-//           3 decode, 7 selection within windows (tah_select.cu), 8 window encode
-//           (tah_window.cu)
+//           3 decode, 7 selection within windows (tah_select.cu)
 //   XT      element type of x (score, encode) or out (decode): 0 float32, 1 float16,
 //           2 bfloat16 (codec_kernels.cu's define)
 //   TILE    elements per tile: 32, 64 or 128
@@ -134,24 +133,21 @@ DEV void block_range(i64 ngroups, i64& g0, i64& g1) {
   g1 = g0 + per < ngroups ? g0 + per : ngroups;
 }
 
-// The running count of low tokens: `pre` low tokens in the bitmap bytes before `byte0`;
-// the bytes are read from bm, which holds the bitmap from byte `org` on (the window
-// encode's span in shared memory; 0 for the payload's bitmap).
+// The running count of low tokens: `pre` low tokens in the bitmap bytes before `byte0`.
 struct LowRun {
   i64 byte0, pre;
-  i64 org = 0;
 };
 
 // Advance the count to the byte of token t (t at or past the current byte).
 DEV void low_advance(const unsigned char* bm, i64 t, LowRun& run) {
-  for (; run.byte0 < (t >> 3); ++run.byte0) run.pre += __popc((u32)bm[run.byte0 - run.org]);
+  for (; run.byte0 < (t >> 3); ++run.byte0) run.pre += __popc((u32)bm[run.byte0]);
 }
 
 // The low tokens before token t (at or past run's byte) and whether t is low.
 DEV void low_before(const unsigned char* bm, i64 t, const LowRun& run, i64& l0, bool& low) {
   i64 c = run.pre;
-  for (i64 j = run.byte0; j < (t >> 3); ++j) c += __popc((u32)bm[j - run.org]);
-  const u32 last = bm[(t >> 3) - run.org], r = (u32)(t & 7);
+  for (i64 j = run.byte0; j < (t >> 3); ++j) c += __popc((u32)bm[j]);
+  const u32 last = bm[t >> 3], r = (u32)(t & 7);
   l0 = c + __popc(last & ((1u << r) - 1u));
   low = ((last >> r) & 1u) != 0u;
 }

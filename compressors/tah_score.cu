@@ -15,7 +15,7 @@
 // infinity (whose terms are never summed); any other token's largest element adds W[0] > 0.
 // Kernel 1 also takes ROW (the token length at compile time, as the tile kernels) and
 // SC_PAIR (16-bit types: levels from the elements' own bits, two a word; see PAIR_MIN).
-#if TAH_OP == 1 || TAH_OP == 6 || TAH_OP == 8
+#if TAH_OP == 1 || TAH_OP == 6
 #ifndef SC_SPLIT
 #define SC_SPLIT 0
 #endif
@@ -61,8 +61,8 @@ DEV u32 token_score(long long ss, long long ll) {
 }
 #endif
 
-// The scores' helpers, for kernel 1 and the window encode (TAH_OP 8, tah_window.cu).
-#if TAH_OP == 1 || TAH_OP == 8
+// The scores' helpers, for kernel 1.
+#if TAH_OP == 1
 #define SC_COPIES 16  // copies of the table: a half-warp's 64-bit loads hit 16 bank pairs
 #define SC_STRIDE_LOG 7  // log2 of SC_COPIES * 8, the bytes between a level's entries
 #define SC_CAP ((u32)SCORE_LEVELS << SC_STRIDE_LOG)  // the byte offset of level 256's
@@ -286,9 +286,6 @@ struct ScoreBlock {
   u32 (*red_m)[WARPS];       // the warps' largest |x| bits, by token parity
 #if SC_SPLIT
   long long* sums;  // this warp's S of token t at sums[2 t], its M at sums[2 t + 1]
-#if TAH_OP == 8
-  i64 tb, tend;  // the window encode: sums[2 (t - tb)], in shared memory; tokens below tend
-#endif
 #else
   long long* red_s;  // the warps' sums, for thread 0's score
   long long* red_l;
@@ -363,13 +360,8 @@ DEV bool score_token(const ScoreBlock& b, i64 t, int par, u32 (*w)[SC_WORDS],
     }
 #endif
   // The next token's cached chunks, loaded while this token's reductions and sums run.
-#if TAH_OP == 8
-  const i64 tn = t + 1;
-  const bool next = tn < b.tend;
-#else
   const i64 tn = t + gridDim.x;
   const bool next = tn < b.ntok;
-#endif
   if (next) load_token(b.xb, tn, b.count, b.vec, wn);
   m = __reduce_max_sync(FULL_MASK, m);
 #if SC_PAIR
@@ -419,14 +411,9 @@ DEV bool score_token(const ScoreBlock& b, i64 t, int par, u32 (*w)[SC_WORDS],
   long long s, l;
   warp_sums(acc, s, l);
 #if SC_SPLIT
-#if TAH_OP == 8
-  const i64 ts = t - b.tb;
-#else
-  const i64 ts = t;
-#endif
   if (lane == 0) {
-    b.sums[2 * ts] = s;
-    b.sums[2 * ts + 1] = l;
+    b.sums[2 * t] = s;
+    b.sums[2 * t + 1] = l;
   }
 #else
   if (lane == 0) {
@@ -471,7 +458,7 @@ DEV void score_run(const ScoreBlock& b, i64 t, i64 stride, u32 (*w0)[SC_WORDS],
   }
 #endif
 }
-#endif  // TAH_OP 1 or 8
+#endif  // TAH_OP 1
 
 #if TAH_OP == 1
 // One block per token (grid-stride; tah_gpu launches one wave of MIN_BLOCKS blocks an SM,

@@ -289,8 +289,7 @@ tah_kernel(unsigned char* __restrict__ pay, i64 ntok, i64 nfull, i64 nlow, i64 b
 #endif  // TAH_OP 5
 
 // ================================================================ window selection (7)
-// What the selection within windows shares with the window encode (tah_window.cu).
-#if TAH_OP == 7 || TAH_OP == 8
+#if TAH_OP == 7
 // The tokens a block takes at once for windows of `win`: lcm(win, 8), whole windows that
 // begin and end at bitmap bytes, so that the block owns its bytes (a span).
 DEV i64 window_span(i64 win) { return win * 8 / min(win & -win, (i64)8); }
@@ -314,9 +313,7 @@ DEV void write_span(unsigned char* bm, const u32* sbm, i64 s0, i64 s1) {
   for (i64 j = threadIdx.x; j < ((s1 - s0 + 7) >> 3); j += THREADS)
     bm[(s0 >> 3) + j] = ((const unsigned char*)sbm)[j];
 }
-#endif
 
-#if TAH_OP == 7
 #ifndef WMAX
 #define WMAX 1024  // the largest window (tah_format.MAX_WINDOW)
 #endif

@@ -2,8 +2,8 @@
 // tests/test_codec_tah_emulated.py checks these against): W[l] = rint(2^16 2^(-l/16)),
 // WL[l] = rint(2^16 2^(-l/16) l / 16), W[256] = WL[256] = 0. Constants of the module, so an
 // encode uploads nothing (a CUDA graph may capture it). Compiled between
-// codec_tile_helpers.cu and tah_select.cu; only the scores (TAH_OP 1) and the window encode (8) use them.
-#if TAH_OP == 1 || TAH_OP == 8
+// codec_tile_helpers.cu and tah_select.cu; only the score variant (TAH_OP 1) uses them.
+#if TAH_OP == 1
 #define SCORE_LEVELS 256
 __constant__ long long TAH_SCORE_W[SCORE_LEVELS + 1] = {
   65536, 62757, 60097, 57549, 55109, 52773, 50535, 48393, 46341, 44376, 42495, 40693, 38968,

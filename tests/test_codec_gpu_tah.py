@@ -158,49 +158,35 @@ WINDOWS = [
     {"row": 256, "window": 5},
     {"row": 4096, "window": 8},
     {"row": 128, "tile": 32, "bits_high": 5, "bits_low": 2, "low_fraction": 0.5, "window": 3},
-    {"row": 64, "window": 300, "low_fraction": 0.3},  # past _WINDOW_FUSED_MAX
+    {"row": 64, "window": 300, "low_fraction": 0.3},  # more tokens than a block's threads
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cfg", WINDOWS, ids=_id)
-@pytest.mark.parametrize("fused", [True, False], ids=["one-kernel", "three-launches"])
-def test_gpu_windows(monkeypatch, cfg: dict, dtype: np.dtype, fused: bool) -> None:
-    # The window option's encodes, each path at every size (tah_window.cu's one kernel,
-    # whatever its spans; or the scores, the selection within windows and the tiles)
-    # against the CPU's: a short last window and token, more spans than the grid's blocks.
-    from coccl.compressors import tah_gpu  # noqa: PLC0415
-
-    monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_SPANS_PER_SM", 0)
-    monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_MAX", 64 if fused else 0)
+def test_gpu_windows(cfg: dict, dtype: np.dtype) -> None:
+    # The window option's encodes (the scores, the selection within windows and the
+    # tiles) against the CPU's: a short last window and token, more spans than the grid's
+    # blocks.
     c = TahCompressor(**cfg)
-    if fused and c.window > 64:
-        pytest.skip("the one kernel takes windows up to 64 tokens")
     rng = np.random.default_rng(zlib.crc32(_id(cfg).encode()))
     for n in [1, c.row - 1, 7 * c.row + 100, 3001 * c.row + 33]:
         check_roundtrip(c, make_data(rng, n, c.row, dtype), f"{cfg} {dtype} n={n}")
 
 
 @pytest.mark.parametrize("offset", [1, 4])
-def test_gpu_window_paths_agree(monkeypatch, offset: int) -> None:
-    # Both paths for the same small window, a payload at an unaligned offset, x off 16
-    # bytes; and the window encode at 2 blocks an SM (its other launch bound).
-    from coccl.compressors import tah_gpu  # noqa: PLC0415
-
+def test_gpu_window_unaligned(offset: int) -> None:
+    # A window encode into a payload at an unaligned offset, x off 16 bytes.
     c = TahCompressor(row=256, window=5)
     n = 40 * 256 + 100
     x = make_data(np.random.default_rng(offset), n, 256, np.dtype(np.float32))
     want = c.encode(x)
     xd = cupy.zeros(n + 1, cupy.float32)
     xd[1:] = cupy.asarray(x)
-    monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_SPANS_PER_SM", 0)  # 2 spans: the one kernel
-    for fused_max, blocks in ((64, 3), (0, 3), (64, 2)):
-        monkeypatch.setattr(tah_gpu, "_WINDOW_FUSED_MAX", fused_max)
-        monkeypatch.setattr(tah_gpu, "_WINDOW_MIN_BLOCKS", blocks)
-        raw = cupy.zeros(want.size + 8, cupy.uint8)
-        view = raw[offset : offset + want.size]
-        c.encode(xd[1:], view)
-        np.testing.assert_array_equal(cupy.asnumpy(view), want, err_msg=f"{fused_max=} {blocks=}")
+    raw = cupy.zeros(want.size + 8, cupy.uint8)
+    view = raw[offset : offset + want.size]
+    c.encode(xd[1:], view)
+    np.testing.assert_array_equal(cupy.asnumpy(view), want)
 
 
 def test_gpu_float64_goes_through_float32() -> None:

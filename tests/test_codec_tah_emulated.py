@@ -53,7 +53,6 @@ SOURCES = [
     KERNELS / "tah_encode.cu",
     KERNELS / "tah_decode.cu",
     KERNELS / "tah_score.cu",
-    KERNELS / "tah_window.cu",
     EMULATION / "launch.cpp",
 ]
 BF16 = np.dtype(ml_dtypes.bfloat16)

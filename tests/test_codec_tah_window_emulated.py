@@ -1,8 +1,9 @@
 """The tah codec's ``window`` option on the GPU's kernels, run on the CPU through the CUDA
 host emulation (tests/cuda_emulation/), against the numba kernels, bit for bit: the
 selection within windows (tah_select.cu's TAH_OP 7) from given scores, and whole encodes
-through tah_gpu's launches for windows (scores, the window selection, the tiles).
-tests/test_codec_gpu_tah.py checks the same on a GPU. Skips without a C++20 compiler.
+through tah_gpu's launches for windows (the scores, the selection within windows, the
+tiles). tests/test_codec_gpu_tah.py checks the same on a GPU. Skips without a C++20
+compiler.
 """
 
 from __future__ import annotations
@@ -70,31 +71,9 @@ def test_window_selection_is_the_cpus(build, tokens: int, window: int, fraction:
     np.testing.assert_array_equal(payload[lay.bitmap_offset :], want)
 
 
-def fused_encode(
-    build, c: TahCompressor, x: np.ndarray, threads: int, grid: int, prefetch: int = 0
-) -> np.ndarray:
-    """The window encode (TAH_OP 8) on ``grid`` blocks of ``threads`` (grid-stride over
-    spans), into a payload of 0xAB bytes (every byte must be written); ``prefetch``: its
-    WIN_PREFETCH (a hint to L2, nothing on the host: the variant builds and runs alike)."""
-    lay = tah_layout(x.size, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction, c.window)
-    payload = np.full(lay.nbytes, 0xAB, np.uint8)
-    ratio = f"{int(np.float32(c.pivot_ratio).view(np.uint32)):#010x}u"
-    defs = {"TAH_OP": 8, "XT": XT[x.dtype], "PIVOT": int(c.pivot == "auto"), "RATIO_BITS": ratio}
-    defs |= {"SC_SPLIT": 1, "SC_PAIR": int(x.dtype != XT32), "WMAX": MAX_WINDOW}
-    defs |= {"THREADS": threads, "WIN_PREFETCH": prefetch}
-    lib = build({**defs, **_variant(c, _EPL[_ENCODE])})
-    lib.emu_set_grid(grid)
-    lows = _window_lows(lay, c.window, c.low_fraction)
-    lib.emu_launch8(
-        x.ctypes.data, payload.ctypes.data, x.size, lay.tiles, lay.pivot_offset,
-        lay.bitmap_offset, c.window, lows,
-    )  # fmt: skip
-    return payload
-
-
-def three_launch_encode(build, c: TahCompressor, x: np.ndarray) -> np.ndarray:
-    """The other path for windows: the scores (split), the selection within windows, the
-    tiles kernel."""
+def window_encode(build, c: TahCompressor, x: np.ndarray) -> np.ndarray:
+    """tah_gpu's launches for windows: the scores (split), the selection within windows,
+    the tiles kernel."""
     lay = tah_layout(x.size, c.row, c.tile, c.bits_high, c.bits_low, c.low_fraction, c.window)
     payload = np.full(lay.nbytes, 0xAB, np.uint8)
     emulated_scores(build, x, payload, c.row, lay, split=True)
@@ -122,38 +101,23 @@ WINDOW_CASES = [
 
 @pytest.mark.parametrize("cfg, dtype", WINDOW_CASES, ids=lambda v: str(v))
 def test_window_encodes_are_the_cpus(build, cfg: dict, dtype) -> None:
-    # Both GPU paths for windows against the numba encode: one token, short tokens, a
-    # short last window, spans that wrap in the grid (several a block), a NaN tile,
-    # outlier tiles that pivot; 1 and 2 warps a block in the window encode.
+    # The encode for windows against the numba encode: one token, short tokens, a short
+    # last window, spans that wrap in the grid (several a block), a NaN tile, outlier
+    # tiles that pivot.
     dtype = np.dtype(dtype)
     c = TahCompressor(**cfg)
     rng = np.random.default_rng(c.row + c.window)
     for n in (1, c.row - 1, c.row, 7 * c.row + 100, 29 * c.row, 41 * c.row + 3):
         x = data(rng, n, c.row, dtype)
-        want = c.encode(x)
-        msg = f"{cfg} {dtype} n={n}"
-        for threads, grid, prefetch in ((32, 2, 0), (64, 3, 1)):
-            got = fused_encode(build, c, x, threads, grid, prefetch)
-            np.testing.assert_array_equal(got, want, err_msg=f"{msg} fused {threads=}")
-        got = three_launch_encode(build, c, x)
-        np.testing.assert_array_equal(got, want, err_msg=f"{msg} three launches")
+        np.testing.assert_array_equal(window_encode(build, c, x), c.encode(x), err_msg=f"n={n}")
 
 
 @pytest.mark.parametrize("dtype", [XT32, BF16], ids=str)
-def test_window_encode_scores_in_batches(build, dtype) -> None:
-    # Windows of more tokens than a batch of sums (32), tokens that are not live (zeros,
-    # NaN, infinity: score 0) and ties between them; the largest window.
+def test_window_encodes_of_large_windows(build, dtype) -> None:
+    # Windows of more tokens than the selection's threads, tokens that are not live
+    # (zeros, NaN, infinity: score 0) and ties between them; the largest window.
     dtype = np.dtype(dtype)
     x = score_data(np.random.default_rng(7), 75, 64, dtype)
     for window in (40, 75, MAX_WINDOW):
         c = TahCompressor(row=64, window=window, low_fraction=0.4)
-        got = fused_encode(build, c, x, 64, 2)
-        np.testing.assert_array_equal(got, c.encode(x), err_msg=f"{window=}")
-
-
-def test_window_encode_at_the_gpus_block(build) -> None:
-    # The launch's block of 256 threads (8 warps: eight sums a token, warps past a short
-    # window's tiles), bfloat16 tokens of 4096 as the benchmark's, two spans a block.
-    c = TahCompressor(row=4096, window=5)
-    x = data(np.random.default_rng(1), 80 * 4096 + 77, 4096, BF16)
-    np.testing.assert_array_equal(fused_encode(build, c, x, 256, 1), c.encode(x))
+        np.testing.assert_array_equal(window_encode(build, c, x), c.encode(x), err_msg=f"{window=}")

@@ -70,20 +70,16 @@ CALLS = [
     (64 << 20, BFLOAT16, 0, {}, {"_SCORE_PAIRS": False}),
     (4 << 20, BFLOAT16, 0, {}, {"_EPL": 16, "_TILE_MIN_BLOCKS": 5}),
     (4 << 20, BFLOAT16, 0, {}, {"_DECODE_AHEAD": False}),
-    (4 << 20, BFLOAT16, 0, {}, {"_DECODE_PREFIX": True}),
+    (4 << 20, BFLOAT16, 0, {}, {"_DECODE_PREFIX": False}),
     (4 << 20, BFLOAT16, 0, {}, {"_DECODE_PREFIX": True, "_DECODE_TABLE_TOKENS": 64}),
     # the decodes' grids sized by their tables
     (256 << 20, BFLOAT16, 0, {"row": 64}, {"_DECODE_PREFIX": True}),
     (1000, BFLOAT16, 0, {}, {}),
     (5, np.float32, 0, {}, {}),
-    # windows: the window encode, then the three launches of larger windows
+    # windows: the selection within windows, its grid by the spans
     (64 << 20, BFLOAT16, 0, {"window": 5}, {}),
     (64 << 20, BFLOAT16, 0, {"window": 6}, {}),
-    (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_MIN_BLOCKS": 2}),
-    (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_FUSED_MAX": 4}),
-    (1 << 20, BFLOAT16, 0, {"window": 6}, {}),  # 11 spans: three launches
-    (1 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_FUSED_SPANS_PER_SM": 0}),
-    (64 << 20, BFLOAT16, 0, {"window": 6}, {"_WINDOW_PREFETCH": True}),
+    (1 << 20, BFLOAT16, 0, {"window": 6}, {}),  # 11 spans: fewer blocks
     (64 << 20, np.float32, 0, {"window": 512}, {}),
 ]
 
@@ -160,10 +156,12 @@ def test_decode_blocks_fit_their_tables(
         assert 0 < worst <= tah_gpu._DECODE_TABLE_TOKENS, (grid, worst)
 
 
-@pytest.mark.parametrize("window, ops", [(0, [1, 6, 5, 5, 5, 4, 2]), (5, [8]), (512, [1, 6, 7, 2])])
+@pytest.mark.parametrize(
+    "window, ops", [(0, [1, 6, 5, 5, 5, 4, 2]), (5, [1, 6, 7, 2]), (512, [1, 6, 7, 2])]
+)
 def test_window_encode_launches(launches, window: int, ops: list) -> None:
-    # Small windows: one kernel (tah_window.cu); larger ones: the scores, the selection
-    # within windows and the tiles; none: the multi-block selection's digits.
+    # Windows: the scores, the selection within windows and the tiles; none: the
+    # multi-block selection's digits.
     count = 64 << 20
     options = {**OPTIONS, "window": window}
     lay = tah_layout(count, **options)

@@ -771,15 +771,15 @@ s25last)
     2>&1 | tee "$OUT/s25_enc_ab.txt" | tail -12
   P2P_DTYPES=bfloat16 bash "$0" p2psweeps ;;
 tahtests)
-  # The whole tah GPU test file (bitwise the CPU's): the default decode's restructured loop,
-  # the table's switch both ways, blocks past their table, the window option's encodes
-  # (both paths). ~7 minutes on a fresh machine (NVRTC compiles).
+  # The whole tah GPU test file (bitwise the CPU's): the decodes with and without their
+  # table, blocks past their table, the window option's encodes. ~6-7 minutes on a fresh
+  # machine (NVRTC compiles).
   step "pytest gpu: tah (whole file)"
   timeout ${TAH_TESTS_S:-540} python3 -m pytest -q -x -p no:cacheprovider tests/test_codec_gpu_tah.py \
     2>&1 | tee "$OUT/pytest_tahtests.txt" | tail -3 ;;
 tahpre)
-  # The tah decode's places from a table (tah_gpu._DECODE_PREFIX, off by default) against the
-  # walk over the bitmap, each arm its own process. ~150 s.
+  # The tah decode's places from a table (tah_gpu._DECODE_PREFIX, on for the plain decode
+  # since session 27) against the walk over the bitmap, each arm its own process. ~150 s.
   step "tah decode: table off / on"
   for pre in False True; do
     timeout 70 python3 -c "import sys, coccl.compressors.tah_gpu as m; \
@@ -789,38 +789,22 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
       --json "$JSONDIR/tahpre-$pre.json" 2>&1 | grep -E " decode" | sed "s/^/[table $pre] /"
   done ;;
 tahwin)
-  # The tah window option (issue #30's encode): the one-kernel encode of small windows
-  # (tah_window.cu) beside the default's kernels in one run, checked bitwise against the
-  # CPU's; then its arms, each its own process: 2 blocks an SM (_WINDOW_MIN_BLOCKS), the
-  # three launches (_WINDOW_FUSED_MAX 0), the next window asked of L2 (_WINDOW_PREFETCH),
-  # and the one kernel below one span an SM; then its launch's time alone. ~310 s.
+  # The tah window option (issue #30's encode): the encode for windows (the scores, the
+  # selection within windows, the tiles) beside the default's in one run, checked bitwise
+  # against the CPU's. ~100 s. (Session 26's one-kernel window encode, measured slower
+  # than these launches by this part in session 27, is gone: bench/NOTES.md.)
   step "tah encode: default / window 5 / window 8"
   timeout 200 python3 -c "import sys; from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" \
     codec --device gpu --counts 4M,16M,64M,256M -d bfloat16,float32 -n 15 \
     --compressor tah:row=4096,tah:row=4096,window=5,tah:row=4096,window=8 \
-    --json "$JSONDIR/tahwin.json" 2>&1 | tee "$OUT/tahwin_log.txt" | grep -E " encode|FAIL|rror"
-  for arm in _WINDOW_MIN_BLOCKS=2 _WINDOW_FUSED_MAX=0 _WINDOW_PREFETCH=True; do
-    timeout 80 python3 -c "import sys, coccl.compressors.tah_gpu as m; m.${arm%%=*} = ${arm#*=}; \
-from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
-      --counts 64M,256M --compressor tah:row=4096,window=5 -d bfloat16,float32 -n 15 -c 0 \
-      --json "$JSONDIR/tahwin-${arm%%=*}.json" 2>&1 | grep -E " encode" | sed "s/^/[$arm] /"
-  done
-  # below one span an SM (4M, 16M at window 5) the one kernel against the three launches
-  timeout 80 python3 -c "import sys, coccl.compressors.tah_gpu as m; m._WINDOW_FUSED_SPANS_PER_SM = 0; \
-from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device gpu \
-    --counts 4M,16M --compressor tah:row=4096,window=5 -d bfloat16,float32 -n 15 -c 0 \
-    --json "$JSONDIR/tahwin-few-spans.json" 2>&1 | grep -E " encode" | sed "s/^/[one kernel, few spans] /"
-  step "tah window encode: its launch"
-  for dt in bfloat16 float32; do
-    timeout 60 python3 bench/scripts/launch_times.py encode --count 256M --dtype $dt \
-      --compressor tah:row=4096,window=5 2>&1 | tail -4
-  done ;;
+    --json "$JSONDIR/tahwin.json" 2>&1 | tee "$OUT/tahwin_log.txt" | grep -E " encode|FAIL|rror" ;;
 dppair)
   # Issue #31's recipe on 4 staged ranks as 2 emulated nodes of 2: the two-level AllReduce
   # with int8 inside the node and 4-bit int with a 32-point Hadamard across (a codec pair),
-  # beside int8 at both levels, identity and the native AllReduce of the same run. ~60 s.
+  # beside int8 at both levels, identity and the native AllReduce of the same run (staged
+  # through the host: ~0.5 s a call at 256M). ~150 s.
   step "4-rank staged two-level AllReduce, the 8-bit / 4-bit pair"
-  COCCL_LOCAL_SIZE=2 timeout 90 python3 -m coccl.bench.cli allreduce --np 4 --device gpu \
+  COCCL_LOCAL_SIZE=2 timeout 260 python3 -m coccl.bench.cli allreduce --np 4 --device gpu \
     -b 4M -e 256M -f 4 -n 5 -w 1 --no-progress --algorithm hierarchical,native \
     --compressor identity,int:bits=8,int8+int:bits=4,hadamard=32 -d float32,bfloat16 \
     --json "$JSONDIR/h200-mpi-4ranks-hierarchical-pair.json" 2>&1 | tee "$OUT/dppair.txt" \
