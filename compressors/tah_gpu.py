@@ -130,8 +130,9 @@ _DECODE_AHEAD = {_DECODE: True, _DECODE_ACC: False}
 # not a walk over the bitmap in global memory and 64-bit arithmetic a step; with them the
 # whole-group tests and the staging buffer's flush addresses computed once. False: the previous
 # loop. Bitwise the same output (the host emulation and the GPU tests run both). On for the
-# decode, where the device A/B gained most at 16-bit types; off for the accumulating
-# decode, which the A/B left within noise (bench/NOTES.md, session 27).
+# decode, which gained at every size and type in the device A/B (most at 16-bit types);
+# off for the accumulating decode, which it left mixed, a gain at 16M elements and a loss
+# at 256M (bench/NOTES.md, session 27).
 _DECODE_PREFIX = {_DECODE: True, _DECODE_ACC: False}
 # Tokens in a block's table (tah_decode.cu's NPRE; 4 bytes each of shared memory): the decode
 # grids give each block at most this many tokens (a block of more still decodes, slowly).

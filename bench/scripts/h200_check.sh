@@ -806,7 +806,7 @@ dppair)
   step "4-rank staged two-level AllReduce, the 8-bit / 4-bit pair"
   COCCL_LOCAL_SIZE=2 timeout 260 python3 -m coccl.bench.cli allreduce --np 4 --device gpu \
     -b 4M -e 256M -f 4 -n 5 -w 1 --no-progress --algorithm hierarchical,native \
-    --compressor identity,int:bits=8,int8+int:bits=4,hadamard=32 -d float32,bfloat16 \
+    --compressor identity,int:bits=8,int8+int:bits=4,hadamard=32 -d ${DPPAIR_DTYPES:-float32,bfloat16} \
     --json "$JSONDIR/h200-mpi-4ranks-hierarchical-pair.json" 2>&1 | tee "$OUT/dppair.txt" \
     | grep -v "^#  Rank" | tail -24 ;;
 next23)
