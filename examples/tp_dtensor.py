@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tp_gpt import (  # noqa: E402  (the model and data of the Megatron-style example)
     GPT,
     GPTConfig,
+    exit_now,
     load_text,
     lr_at,
     parse_compressor,
@@ -297,4 +298,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -28,6 +28,7 @@ every replicated parameter is bitwise identical on all ranks (exit status 3 if n
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
 import math
@@ -37,7 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -345,6 +346,32 @@ def report(result: dict[str, Any], out: Path | None, identical: bool, prog: str)
         out.write_text(json.dumps(result, indent=1) + "\n")
     if not identical:
         print(f"[{prog}] ERROR: replicated parameters differ across TP ranks", file=sys.stderr)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this rank with ``code`` without the interpreter's finalization.
+
+    ``destroy_process_group`` leaves torch's Gloo groups alive: Gloo's ``shutdown`` does
+    nothing, and DTensor's cached shardings keep the meshes, whose groups hold the worker
+    threads. A worker drops a finished collective's work, and with it the tensors,
+    after ``wait()`` has returned, and dropping a tensor that Python also sees takes the
+    GIL. If the interpreter is finalizing by then, Python 3.11 ends that thread with
+    ``pthread_exit``, whose unwind through a ``noexcept`` destructor calls
+    ``std::terminate`` ("terminate called without an active exception"): a rank whose
+    work is done dies with SIGABRT. With no finalization there is no such moment. Output
+    is flushed and MPI (under mpiexec) finalized first, as a normal exit would.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")  # imported when mpiexec launched this rank
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+        # MPICH tells its process manager of a clean exit from the C library's exit
+        # handlers, which os._exit skips (hydra then kills the ranks still running). The
+        # C exit, called holding the GIL, runs them and still no finalization: a Gloo
+        # worker that wants the GIL from here on waits until the process is gone.
+        ctypes.PyDLL(None).exit(code)
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
 import hashlib
 import json
 import os
@@ -49,7 +48,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,7 +58,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tp_dtensor import interleave_qkv  # noqa: E402
-from tp_gpt import GPT, GPTConfig, load_text, lr_at, split, train_batches  # noqa: E402
+from tp_gpt import GPT, GPTConfig, exit_now, load_text, lr_at, split, train_batches  # noqa: E402
 
 import coccl.torch  # noqa: E402
 from coccl.torch.policy import DIMS, NAMED, Policy, load_policy  # noqa: E402
@@ -414,32 +413,6 @@ def write_result(args: argparse.Namespace, policy: Policy, dropped: list[str],
     if args.out:
         args.out.write_text(text)
     print(json.dumps({k: result[k] for k in ("final_loss", "tokens_per_s")}), flush=True)
-
-
-def exit_now(code: int) -> NoReturn:
-    """End this rank with ``code`` without the interpreter's finalization.
-
-    ``destroy_process_group`` leaves torch's Gloo groups alive: Gloo's ``shutdown`` does
-    nothing, and DTensor's cached shardings keep the meshes, whose groups hold the worker
-    threads. A worker drops a finished collective's work, and with it the tensors,
-    after ``wait()`` has returned, and dropping a tensor that Python also sees takes the
-    GIL. If the interpreter is finalizing by then, Python 3.11 ends that thread with
-    ``pthread_exit``, whose unwind through a ``noexcept`` destructor calls
-    ``std::terminate`` ("terminate called without an active exception"): a rank whose
-    work is done dies with SIGABRT. With no finalization there is no such moment. Output
-    is flushed and MPI (under mpiexec) finalized first, as a normal exit would.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")  # imported when mpiexec launched this rank
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-        # MPICH tells its process manager of a clean exit from the C library's exit
-        # handlers, which os._exit skips (hydra then kills the ranks still running). The
-        # C exit, called holding the GIL, runs them and still no finalization: a Gloo
-        # worker that wants the GIL from here on waits until the process is gone.
-        ctypes.PyDLL(None).exit(code)
-    os._exit(code)
 
 
 if __name__ == "__main__":

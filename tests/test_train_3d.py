@@ -80,7 +80,7 @@ def test_taco3d_compresses_tp_and_dp(tmp_path: Path) -> None:
 EXITING_RANK = """
 import atexit, ctypes, os, sys
 sys.path.insert(0, sys.argv[1])
-import train_3d
+import tp_gpt
 atexit.register(print, "finalized", flush=True)
 if sys.argv[3:] == ["mpi"]:
     from mpi4py import MPI
@@ -89,7 +89,7 @@ if sys.argv[3:] == ["mpi"]:
     on_c_exit = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)(on_c_exit)
     ctypes.CDLL(None).on_exit(on_c_exit, None)  # glibc's
 print("done", end="")
-train_3d.exit_now(int(sys.argv[2]))
+tp_gpt.exit_now(int(sys.argv[2]))
 """
 
 
