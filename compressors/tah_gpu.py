@@ -12,9 +12,9 @@ three launches of many blocks; with the codec's ``window`` option, a block a spa
 whole windows choosing each window's low tokens) into the token bitmap, and the tiles;
 decoding runs one kernel. Each call's launches (kernels, grids, arguments) are planned
 once per shape, options and payload alignment and replayed. The tile kernels give each
-block one contiguous range of tiles, whose places it finds by counting the bitmap bytes before the
-range once and then those it passes (the decode: from a table of its tokens' places that
-it writes into shared memory once, ``_DECODE_PREFIX``). No allocation, no host
+block one contiguous range of tiles, whose places it finds by counting the bitmap bytes
+before the range once and then those it passes (the decode: from a table of its tokens'
+places that it writes into shared memory once, ``_DECODE_PREFIX``). No allocation, no host
 synchronisation, no copy from the host per call, so a CUDA graph may capture them
 (``TahCompressor.graph_safe``). The CUDA source is ``tah_kernels.cu`` (defines and shared
 helpers), ``tah_encode.cu`` and ``tah_decode.cu``, compiled after
