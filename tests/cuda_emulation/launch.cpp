@@ -1,6 +1,5 @@
 // Compiled after emu.h, codec_kernels.cu, codec_tile_helpers.cu, tah_tables.cu,
-// tah_select.cu, tah_kernels.cu, tah_encode.cu, tah_decode.cu, tah_score.cu and
-// tah_window.cu:
+// tah_select.cu, tah_kernels.cu, tah_encode.cu, tah_decode.cu and tah_score.cu:
 // runs the variant's tah_kernel on a grid of emu_grid blocks of EMU_THREADS threads, one
 // block after the other (the kernels' blocks share nothing but global memory), with the
 // arguments in the order tah_gpu.py passes them.
@@ -22,11 +21,10 @@ extern "C" void emu_launch(void* a0, void* a1, long long c, long long r, long lo
 #endif
   });
 }
-// The kernels of eight arguments: the scores (TAH_OP 1, the last the byte offset of its
-// sums) and the window encode (TAH_OP 8).
+// The scores kernel (TAH_OP 1) with its eighth argument, the byte offset of its sums.
 extern "C" void emu_launch8(void* a0, void* a1, long long c, long long r, long long k,
                             long long p, long long q, long long s) {
-#if TAH_OP == 1 || TAH_OP == 8
+#if TAH_OP == 1
   emu_run_grid(emu_grid, [=] { tah_kernel(a0, (unsigned char*)a1, c, r, k, p, q, s); });
 #endif
 }
