@@ -257,78 +257,6 @@ DEV void tile_top2(const float* v, int li, u32& first, u32& second, int& idx) {
   }
 }
 
-// One warp's tile group: the TPW tiles from tile k0 on, those below kend (the others
-// inactive lanes, which take part in the shuffles), their places from the bitmap bm and
-// its running count run (tile_place); whole (warp-uniform): every tile of the group
-// whole and x aligned; lane and li: the thread's lane and its place in its tile.
-DEV void encode_group(const char* xb, unsigned char* pay, i64 k0, i64 kend, bool whole,
-                      i64 count, i64 K, i64 piv0, const unsigned char* bm, const LowRun& run,
-                      i64 rowc, bool a4, int lane, int li) {
-  const i64 codes0 = 8 * K;
-  const i64 k = k0 + (lane / LT), base = k * TILE;
-  const bool active = k < kend;
-  int m = TILE, ml = EPL;
-  u32 pad = 0;
-  if (!whole) {
-    const i64 left = active ? count - base : 0;
-    m = left < TILE ? (int)left : TILE;
-    ml = min(max(m - EPL * li, 0), EPL);
-    if (ml < EPL && active) pad = load_elem_raw(xb, base);
-  }
-  u32 w[NRAW];
-  load_raw(xb, base + EPL * li, ml, whole, pad, w);
-  float flo, fhi;
-  tile_ends(w, flo, fhi);
-  float v[EPL];
-#pragma unroll
-  for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
-  // The largest |v| is at the smallest or the largest value, and the second largest is
-  // at least the smaller of those two magnitudes (another element, or all are equal):
-  // a tile with first < ratio * that cannot pivot, and warps of such tiles only skip
-  // the exact top two (FORMAT.md's test, on the same first).
-  const u32 alo = as_u(flo) & 0x7fffffffu, ahi = as_u(fhi) & 0x7fffffffu;
-  const u32 first = max(alo, ahi);
-  const bool bad = first >= 0x7f800000u;
-  const bool maybe = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
-                     first < PIVOT_MAX_BITS &&
-                     first >= as_u(f_mul(as_f(RATIO_BITS), as_f(min(alo, ahi))));
-  bool piv = false;
-  int idx = 0;
-  if (__any_sync(FULL_MASK, maybe)) {  // the whole warp: shuffles
-    u32 top, second;
-    tile_top2(v, li, top, second, idx);
-    piv = maybe && first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
-    if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms, in place
-      swap_first(v, li, lane, idx);
-      wht_group<EPL, LT>(v, li);  // codec_tile_helpers.cu's: h < EPL in the lane, then across
-      int klo, khi;
-      tile_range(v, klo, khi);
-      if (piv) {
-        flo = from_key(klo);
-        fhi = from_key(khi);
-      } else {  // tiles that do not pivot load their values again (no copy kept)
-        load_raw(xb, base + EPL * li, ml, whole, pad, w);
-#pragma unroll
-        for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
-      }
-    }
-  }
-  bool low = false;
-  const i64 off = active ? tile_place(bm, run, k, li, rowc, codes0, low) : 0;
-  float c, step;
-  if (low)  // the tile's width, a constant in each branch (no shuffle in them)
-    quantize_store<BL>(v, flo, fhi, bad, ml, active, pay + off, c, step);
-  else
-    quantize_store<BH>(v, flo, fhi, bad, ml, active, pay + off, c, step);
-  if (active && li == 0) {
-    st32(pay + 4 * k, bad ? BITS_NAN : as_u(c), a4);
-    st32(pay + 4 * K + 4 * k, bad ? BITS_NAN : as_u(step), a4);
-    pay[piv0 + k] = piv ? (unsigned char)(0x80 | idx) : (unsigned char)0;
-  }
-}
-#endif  // TAH_OP 2 or 8
-
-#if TAH_OP == 2
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 count, i64 row,
            i64 K, i64 piv0, i64 bm0) {
@@ -337,6 +265,7 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
   const unsigned char* bm = pay + bm0;  // written by kernel 4, read only here
   const int lane = threadIdx.x & 31, li = lane & (LT - 1);
   const bool vec = (((u64)xb) & 15) == 0, a4 = (((u64)pay) & 3) == 0;
+  const i64 codes0 = 8 * K;
   const i64 rowc = TROW;  // a constant where ROW is defined
   (void)row;
   i64 g0, g1;
@@ -349,9 +278,68 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
     low_advance(bm, gs * TPW * TILE / rowc, run);  // the same in every thread of the block
     const i64 g = gs + (threadIdx.x >> 5);
     if (g >= g1) break;  // the whole warp
+    const i64 k = g * TPW + (lane / LT), base = k * TILE;
+    const bool active = k < K;
     // The common case, warp-uniform: every tile of the group whole and x aligned.
     const bool whole = vec && (g + 1) * (32 * EPL) <= count;
-    encode_group(xb, pay, g * TPW, K, whole, count, K, piv0, bm, run, rowc, a4, lane, li);
+    int m = TILE, ml = EPL;
+    u32 pad = 0;
+    if (!whole) {
+      const i64 left = active ? count - base : 0;
+      m = left < TILE ? (int)left : TILE;
+      ml = min(max(m - EPL * li, 0), EPL);
+      if (ml < EPL && active) pad = load_elem_raw(xb, base);
+    }
+    u32 w[NRAW];
+    load_raw(xb, base + EPL * li, ml, whole, pad, w);
+    float flo, fhi;
+    tile_ends(w, flo, fhi);
+    float v[EPL];
+#pragma unroll
+    for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
+    // The largest |v| is at the smallest or the largest value, and the second largest is
+    // at least the smaller of those two magnitudes (another element, or all are equal):
+    // a tile with first < ratio * that cannot pivot, and warps of such tiles only skip
+    // the exact top two (FORMAT.md's test, on the same first).
+    const u32 alo = as_u(flo) & 0x7fffffffu, ahi = as_u(fhi) & 0x7fffffffu;
+    const u32 first = max(alo, ahi);
+    const bool bad = first >= 0x7f800000u;
+    const bool maybe = PIVOT && !bad && m == TILE && first >= PIVOT_MIN_BITS &&
+                       first < PIVOT_MAX_BITS &&
+                       first >= as_u(f_mul(as_f(RATIO_BITS), as_f(min(alo, ahi))));
+    bool piv = false;
+    int idx = 0;
+    if (__any_sync(FULL_MASK, maybe)) {  // the whole warp: shuffles
+      u32 top, second;
+      tile_top2(v, li, top, second, idx);
+      piv = maybe && first >= as_u(f_mul(as_f(RATIO_BITS), as_f(second)));
+      if (__any_sync(FULL_MASK, piv)) {  // the whole warp transforms, in place
+        swap_first(v, li, lane, idx);
+        wht_group<EPL, LT>(v, li);  // codec_tile_helpers.cu's: h < EPL in the lane, then across
+        int klo, khi;
+        tile_range(v, klo, khi);
+        if (piv) {
+          flo = from_key(klo);
+          fhi = from_key(khi);
+        } else {  // tiles that do not pivot load their values again (no copy kept)
+          load_raw(xb, base + EPL * li, ml, whole, pad, w);
+#pragma unroll
+          for (int r = 0; r < EPL; ++r) v[r] = elem_f32(w, r);
+        }
+      }
+    }
+    bool low = false;
+    const i64 off = active ? tile_place(bm, run, k, li, rowc, codes0, low) : 0;
+    float c, step;
+    if (low)  // the tile's width, a constant in each branch (no shuffle in them)
+      quantize_store<BL>(v, flo, fhi, bad, ml, active, pay + off, c, step);
+    else
+      quantize_store<BH>(v, flo, fhi, bad, ml, active, pay + off, c, step);
+    if (active && li == 0) {
+      st32(pay + 4 * k, bad ? BITS_NAN : as_u(c), a4);
+      st32(pay + 4 * K + 4 * k, bad ? BITS_NAN : as_u(step), a4);
+      pay[piv0 + k] = piv ? (unsigned char)(0x80 | idx) : (unsigned char)0;
+    }
   }
 }
 #endif

@@ -61,7 +61,6 @@ DEV u32 token_score(long long ss, long long ll) {
 }
 #endif
 
-// The scores' helpers, for kernel 1.
 #if TAH_OP == 1
 #define SC_COPIES 16  // copies of the table: a half-warp's 64-bit loads hit 16 bank pairs
 #define SC_STRIDE_LOG 7  // log2 of SC_COPIES * 8, the bytes between a level's entries
@@ -293,21 +292,6 @@ struct ScoreBlock {
 #endif
 };
 
-// A ScoreBlock's shared fields (the sums' places are the caller's).
-DEV ScoreBlock score_block(const void* src, unsigned char* pay, i64 count, i64 ntok,
-                           const u64* tab, u32 (*red_m)[WARPS]) {
-  ScoreBlock b;
-  b.xb = (const char*)src;
-  b.pay = pay;
-  b.count = count;
-  b.ntok = ntok;
-  b.vec = (((u64)src) & 15) == 0;
-  b.tab = (const unsigned char*)tab;
-  b.c8 = 8u * (u32)(threadIdx.x & (SC_COPIES - 1));
-  b.red_m = red_m;
-  return b;
-}
-
 // Token t's score (or its warps' sums), its cached chunks' raw words in w, and the next
 // token's (t + gridDim.x, if any) loaded into wn meanwhile. par: the token's parity in
 // the block's sequence (red_m's half). Returns whether there is a next token.
@@ -435,32 +419,6 @@ DEV bool score_token(const ScoreBlock& b, i64 t, int par, u32 (*w)[SC_WORDS],
   return next;
 }
 
-// The scores of tokens t, t + stride, ... while score_token finds a next one, token t's
-// cached words in w0 (w1: the next's). With SC_PAIR the two arrays swap roles from one
-// call to the next; the float32 path keeps a token's |x| bits past its loads of the next:
-// one call a token, the next token's words copied (the two calls' form spills at
-// MIN_BLOCKS).
-DEV void score_run(const ScoreBlock& b, i64 t, i64 stride, u32 (*w0)[SC_WORDS],
-                   u32 (*w1)[SC_WORDS]) {
-#if SC_PAIR
-  for (;; t += stride) {
-    if (!score_token(b, t, 0, w0, w1)) break;
-    t += stride;
-    if (!score_token(b, t, 1, w1, w0)) break;
-  }
-#else
-  for (i64 par = 0;; t += stride, par ^= 1) {
-    if (!score_token(b, t, (int)par, w0, w1)) break;
-#pragma unroll
-    for (int c = 0; c < SC_CACHE; ++c)
-#pragma unroll
-      for (int q = 0; q < SC_WORDS; ++q) w0[c][q] = w1[c][q];
-  }
-#endif
-}
-#endif  // TAH_OP 1
-
-#if TAH_OP == 1
 // One block per token (grid-stride; tah_gpu launches one wave of MIN_BLOCKS blocks an SM,
 // so that every block takes the same number of tokens, to within one). A thread reads
 // chunks of 8 elements, ch = tid, tid + THREADS, ..., the first SC_CACHE kept in registers
@@ -480,7 +438,15 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
   // The warps' largest |x| bits, by token parity: a warp writes token t + 1's after the
   // barrier of token t, which every warp passes only once it has read token t - 1's.
   __shared__ u32 red_m[2][WARPS];
-  ScoreBlock b = score_block(src, pay, count, ntok, tab, red_m);
+  ScoreBlock b;
+  b.xb = (const char*)src;
+  b.pay = pay;
+  b.count = count;
+  b.ntok = ntok;
+  b.vec = (((u64)src) & 15) == 0;
+  b.tab = (const unsigned char*)tab;
+  b.c8 = 8u * (u32)(threadIdx.x & (SC_COPIES - 1));
+  b.red_m = red_m;
 #if SC_SPLIT
   b.sums = (long long*)(pay + sums) + 2 * (i64)(threadIdx.x >> 5) * ntok;
 #else
@@ -501,7 +467,23 @@ tah_kernel(const void* __restrict__ src, unsigned char* __restrict__ pay, i64 co
   if (blockIdx.x >= ntok) return;
   u32 w0[SC_CACHE][SC_WORDS], w1[SC_CACHE][SC_WORDS];  // this token's and the next's
   load_token(b.xb, blockIdx.x, count, b.vec, w0);
-  score_run(b, blockIdx.x, gridDim.x, w0, w1);
+#if SC_PAIR
+  for (i64 t = blockIdx.x;; t += gridDim.x) {
+    if (!score_token(b, t, 0, w0, w1)) break;
+    t += gridDim.x;
+    if (!score_token(b, t, 1, w1, w0)) break;
+  }
+#else
+  // The float32 path keeps a token's |x| bits past its loads of the next: one call a
+  // token, the next token's words copied (the two calls' form spills at MIN_BLOCKS).
+  for (i64 t = blockIdx.x, par = 0;; t += gridDim.x, par ^= 1) {
+    if (!score_token(b, t, (int)par, w0, w1)) break;
+#pragma unroll
+    for (int c = 0; c < SC_CACHE; ++c)
+#pragma unroll
+      for (int q = 0; q < SC_WORDS; ++q) w0[c][q] = w1[c][q];
+  }
+#endif
 }
 #endif
 
