@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coccl.compressors import Compressor
+from coccl.compressors.intq import STREAM_RANK_BITS
 from coccl.core.reduction import finalize
 from coccl.core.rounds import Round
 
@@ -70,7 +71,7 @@ from .footprint import Footprint
 from .schedule_args import ScheduleArgs
 
 LEVEL_ALGORITHMS = ("ring", "two_shot")
-STREAMS = 1 << 16  # the rank field of a stochastic codec's salt (intq.stream_salt)
+STREAMS = 1 << STREAM_RANK_BITS  # the streams a stochastic codec's salts can number
 
 
 @dataclass(eq=False, kw_only=True)

@@ -48,6 +48,9 @@ def stream_key(seed: int, salt: int) -> int:
     return mix64(mix64(seed + _GAMMA) ^ salt)
 
 
+STREAM_RANK_BITS = 16  # stream_salt's rank field: the random streams a call can number
+
+
 def stream_salt(*, rank: int, call: int, chunk: int = 0, step: int = 0) -> int:
     """A salt that differs for every (rank, call, chunk, step): the four packed into 64
     bits, ``call`` in bits 36-63, ``rank`` in 20-35, ``chunk`` in 10-19, ``step`` in 0-9
@@ -57,7 +60,12 @@ def stream_salt(*, rank: int, call: int, chunk: int = 0, step: int = 0) -> int:
         TypeError: a field that is not an int.
         ValueError: a field that is negative or does not fit its bits.
     """
-    fields = (("call", call, 28), ("rank", rank, 16), ("chunk", chunk, 10), ("step", step, 10))
+    fields = (
+        ("call", call, 28),
+        ("rank", rank, STREAM_RANK_BITS),
+        ("chunk", chunk, 10),
+        ("step", step, 10),
+    )
     salt = 0
     for name, value, width in fields:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
