@@ -132,7 +132,7 @@ _DECODE_AHEAD = {_DECODE: True, _DECODE_ACC: False}
 # loop. Bitwise the same output (the host emulation and the GPU tests run both). On for the
 # decode, which gained at every size and type in the device A/B (most at 16-bit types);
 # off for the accumulating decode, which it left mixed, a gain at 16M elements and a loss
-# at 256M (bench/NOTES.md, session 27).
+# at 256M (bench/NOTES.md has the A/B).
 _DECODE_PREFIX = {_DECODE: True, _DECODE_ACC: False}
 # Tokens in a block's table (tah_decode.cu's NPRE; 4 bytes each of shared memory): the decode
 # grids give each block at most this many tokens (a block of more still decodes, slowly).

@@ -779,7 +779,7 @@ tahtests)
     2>&1 | tee "$OUT/pytest_tahtests.txt" | tail -3 ;;
 tahpre)
   # The tah decode's places from a table (tah_gpu._DECODE_PREFIX, on for the plain decode
-  # since session 27) against the walk over the bitmap, each arm its own process. ~150 s.
+  # by default) against the walk over the bitmap, each arm its own process. ~150 s.
   step "tah decode: table off / on"
   for pre in False True; do
     timeout 70 python3 -c "import sys, coccl.compressors.tah_gpu as m; \
@@ -791,8 +791,7 @@ from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" codec --device g
 tahwin)
   # The tah window option (issue #30's encode): the encode for windows (the scores, the
   # selection within windows, the tiles) beside the default's in one run, checked bitwise
-  # against the CPU's. ~100 s. (Session 26's one-kernel window encode, measured slower
-  # than these launches by this part in session 27, is gone: bench/NOTES.md.)
+  # against the CPU's. ~100 s.
   step "tah encode: default / window 5 / window 8"
   timeout 200 python3 -c "import sys; from coccl.bench.cli import main; sys.exit(main(sys.argv[1:]))" \
     codec --device gpu --counts 4M,16M,64M,256M -d bfloat16,float32 -n 15 \
