@@ -33,7 +33,8 @@ Rank 0 writes one JSON (``--out``): the loss of every step (the mean over the DP
 replicas' microbatches), tokens/s, and per mesh dimension the calls of every group by
 ``collective:path`` and the bytes coccl's schedules sent for them (``sent``; a call that
 coccl hands to the transport's own collective, an exact one, counts its input bytes under
-``input`` only), summed over the ranks. With ``--policy identity`` the losses equal
+``input`` only; PP's sends under ``send:path``, their payload bytes), summed over the
+ranks. With ``--policy identity`` the losses equal
 ``--policy none``'s to float rounding (the order of the sums differs).
 """
 
@@ -46,6 +47,7 @@ import json
 import os
 import sys
 import time
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,7 @@ from tp_dtensor import interleave_qkv  # noqa: E402
 from tp_gpt import GPT, GPTConfig, exit_now, load_text, lr_at, split, train_batches  # noqa: E402
 
 import coccl.torch  # noqa: E402
+from coccl.core.arrays import as_flat  # noqa: E402
 from coccl.torch.policy import DIMS, NAMED, Policy, load_policy  # noqa: E402
 
 TINY_MIN_COMPRESS_BYTES = 1024  # --tiny: its messages are a few KiB
@@ -212,39 +215,86 @@ def group_traffic(group: Any) -> dict[str, Any]:
     return {
         "backend": "coccl",
         "calls": {k: v for k, v in calls.items() if not k.startswith("comm:")},
-        "bytes": dict(getattr(group.comm, "traffic", {})),
+        "bytes": dict(getattr(group, "coccl_traffic", {})),
         "comm_bytes_sent": calls.get("comm:bytes_sent", 0),
     }
 
 
 class CountingComm:
-    """A coccl group's Communicator, counting each collective's input bytes and the bytes
-    coccl's schedules sent for it, by ``collective:path`` (the backend counts calls only)."""
+    """Counts a coccl group's traffic by ``collective:path``: each collective's input
+    bytes and the bytes coccl's schedules sent for it, and each point-to-point send's
+    input bytes and payload bytes (the backend counts calls only).
 
-    def __init__(self, comm: Any, group: Any) -> None:
-        self._comm, self._group = comm, group
+    The counting wrappers are installed on the Communicator itself, not around it: the
+    torch backend runs a CPU tensor's collective through ``iallreduce`` /
+    ``ireduce_scatter`` / ``iallgather``, whose worker calls the Communicator's own
+    ``allreduce`` / ``reduce_scatter`` / ``allgather`` (one at a time, so the
+    ``bytes_sent`` difference around a call is that call's), and point-to-point through
+    ``isend``. A delta gather's first call (its state not bound yet) is exact."""
+
+    COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
         self.traffic: Counter[str] = Counter()
+        for name in self.COLLECTIVES:
+            setattr(comm, name, types.MethodType(self._measured(name), comm))
+        comm.isend = types.MethodType(self._send(), comm)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._comm, name)
+    @staticmethod
+    def _path(kwargs: dict[str, Any]) -> str:
+        codec = kwargs.get("compressor", "identity")
+        lossy = not all(c.lossless for c in _codecs(codec))
+        delta = kwargs.get("delta")
+        if delta is not None and not delta.bound:
+            lossy = False  # the first delta gather sends the weights exactly
+        return "compressed" if lossy else "exact"
 
-    def _measured(self, collective: str, x: Any, out: Any, **kwargs: Any) -> Any:
-        lossy = not coccl.get_compressor(kwargs["compressor"]).lossless
-        key = f"{collective}:{'compressed' if lossy else 'exact'}"
-        before = self._comm.stats()["bytes_sent"]
-        result = getattr(self._comm, collective)(x, out, **kwargs)
-        self.traffic[f"{key}:sent"] += self._comm.stats()["bytes_sent"] - before
-        self.traffic[f"{key}:input"] += x.numel() * x.element_size()
-        return result
+    def _measured(self, collective: str) -> Any:
+        inner = getattr(type(self.comm), collective)
+        traffic = self.traffic
 
-    def allreduce(self, x: Any, out: Any = None, **kw: Any) -> Any:
-        return self._measured("allreduce", x, out, **kw)
+        def call(comm: Any, x: Any, out: Any = None, **kwargs: Any) -> Any:
+            key = f"{collective}:{CountingComm._path(kwargs)}"
+            before = comm.stats()["bytes_sent"]
+            result = inner(comm, x, out, **kwargs)
+            traffic[f"{key}:sent"] += comm.stats()["bytes_sent"] - before
+            traffic[f"{key}:input"] += _nbytes(x)
+            return result
 
-    def reduce_scatter(self, x: Any, out: Any = None, **kw: Any) -> Any:
-        return self._measured("reduce_scatter", x, out, **kw)
+        call.__name__ = collective
+        return call
 
-    def allgather(self, x: Any, out: Any = None, **kw: Any) -> Any:
-        return self._measured("allgather", x, out, **kw)
+    def _send(self) -> Any:
+        inner = type(self.comm).isend
+        traffic = self.traffic
+
+        def isend(comm: Any, x: Any, dst: Any, **kwargs: Any) -> Any:
+            codec = coccl.get_compressor(kwargs.get("compressor") or "identity")
+            key = f"send:{'exact' if codec.lossless else 'compressed'}"
+            traffic[f"{key}:input"] += _nbytes(x)
+            traffic[f"{key}:sent"] += (
+                _nbytes(x) if codec.lossless else codec.encoded_nbytes(x.numel(), _np_dtype(x))
+            )
+            return inner(comm, x, dst, **kwargs)
+
+        isend.__name__ = "isend"
+        return isend
+
+
+def _codecs(codec: Any) -> list[Any]:
+    pair = isinstance(codec, (list, tuple))
+    return [coccl.get_compressor(c) for c in (codec if pair else [codec])]
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, (list, tuple)):  # a bucket
+        return sum(_nbytes(t) for t in x)
+    return int(x.numel() * x.element_size()) if isinstance(x, torch.Tensor) else int(x.nbytes)
+
+
+def _np_dtype(x: Any) -> Any:
+    return as_flat(x).dtype  # coccl's numpy dtype of a tensor (bfloat16 too)
 
 
 def train(args: argparse.Namespace, mesh: Any, policy: Policy, device: torch.device) -> dict:
@@ -254,7 +304,7 @@ def train(args: argparse.Namespace, mesh: Any, policy: Policy, device: torch.dev
     for dim in DIMS:
         group = mesh[dim].get_group()
         if isinstance(group, coccl.torch.CocclProcessGroup):
-            group.comm = CountingComm(group.comm, group)
+            group.coccl_traffic = CountingComm(group.comm).traffic
     stage_module, biases = build_stage(args, mesh, policy, device)
     pp_rank, pp = mesh["pp"].get_local_rank(), mesh["pp"].size()
     stage = PipelineStage(stage_module, pp_rank, pp, device, group=mesh["pp"].get_group())

@@ -248,6 +248,10 @@ def test_json_and_toml_files(tmp_path: Path) -> None:
          "policy.dp.gather.schedule 'hierarchical' runs"),
         ({"dp": {"reduce": {"codec": "int8", "schedule": "hierarchical", "state": "feedback"}}},
          "'hierarchical' carries no state"),
+        ({"dp": {"gather": {"codec": "identity", "state": "delta"}}},
+         r"policy.dp.gather.state 'delta' needs a lossy codec"),
+        ({"tp": {"allreduce": {"state": "feedback"}}},
+         r"policy.tp.allreduce.state 'feedback' needs a lossy codec"),
     ],
 )  # fmt: skip
 def test_bad_policies_name_what_is_wrong(spec: dict, match: str) -> None:
@@ -273,6 +277,13 @@ def test_a_dp_codec_pair_goes_to_the_dp_group() -> None:
     gather = dataclasses.replace(opts, **policy.call_options("dp", "gather"))  # a valid call
     assert gather.algorithm == "auto" and len(gather.codecs) == 1
     assert Policy.from_dict(json.loads(json.dumps(policy.to_dict()))) == policy
+
+
+@pytest.mark.parametrize(("suffix", "text"), [(".json", '{"tp": '), (".toml", "[tp\nx = ")])
+def test_a_malformed_file_is_a_policy_error(tmp_path: Path, suffix: str, text: str) -> None:
+    (tmp_path / f"bad{suffix}").write_text(text)
+    with pytest.raises(PolicyError, match=f"is not valid {suffix[1:]}"):
+        load_policy(tmp_path / f"bad{suffix}")
 
 
 def test_placeholders_must_be_filled() -> None:

@@ -61,9 +61,15 @@ def test_taco3d_compresses_tp_and_dp(tmp_path: Path) -> None:
     tp, dp = record["traffic"]["tp"], record["traffic"]["dp"]
     assert tp["calls"]["allreduce:compressed"] > 0
     assert dp["calls"]["reduce_scatter:compressed"] > 0
-    for dim in (tp, dp):  # a compressed call sends fewer bytes than it reduces
-        for key in [k for k in dim["bytes"] if k.endswith(":compressed:sent")]:
-            assert 0 < dim["bytes"][key] < dim["bytes"][key.replace(":sent", ":input")]
+    pp_traffic = record["traffic"]["pp"]
+    kinds = ((tp, ["allreduce"]), (dp, ["allgather", "reduce_scatter"]), (pp_traffic, ["send"]))
+    for dim, keys in kinds:
+        for key in keys:  # a compressed call sends fewer bytes than it reduces
+            sent = dim["bytes"][f"{key}:compressed:sent"]
+            assert 0 < sent < dim["bytes"][f"{key}:compressed:input"], (key, dim["bytes"])
+        # every byte coccl sent is counted under one collective and path
+        sent_total = sum(v for k, v in dim["bytes"].items() if k.endswith(":sent"))
+        assert sent_total == dim["comm_bytes_sent"]
     # the 4-bit weight differences: the first gather of each FSDP unit exact, then compressed
     assert record["state_dropped"] == []
     assert dp["calls"]["allgather:compressed"] > 0 and dp["calls"]["allgather:exact"] > 0
@@ -112,3 +118,18 @@ def test_a_rank_exits_without_finalizing_under_mpiexec() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     out = proc.stdout
     assert out.count("done") == out.count(" exit handlers") == 2 and "finalized" not in out, out
+
+
+def test_traffic_paths_of_a_codec_pair_and_a_first_delta_gather() -> None:
+    """The JSON's path of a call: a hierarchical codec pair (a policy's ``[intra,
+    inter]``) is compressed, a delta gather's first call (state not bound) exact."""
+    import coccl  # noqa: PLC0415
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import train_3d  # noqa: PLC0415
+
+    path = train_3d.CountingComm._path
+    assert path({"compressor": ("int8", {"id": "int", "bits": 4})}) == "compressed"
+    assert path({"compressor": ("identity", "identity")}) == "exact"
+    assert path({"compressor": "int8", "delta": coccl.DeltaState()}) == "exact"
+    assert path({"compressor": "int8"}) == "compressed"

@@ -1,6 +1,6 @@
 """coccl.torch.virtual_3d in one process: the PP boundary against encode/decode roundtrips,
 the DP ReduceScatter against a float64 reference and its checks, and the delta rule's
-properties. tests/mpi/test_virtual_3d.py compares the ReduceScatter with real ranks."""
+properties. tests/mpi/test_virtual_3d.py compares all three with real ranks."""
 
 from __future__ import annotations
 

@@ -184,6 +184,7 @@ class Policy:
                 f"{policy.lossy_kinds()} name lossy codecs"
             )
         if not policy.placeholders():
+            policy._check_states()
             policy._check_groups()
         return policy
 
@@ -351,6 +352,18 @@ class Policy:
                 )
         names = tuple(c for kind in lossy for c in COLLECTIVES[kind])
         return {**first.options(names), "compress": names}
+
+    def _check_states(self) -> None:
+        """A state keeps what a lossy codec loses (a residual, a replica of decoded
+        differences): on an exact codec the Communicator and the FSDP2 comm objects
+        refuse it at the first call, after the groups exist; refuse it here."""
+        for dim, kinds in self.traffic.items():
+            for kind, t in kinds.items():
+                if t.state is not None and not t.lossy:
+                    raise PolicyError(
+                        f"policy.{dim}.{kind}.state {t.state!r} needs a lossy codec; "
+                        f"{t.codec['id']!r} is exact (drop the state or name a lossy codec)"
+                    )
 
     def _check_groups(self) -> None:
         """Build every dimension's options once, so that a bad combination fails now."""
@@ -562,12 +575,15 @@ def load_policy(source: str | Path | Mapping[str, Any]) -> Policy:
         )
     if not path.is_file():
         raise PolicyError(f"policy file {str(path)!r} does not exist")
-    if path.suffix == ".json":
-        spec = json.loads(path.read_text())
-    else:
-        import tomllib  # noqa: PLC0415  (Python >= 3.11)
+    import tomllib  # noqa: PLC0415  (Python >= 3.11)
 
-        spec = tomllib.loads(path.read_text())
+    try:
+        text = path.read_text()
+        spec = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, TOMLDecodeError
+        raise PolicyError(
+            f"policy file {str(path)!r} is not valid {path.suffix[1:]}: {e}"
+        ) from None
     return Policy.from_dict(spec, path.stem)
 
 

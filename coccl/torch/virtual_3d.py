@@ -39,12 +39,12 @@ shard. Rows of a batched ``reduce_scatter`` or ``allgather_delta`` (several DP g
 once) share one payload per shard, which is bitwise one payload per row for the codecs
 that are not payload-scoped; for those that are, batched rows are refused.
 
-**What is checked against real ranks.** ``VirtualDPGroup.reduce_scatter`` against
-``Communicator.reduce_scatter(algorithm="two_shot")`` on 1-4 CPU ranks, bitwise
-(``tests/mpi/test_virtual_3d.py``). The Communicator has no delta AllGather and no
-compressed point-to-point send yet: the boundary and ``allgather_delta`` are checked
-against encode/decode roundtrips and the delta rule's own properties, and get their
-bitwise tests when the real paths exist.
+**What is checked against real ranks** (``tests/mpi/test_virtual_3d.py``, 1-4 CPU
+ranks, bitwise): ``VirtualDPGroup.reduce_scatter`` against
+``Communicator.reduce_scatter(algorithm="two_shot")``, ``allgather_delta`` against
+``Communicator.allgather(delta=)`` over several updates, and :func:`pp_boundary` against
+a compressed ``send``/``recv`` (one payload, and the real send's chunks given as
+``chunk_elems``).
 """
 
 from __future__ import annotations
