@@ -45,6 +45,30 @@ def agree_on_call(
         raise CocclError(problem)
 
 
+def is_digest(entry: Any) -> bool:
+    """Whether ``entry`` is the first exchange of ``agree_on_call`` (a sha1 hex digest)."""
+    return (
+        isinstance(entry, str) and len(entry) == 40 and all(c in "0123456789abcdef" for c in entry)
+    )
+
+
+def ranks_in_other_calls(
+    entries: list[Any],
+    is_mine: Callable[[Any], bool],
+    exchange: Callable[[Any], list[Any]],
+    refusal: str,
+) -> list[int]:
+    """The ranks whose entry in a one-exchange agreement (an all-to-all's, a split's) is
+    not of that kind: they make another call. A rank in ``agree_on_call`` sent a digest
+    and waits for a second exchange; every rank here saw the same entries, so all of
+    them join it with ``("error", refusal)``: that rank then raises ``CocclError`` at once
+    instead of waiting for COCCL_TIMEOUT_S, and the exchanges stay paired."""
+    others = [r for r, e in enumerate(entries) if not is_mine(e)]
+    if any(is_digest(entries[r]) for r in others):
+        exchange(("error", refusal))
+    return others
+
+
 def disagreement(collective: str, theirs: list[Any]) -> str | None:
     """Why the ranks' entries differ (None if they do not). An entry is a plan's
     fingerprint, or ``("error", message)`` for a rank that refused the call."""

@@ -48,6 +48,7 @@ def run(
     flats = [as_flat(x, f"x[{i}]") for i, x in enumerate(xs)]
     if len({f.device_id for f in flats}) > 1:
         raise ValueError("a bucket's arrays must all be on one device")
+    _check_state(kwargs, flats)
     kind = KINDS[collective]
     for i, f in enumerate(flats):
         try:
@@ -65,6 +66,23 @@ def run(
         else:
             _staged(call, collective, size, srcs, dsts, kwargs)
     return [o.obj for o in outs]
+
+
+def _check_state(kwargs: dict[str, Any], flats: list[Flat]) -> None:
+    """A caller-kept state with a bucket, refused before any byte moves where it cannot
+    work: a delta state's replica is the output of every call, and a bucket stages into
+    new buffers at each call (so its second call would find another replica); a
+    Feedback carries one call's residual, and each dtype of a bucket is a call."""
+    if kwargs.get("delta") is not None:
+        raise ValueError(
+            "delta= takes one array, not a list: its replica is the output of every call; "
+            "gather one flat buffer (the parameters may be views of it)"
+        )
+    if kwargs.get("feedback") is not None and len({f.dtype for f in flats}) > 1:
+        raise ValueError(
+            "feedback= with a bucket of several dtypes: a Feedback carries one call, and "
+            "each dtype of a bucket is a call of its own; keep one Feedback per dtype"
+        )
 
 
 def _outputs(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coccl.algorithms.alltoall import check_split, split_mismatches
-from coccl.communicator.agreement import disagreement
+from coccl.communicator.agreement import disagreement, is_digest, ranks_in_other_calls
 from coccl.communicator.dp_plans import NodeLayout
 from coccl.communicator.planner import Call
 from coccl.communicator.plans import CallPlan
@@ -188,9 +188,16 @@ class DataParallelCalls:
         """One exchange of every rank's fingerprint and counts: a refusal anywhere, a
         different call, or a split that does not match raises on every rank. Returns
         the split: every rank's send counts, by rank."""
-        entries = self._exchange(entry, "checking that every rank makes the same alltoall")
+        what = "checking that every rank makes the same alltoall"
+        entries = self._exchange(entry, what)
+        others = ranks_in_other_calls(
+            entries, _is_alltoall_entry, lambda e: self._exchange(e, what),
+            f"rank {self.rank} makes an alltoall here",
+        )  # fmt: skip
         if error is not None:
             raise error
+        if others:
+            raise CocclError(_other_calls_message(others, "an alltoall"))
         problem = disagreement("alltoall", [e if e[0] == "error" else e[0] for e in entries])
         if problem is not None:
             raise CocclError(problem)
@@ -233,9 +240,16 @@ class DataParallelCalls:
         if self._dp is None or not isinstance(mpi_comm, MPI.Comm):
             raise CocclError("split needs a communicator built by coccl.init over MPI")
         problem = _split_problem(color, key, MPI.UNDEFINED)
-        problems = self._exchange(problem, "splitting the communicator")
+        what = "splitting the communicator"
+        problems = self._exchange(problem, what)
+        others = ranks_in_other_calls(
+            problems, lambda e: isinstance(e, str) and not is_digest(e),
+            lambda e: self._exchange(e, what), f"rank {self.rank} splits the communicator here",
+        )  # fmt: skip
         if problem:
             raise ValueError(problem)
+        if others:
+            raise CocclError(_other_calls_message(others, "a split"))
         for rank, theirs in enumerate(problems):
             if theirs:
                 raise CocclError(f"rank {rank} refused this split: {theirs}")
@@ -257,6 +271,25 @@ def _split_problem(color: Any, key: Any, undefined: int) -> str:
     if key is not None and (isinstance(key, bool) or not isinstance(key, int)):
         return f"key must be an int or None, got {key!r}"
     return ""
+
+
+def _is_alltoall_entry(entry: Any) -> bool:
+    """Whether a rank's entry of ``_agree_split`` is an all-to-all's (its plan's
+    fingerprint and counts, or ``("error", message)``)."""
+    if not isinstance(entry, tuple):
+        return False
+    if len(entry) == 2:
+        return entry[0] == "error"
+    return (
+        len(entry) == 3 and isinstance(entry[0], dict) and entry[0].get("collective") == "alltoall"
+    )
+
+
+def _other_calls_message(ranks: list[int], call: str) -> str:
+    return (
+        f"rank(s) {ranks} make another call where this rank makes {call}; do all ranks "
+        "make the same calls in the same order?"
+    )
 
 
 def _key(key: Any, rank: int) -> int:

@@ -249,3 +249,17 @@ def test_feedback_bad_out_on_one_rank_raises_on_every_rank(comm, collective):
     with pytest.raises(expected, match="out has dtype float64|rank 0 refused"):
         getattr(comm, collective)(x, out, compressor="int8", feedback=fb)
     assert fb.residual is None and not fb.bound  # nothing moved, nothing bound
+
+
+def test_states_with_buckets_refused_before_bytes_move(comm):
+    """A delta state takes one array (a bucket stages into new buffers each call, so its
+    second call would find another replica); a Feedback takes a bucket of one dtype."""
+    x = rank_data(case_seed("bucket state"), comm.rank, 30, F32)
+    with pytest.raises(ValueError, match="delta= takes one array"):
+        comm.allgather([x, x[:7]], compressor="int8", delta=coccl.DeltaState())
+    fb = coccl.Feedback()
+    with pytest.raises(ValueError, match="several dtypes"):
+        comm.allreduce([x, x.astype(F64)], compressor="int8", feedback=fb)
+    assert not fb.bound
+    comm.allreduce([x, x[:7].copy()], compressor="int8", feedback=fb)  # one dtype: one call
+    assert fb.bound
