@@ -13,7 +13,7 @@ from typing import Any
 from . import alltoall, hierarchical, native, ring, two_shot
 from .auto import Choice, choose
 from .footprint import Footprint, hop_kernel
-from .schedule_args import ScheduleArgs
+from .schedule_args import ScheduleArgs, stream_call
 
 ALGORITHMS = ("auto", "ring", "two_shot", "native", "hierarchical")
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
@@ -77,4 +77,5 @@ __all__ = [
     "hop_kernel",
     "native",
     "schedule",
+    "stream_call",
 ]

@@ -52,6 +52,19 @@ def even_shards(n: int, size: int) -> list[Span]:
     return [(k * n, (k + 1) * n) for k in range(size)]
 
 
+STREAM_CALL_BITS = 28  # stream_salt's call field
+
+
+def stream_call(number: int, *, p2p: bool = False) -> int:
+    """The call field of a stochastic codec's salts: a collective's ``number`` among its
+    communicator's stochastic collectives (issued in the same order on every rank) in
+    the lower half of the field, a point-to-point send's among this rank's stochastic
+    sends in the upper half; so no two calls of one communicator draw alike until a
+    count passes ``2^27``."""
+    half = 1 << (STREAM_CALL_BITS - 1)
+    return (half if p2p else 0) | (number % half)
+
+
 @dataclass
 class ScheduleArgs:
     """One collective call's arguments, as the schedules see them.
@@ -71,7 +84,7 @@ class ScheduleArgs:
             (``Compressor.reduce_encode_kernel``; sums only), or None.
         gather: two-shot's AllGather phase goes through the transport's AllGather of
             payload slots instead of point-to-point sends (streamed transports only).
-        call: the call's number (its plan's call count): a stochastic codec's salts.
+        call: the call field of a stochastic codec's salts (``stream_call``).
         stream_rank: the rank in the salts (-1: ``rank``; a sub-group's plan keeps its
             global rank, so two sub-groups never draw alike).
         residual: error feedback (``coccl.Feedback``): a flat accumulate-type array of
@@ -127,8 +140,7 @@ class ScheduleArgs:
             return 0
         index = next(self._salts) % (1 << 20)
         rank = self.rank if self.stream_rank < 0 else self.stream_rank
-        call = self.call % (1 << 28)
-        return stream_salt(rank=rank, call=call, chunk=index >> 10, step=index & 1023)
+        return stream_salt(rank=rank, call=self.call, chunk=index >> 10, step=index & 1023)
 
     # ------------------------------------------------------------------- buffers
     def payload(self, count: int) -> Block:

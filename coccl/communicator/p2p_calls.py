@@ -332,6 +332,7 @@ class PointToPointCalls:
         self, kind: str, codec: Compressor, sig: dict, dtype: np.dtype, pool: Any
     ) -> algorithms.ScheduleArgs:
         """The schedule arguments of one message's rounds (every wire alike)."""
+        runner = self._runner  # type: ignore[attr-defined]
         return algorithms.ScheduleArgs(
             rank=self.rank,
             size=self.size,
@@ -342,6 +343,7 @@ class PointToPointCalls:
             pool=pool,
             label=f"point-to-point {kind}",
             depth=self._p2p.depth,  # type: ignore[union-attr]
+            call=runner.stream_call(codec, p2p=True) if kind == "send" else 0,
         )
 
     def _posting(

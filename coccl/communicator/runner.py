@@ -21,6 +21,7 @@ plan's schedule eagerly through the one declared call ``run_from_host``.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +82,9 @@ class Runner:
     ) -> None:
         self.rank, self.size = rank, size
         self.resources = resources
+        # stochastic calls in issue order: the salts' call numbers (ScheduleArgs.call)
+        self._stochastic_calls = itertools.count()
+        self._stochastic_sends = itertools.count()
         self.host: PollingTransport = resources.host
         self.nccl = resources.nccl
         self.plans = plans
@@ -343,6 +347,16 @@ class Runner:
         )  # fmt: skip
 
     # ------------------------------------------------------------- helpers
+    def stream_call(self, *codecs: Any, p2p: bool = False) -> int:
+        """The next call number of a stochastic codec's salts (``algorithms.stream_call``)
+        if any of ``codecs`` is stochastic, else 0: one count for the collectives (the
+        same on every rank, which issue them in the same order), one for this rank's
+        point-to-point sends."""
+        if not any(c is not None and c.stochastic for c in codecs):
+            return 0
+        counter = self._stochastic_sends if p2p else self._stochastic_calls
+        return algorithms.stream_call(next(counter), p2p=p2p)
+
     def _rounds(self, plan: CallPlan, pool: BufferPool, x: Any, out: Any) -> Any:
         """The rounds of ``plan``'s schedule on flat ``x`` and ``out``, with ``plan.codec``
         on the wire."""
@@ -357,7 +371,7 @@ class Runner:
             label=plan.label,
             depth=plan.depth,
             gather=plan.gather,
-            call=plan.calls,
+            call=self.stream_call(plan.codec, plan.inter_codec),
         )
         if plan.residual is None:  # feedback needs every sum it encodes: no fused hop
             aplan.hop = algorithms.hop_kernel(plan.codec, x, plan.dtype, plan.op)

@@ -211,6 +211,19 @@ def test_stochastic_codec_draws_per_rank_and_call(comm):
     assert all_equal_across_ranks(reduced)
 
 
+def test_stochastic_calls_of_two_signatures_draw_apart():
+    """Two calls of different signatures (here their counts) are two calls of the
+    communicator: the second does not repeat the first's random streams on the data
+    they share (a count of calls per signature would start both at 0)."""
+    x = rank_data(case_seed("two signatures"), 0, 1024, F32)
+    with communicator() as fresh:
+        n = fresh.size
+        first = fresh.allgather(x, compressor=STOCHASTIC, algorithm="two_shot")
+        shorter = fresh.allgather(x[:1000], compressor=STOCHASTIC, algorithm="two_shot")
+    common = first.reshape(n, -1)[:, :1000]
+    assert not np.array_equal(shorter.reshape(n, -1), common)
+
+
 def _cupy():
     try:
         import cupy

@@ -119,6 +119,27 @@ def test_blocking_send_recv_with_a_shape(comm):
         comm.send(y, 0, tag=8)
 
 
+@two_ranks
+def test_stochastic_sends_draw_a_new_stream_each(comm):
+    """A stochastic codec's every send draws its own random streams (a salt's call field
+    counts this rank's sends): the same data sent twice arrives rounded differently,
+    each within the codec's bound."""
+    codec = {"id": "int", "bits": 4, "rounding": "stochastic", "seed": 3}
+    x = rank_data(case_seed("stochastic sends"), 0, 4096, np.float32)
+    if RANK == 0:
+        for _ in range(2):
+            comm.send(x, 1, compressor=codec)
+    elif RANK == 1:
+        got = [comm.recv(np.empty_like(x), 0, compressor=codec) for _ in range(2)]
+        assert not np.array_equal(got[0], got[1])
+        c = coccl.get_compressor(codec)
+        for y in got:
+            for g in range(0, x.size, c.group_size):
+                err = np.linalg.norm(y[g : g + c.group_size] - x[g : g + c.group_size])
+                norm = np.linalg.norm(x[g : g + c.group_size])
+                assert err <= c.rel_error_bound * norm * (1 + 1e-6) + 1e-30
+
+
 # (name, rank 0's send, rank 1's recv, text naming the difference)
 MISMATCHES = [
     ("count", {}, {"count": 999}, "count: sender 1000, receiver 999"),
