@@ -1,7 +1,7 @@
 """Point-to-point and all-to-all of the torch.distributed backend "coccl"
 (coccl/torch/p2p.py, coccl/torch/alltoall.py): tests/scripts/torch_p2p_cases.py on 4
 ranks under torchrun, in one launch (rings of 4 and 3, the codec per direction, the
-mismatches, all_to_all_single, a 2-stage GPipe schedule against a plain Gloo group);
+mismatches, all_to_all_single, 2-stage GPipe and 1F1B schedules against a plain Gloo group);
 tests/scripts/torch_p2p_gpu_cases.py on 2 ranks sharing a GPU where there is one."""
 
 from __future__ import annotations

@@ -254,7 +254,9 @@ class PointToPointCalls:
         return self._p2p
 
     def _refuse_self(self, peer: Any, what: str) -> None:
-        if not isinstance(peer, bool) and isinstance(peer, int) and peer == self.rank:
+        # the same integers _check_peer takes (numpy's too), so that no blocking call to
+        # this rank gets past the checks to wait COCCL_TIMEOUT_S for itself
+        if not isinstance(peer, bool) and isinstance(peer, (int, np.integer)) and peer == self.rank:
             raise ValueError(
                 f"a blocking {what} to this rank itself ({peer}) can never be matched; "
                 "post both ends with isend/irecv or batch_p2p"
@@ -413,6 +415,8 @@ def _output(out: Any, count: Any, dtype: Any, shape: Any) -> Any:
     what is given must be consistent (ValueError/TypeError otherwise)."""
     if out is not None:
         flat = as_flat(out, "out")
+        if shape is not None and tuple(int(s) for s in shape) != tuple(out.shape):
+            raise ValueError(f"out has shape {tuple(out.shape)}, shape is {tuple(shape)}")
         if count is not None and count != flat.size:
             raise ValueError(f"out has {flat.size} elements, count is {count}")
         if dtype is not None and check_dtype(dtype, "dtype") != flat.dtype:

@@ -237,6 +237,7 @@ class P2PEngine:
         self._messages: list[Message] = []
         self._group: list[Message] = []  # streamed messages posted, not yet launched
         self._failed = False  # messages were given up after a failure
+        self._stalled_since: float | None = None  # test()'s polls since the last progress
 
     def post(self, postings: list[Posting], group: bool = False) -> list[Message]:
         """Number and start the messages (in order), then poll them all once.
@@ -305,6 +306,8 @@ class P2PEngine:
                 if m.started:
                     progressed |= m.poll(self.transport, self.rank)
             self._messages = [m for m in self._messages if not m.finished]
+            if progressed:
+                self._stalled_since = None
             return progressed
         except BaseException as exc:
             self.fail(exc)
@@ -323,22 +326,31 @@ class P2PEngine:
                 continue
             spins += 1
             if spins % 64 == 0 and time.monotonic() - last > self.timeout_s:
-                exc = CocclError(
-                    f"{message.waiting_for()}: timed out after {self.timeout_s:g} s "
-                    "(COCCL_TIMEOUT_S)"
-                )
-                self.fail(exc)
-                raise exc
+                self._time_out(message)
             message.posting.executor.idle(spins)
         return message.result
 
     def test(self, message: Message) -> bool:
         """Poll once (after launching the open group of streamed messages); whether
-        ``message`` is finished, and its device work too."""
+        ``message`` is finished, and its device work too. A loop of tests times out as a
+        wait does: once no message made progress in the tests of ``timeout_s``."""
         if not self._check(message):
             self.flush()
-            self.poll()
+            if not self.poll():
+                now = time.monotonic()
+                if self._stalled_since is None:
+                    self._stalled_since = now
+                elif now - self._stalled_since > self.timeout_s:
+                    self._time_out(message)
         return self._check(message) and message.device_done()
+
+    def _time_out(self, message: Message) -> None:
+        """Give up every message: ``message`` made no progress in ``timeout_s``."""
+        exc = CocclError(
+            f"{message.waiting_for()}: timed out after {self.timeout_s:g} s (COCCL_TIMEOUT_S)"
+        )
+        self.fail(exc)
+        raise exc
 
     @staticmethod
     def _check(message: Message) -> bool:

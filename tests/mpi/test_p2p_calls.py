@@ -7,6 +7,7 @@ agreed on earlier messages, and what such a failure leaves unmatched never reach
 communicator; bad arguments are refused before any byte moves."""
 
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -197,11 +198,26 @@ def test_a_peer_that_never_posts_is_a_timeout_naming_it():
                 c.send(np.ones(10, np.float32), 1)
 
 
+@two_ranks
+def test_a_loop_of_tests_times_out_as_a_wait_does():
+    """``test()`` polled in a loop against a peer that never posts ends in the same
+    timeout naming the peer, instead of spinning for ever."""
+    with communicator(COCCL_TIMEOUT_S=0.5) as c, meeting_at_the_end():
+        if RANK == 0:
+            handle = c.irecv(np.empty(10, np.float32), 1)
+            with pytest.raises(coccl.CocclError, match="rank 1 has not posted the matching send"):
+                while not handle.test():
+                    time.sleep(0.01)
+
+
 BAD = [
     (lambda c: c.send(np.ones(3, np.float32), N), ValueError, "dst must be a rank"),
     (lambda c: c.isend(np.ones(3, np.float32), True), ValueError, "dst must be a rank"),
     (lambda c: c.recv(np.ones(3, np.float32), -1), ValueError, "src must be a rank"),
     (lambda c: c.send(np.ones(3, np.float32), RANK), ValueError, "this rank itself"),
+    (lambda c: c.send(np.ones(3, np.float32), np.int64(RANK)), ValueError, "this rank itself"),
+    (lambda c: c.recv(src=np.int32(RANK), count=3, dtype=np.float32), ValueError, "itself"),
+    (lambda c: c.irecv(np.ones(6, np.float32), 0, shape=(2, 2)), ValueError, "shape"),
     (lambda c: c.irecv(np.ones(3, np.float32)[::2], 0), ValueError, "contiguous"),
     (lambda c: c.irecv(_read_only(), 0), ValueError, "writ"),
     (lambda c: c.irecv(np.ones(3, np.float32), 0, dtype=np.float64), TypeError, "dtype"),

@@ -329,11 +329,14 @@ def test_all_to_all_single_compressed():
 
 # ---------------------------------------------------------------- pipelining
 def pipeline_losses(
-    g, device: torch.device = CPU, steps: int = 4
+    g, device: torch.device = CPU, steps: int = 4, schedule_name: str = "gpipe"
 ) -> tuple[list[float], list[torch.Tensor]]:
-    """A 2-stage GPipe schedule (4 microbatches) of a small MLP trained with SGD on
-    ``g``: the last stage's losses per step, and this stage's parameters after."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # noqa: PLC0415
+    """A 2-stage GPipe (or 1F1B) schedule (4 microbatches) of a small MLP trained with
+    SGD on ``g``: the last stage's losses per step, and this stage's parameters after."""
+    from torch.distributed import pipelining  # noqa: PLC0415
+    from torch.distributed.pipelining import PipelineStage  # noqa: PLC0415
+
+    kind = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[schedule_name]
 
     me = dist.get_rank(g)
     torch.manual_seed(0)
@@ -343,7 +346,7 @@ def pipeline_losses(
     ]
     module = stages[me].to(device)
     stage = PipelineStage(module, me, 2, device, group=g)
-    schedule = ScheduleGPipe(stage, 4, loss_fn=nn.functional.mse_loss)
+    schedule = kind(stage, 4, loss_fn=nn.functional.mse_loss)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(1)
     x, w = torch.randn(32, 16, generator=gen), torch.randn(16, 4, generator=gen)
@@ -361,17 +364,18 @@ def pipeline_losses(
     return losses, [p.detach().clone() for p in module.parameters()]
 
 
-def test_gpipe_on_a_coccl_group_matches_gloo_bitwise():
+@pytest.mark.parametrize("schedule_name", ["gpipe", "1f1b"])
+def test_pipelining_on_a_coccl_group_matches_gloo_bitwise(schedule_name):
     gloo, exact, lossy = group((0, 1), "gloo"), group((0, 1)), group((0, 1), **LOSSY)
     if gloo is None:
         return
     me = dist.get_rank(gloo)
-    plain_losses, plain_params = pipeline_losses(gloo)
-    losses, params = pipeline_losses(exact)
+    plain_losses, plain_params = pipeline_losses(gloo, schedule_name=schedule_name)
+    losses, params = pipeline_losses(exact, schedule_name=schedule_name)
     assert losses == plain_losses
     assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
     assert exact.stats()[f"send_{'forward' if me == 0 else 'backward'}:exact"] >= 4
-    lossy_losses, _ = pipeline_losses(lossy)
+    lossy_losses, _ = pipeline_losses(lossy, schedule_name=schedule_name)
     assert lossy.stats()[f"send_{'forward' if me == 0 else 'backward'}:compressed"] >= 4
     if me == 1:
         assert all(math.isfinite(v) for v in lossy_losses)
