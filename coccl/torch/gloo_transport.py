@@ -112,8 +112,9 @@ class _Message:
         exc = self._waited.exception()
         if exc is not None:
             raise CocclError(
-                f"Gloo {self.kind} with rank {self.peer} failed: {exc}; do all ranks call the "
-                "same collective with the same count, dtype and options?"
+                f"Gloo {self.kind} with rank {self.peer} failed: {exc}; do all ranks make the "
+                "same calls (the same collectives; each send matched by a recv) with the same "
+                "count, dtype and options?"
             ) from exc
         return True
 
