@@ -182,9 +182,13 @@ def arm_record(
 ) -> dict[str, Any]:
     """The arm's figures: the slowest rank's medians (gathered over MPI), the comparison
     of its output with the baseline's on every rank (worst rank)."""
-    step = statistics.median(steps.step_s)
-    comm = statistics.median(steps.comm_s)
-    compute = statistics.median(s - c for s, c in zip(steps.step_s, steps.comm_s, strict=True))
+    # the median step and its own split (two middle steps averaged), so that
+    # compute + comm == step as bench/SCHEMA.md defines them
+    order = sorted(range(len(steps.step_s)), key=steps.step_s.__getitem__)
+    mid = order[(len(order) - 1) // 2 : len(order) // 2 + 1]
+    step = statistics.fmean(steps.step_s[i] for i in mid)
+    comm = statistics.fmean(steps.comm_s[i] for i in mid)
+    compute = step - comm
     diff = float((steps.out.float() - base.out.float()).abs().max())
     grad_diff = float((steps.grad.float() - base.grad.float()).abs().max())
     per_rank = ctx.mpi.allgather((step, comm, compute, diff, grad_diff, steps.finite))

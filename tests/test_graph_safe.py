@@ -108,6 +108,39 @@ def test_runner_under_a_callers_capture_asks_for_a_first_call():
         Runner.__new__(Runner)._run_in_caller_capture(_plan("int8"), None, None, _CapturingStream())
 
 
+def test_rooted_calls_under_a_callers_capture_refuse_the_staged_route(monkeypatch):
+    # device data over MPI (no NCCL): broadcast/reduce/gather/scatter refuse before the
+    # device context is touched and without breaking the communicator
+    from coccl.communicator import exact_calls  # noqa: PLC0415
+
+    monkeypatch.setattr(exact_calls, "caller_stream", lambda obj: _CapturingStream())
+
+    class _Comm(exact_calls.ExactCalls):
+        def __init__(self):
+            self._runner = dataclasses.make_dataclass("R", ["nccl"])(nccl=None)
+            self._settings = dataclasses.make_dataclass("S", ["timeout_s"])(timeout_s=1)
+
+        def _break(self, exc):  # pragma: no cover - must not be reached
+            raise AssertionError(f"the communicator broke: {exc}")
+
+    src = dataclasses.make_dataclass("F", ["obj", "device_id"])(obj=None, device_id=0)
+    with pytest.raises(GraphCaptureError, match="broadcast.*over MPI"):
+        _Comm()._exact_run("broadcast", src, None)
+
+
+def test_point_to_point_under_a_callers_capture_refuses_the_staged_route(monkeypatch):
+    from coccl.communicator import p2p_calls  # noqa: PLC0415
+
+    monkeypatch.setattr(p2p_calls, "caller_stream", lambda obj: _CapturingStream())
+
+    class _Comm(p2p_calls.PointToPointCalls):
+        def __init__(self):
+            self._runner = None  # touching it would fail: the refusal comes first
+
+    with pytest.raises(GraphCaptureError, match="point-to-point send.*over MPI"):
+        _Comm()._staged("send", 1, None, {}, dataclasses.make_dataclass("F", ["obj"])(None))
+
+
 def _torch_cuda():
     torch = pytest.importorskip("torch")
     from gpu import GPU  # noqa: PLC0415

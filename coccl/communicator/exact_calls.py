@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from coccl.communicator.collectives import KINDS
+from coccl.communicator.runner import refuse_staged_capture
 from coccl.core.arrays import Flat, accumulate_dtype, as_flat, caller_stream, require_writeable
 from coccl.core.reduction import check_op, combine, finalize
 from coccl.core.rounds import Round
@@ -236,6 +237,9 @@ class ExactCalls:
         the communicator (its peers' state is unknown)."""
         runner = self._runner  # type: ignore[attr-defined]
         timeout_s = self._settings.timeout_s  # type: ignore[attr-defined]
+        if src.device_id is not None and runner.nccl is None:
+            # before anything is enqueued, and without breaking the communicator
+            refuse_staged_capture(caller_stream(src.obj), f"a Communicator {what}")
         try:
             if src.device_id is None:
                 run_polling([rnd], runner.host, InlineExecutor(), depth=1, timeout_s=timeout_s,

@@ -31,6 +31,7 @@ from coccl.algorithms.schedule_args import chunk_elems
 from coccl.communicator import p2p_agreement as agreement
 from coccl.communicator.p2p_engine import Message, P2PEngine, Posting
 from coccl.communicator.p2p_nccl import DeviceMessage, launch_group
+from coccl.communicator.runner import refuse_staged_capture
 from coccl.communicator.sizing import p2p_chunk_bytes
 from coccl.compressors import Compressor
 from coccl.core.arrays import (
@@ -362,6 +363,7 @@ class PointToPointCalls:
         the device's pool and compute stream, which waits for the caller's stream now;
         the caller's stream waits for it once the message is complete."""
         runner = self._runner  # type: ignore[attr-defined]
+        refuse_staged_capture(caller_stream(flat.obj), f"a point-to-point {kind}")
         ctx = runner._device(flat.device_id)
         with ctx.device:
             caller = caller_stream(flat.obj)

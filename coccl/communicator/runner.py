@@ -401,6 +401,18 @@ def _capturing(stream: Any) -> bool:
     return bool(stream.is_capturing())
 
 
+def refuse_staged_capture(caller: Any, label: str) -> None:
+    """Raise ``GraphCaptureError`` when ``caller`` captures a CUDA graph and ``label``'s
+    device data would move through the host (MPI): checked before anything is enqueued,
+    as ``Runner._run_in_caller_capture`` does for the collectives."""
+    if _capturing(caller):
+        raise GraphCaptureError(
+            f"{label}: device data over MPI moves through host memory while the call "
+            "runs, which a CUDA graph cannot record; capture over backend='nccl' (one GPU "
+            "per rank), or make this call outside the capture"
+        )
+
+
 def _refusal(plan: CallPlan, outcomes: list[tuple[str, bool, str]]) -> str:
     """Why no rank replays ``plan``'s captured graph ("" if every rank does): a capture
     failed somewhere, or a rank's graph copies buffers at a size where that costs more
