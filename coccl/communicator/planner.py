@@ -52,7 +52,7 @@ class Planner:
 
     Args:
         size: the number of ranks.
-        host: the host transport (MPI).
+        host: the host transport (MPI, or Gloo under the torch backend's torchrun).
         nccl: the NCCL transport, or None.
         link: the link class between the ranks (``Communicator.link``).
         settings: the communicator's ``COCCL_*`` settings.
@@ -132,6 +132,7 @@ class Planner:
             chunk_elems=0,
             depth=1,
             link=link,
+            transport="nccl" if route == "nccl" else self.host.name,
         )
         if inter is not None:
             plan.inter_codec, plan.local_size = inter, self.nodes.local_size
@@ -252,7 +253,8 @@ class Planner:
     def _no_graph_reason(self, plan: CallPlan) -> str:
         """Why the plan may not be replayed from a CUDA graph ("" if it may)."""
         if plan.route != "nccl":
-            return f"{plan.route} data travels over MPI (the host drives each message)"
+            over = {"mpi": "MPI", "gloo": "Gloo"}.get(plan.transport, plan.transport)
+            return f"{plan.route} data travels over {over} (the host drives each message)"
         if not self.settings.graphs:
             return "COCCL_GRAPHS=0"
         if not plan.codec.graph_safe:

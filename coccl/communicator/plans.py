@@ -48,6 +48,8 @@ class CallPlan:
         requested: the algorithm and codec configuration as the caller gave them.
         chunk_bytes, chunk_elems, depth: the pipeline's cut (unused by ``native``).
         link: the link class auto's table was read for.
+        transport: what carries the bytes: "nccl", or the host transport's name ("mpi", or
+            "gloo" under the torch backend's torchrun).
         gather: two-shot's AllGather phase through the transport's AllGather.
         graph_bytes: device memory the plan's CUDA graph would hold (0: no graph).
         graph_reason: why the plan has no graph, if it has none.
@@ -71,6 +73,7 @@ class CallPlan:
     chunk_elems: int
     depth: int
     link: str
+    transport: str = "mpi"
     gather: bool = False
     graph_bytes: int = 0
     graph_reason: str = ""
@@ -139,7 +142,7 @@ class CallPlan:
             "algorithm": self.algorithm,
             "compressor": self.codec.get_config(),
             "reason": self.reason,
-            "transport": "nccl" if self.route == "nccl" else "mpi",
+            "transport": self.transport,
             "route": self.route,
             "link": self.link,
             "chunk_bytes": self.chunk_bytes,

@@ -195,11 +195,13 @@ def test_split_into_halves(comm, undefined):
 def test_stochastic_codec_draws_per_rank_and_call(comm):
     """Every rank gathers the same data through a stochastic codec: each rank's slot
     is its own random stream (slots differ on two ranks or more), a second call draws
-    anew, and a new communicator's first call repeats the first call bitwise."""
+    anew, and another new communicator's first call repeats the first's bitwise (the
+    call numbers count each communicator's stochastic calls from its first)."""
     n = comm.size
     x = rank_data(case_seed("stochastic"), 0, 1000, F32)  # the same on every rank
-    first = comm.allgather(x, compressor=STOCHASTIC, algorithm="two_shot")
-    second = comm.allgather(x, compressor=STOCHASTIC, algorithm="two_shot")
+    with communicator() as new:
+        first = new.allgather(x, compressor=STOCHASTIC, algorithm="two_shot")
+        second = new.allgather(x, compressor=STOCHASTIC, algorithm="two_shot")
     assert all_equal_across_ranks(first)
     slots = first.reshape(n, -1)
     assert all(not np.array_equal(slots[0], slots[s]) for s in range(1, n))

@@ -766,6 +766,8 @@ def test_stats_and_describe(device):
     plan = coccl.torch.describe(g, "all_reduce", big)
     assert plan["path"] == "compressed"
     assert plan["compressor"]["id"] == "taco"
+    # what carries the bytes: NCCL, or the backend's own Gloo group (under either launcher)
+    assert plan["transport"] == ("nccl" if plan["route"] == "nccl" else "gloo")
     assert plan["algorithm"] == "two_shot"
     assert coccl.torch.describe(g, "all_reduce", torch.ones(4, device=device))["path"] == "exact"
     assert coccl.torch.describe(g, "all_reduce", big, dist.ReduceOp.MAX)["path"] == "exact"
