@@ -303,6 +303,9 @@ def train(
 
     from coccl.tensor_parallel import is_tp_sharded  # noqa: PLC0415
 
+    if arm_fields is None:
+        arm_fields = ARMS[job.arm].record
+    identity = run_identity(setup, arm_fields)
     corpus = stdlib_corpus.load_stdlib_corpus()
     cfg = tp_gpt.GPTConfig(setup.layers, setup.d_model, setup.heads, setup.seq)
     x = torch.zeros(setup.batch, setup.seq, dtype=torch.long, device=device)
@@ -326,8 +329,13 @@ def train(
     losses = torch.zeros(setup.steps, device=device)  # every step's training loss
     history: list[dict[str, float]] = []
     start, resumed_at = 0, None
+    state = None
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location=device, weights_only=False)
+        if state.get("identity") != identity:  # another configuration's run: start anew
+            log(f"[{job.name}] {checkpoint} is of another setup or arm: not resumed")
+            state = None
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         for g in opt.param_groups:
@@ -366,6 +374,7 @@ def train(
                     "opt": opt.state_dict(),
                     "losses": losses.cpu(),
                     "history": history,
+                    "identity": identity,
                 },
                 checkpoint,
             )
@@ -420,8 +429,6 @@ def train(
     for name, p in model.named_parameters():
         if not is_tp_sharded(p):
             replicated.update(name.encode() + p.detach().cpu().numpy().tobytes())
-    if arm_fields is None:
-        arm_fields = ARMS[job.arm].record
     return {
         "arm": job.arm,
         "seed": job.seed,
@@ -544,7 +551,7 @@ def worker_main(args: argparse.Namespace) -> int:
         arm, tp, seed = _parse_job(name)
         job = Job(arm, tp, seed)
         out = work / f"{job.name}.json"
-        if finished(out, setup):
+        if done(work, job, setup):
             continue
         a = ARMS[arm]
         group = None if a.compressor is None else VirtualTPGroup(tp, a.algorithm, a.compressor)
@@ -570,11 +577,24 @@ def _parse_job(name: str) -> tuple[str, int, int]:
     return arm, int(tp.removeprefix("tp")), int(seed.removeprefix("seed"))
 
 
-def finished(path: Path, setup: Setup) -> bool:
-    """Whether ``path`` holds a finished run of this very setup (so a rerun skips it)."""
+def run_identity(setup: Setup, fields: dict[str, Any]) -> dict[str, Any]:
+    """What makes two runs of one job name the same run: the setup and the arm's fields
+    (its algorithm and codecs), as JSON holds them."""
+    return json.loads(json.dumps(_jsonable({"setup": asdict(setup), **fields})))
+
+
+def finished(path: Path, setup: Setup, fields: dict[str, Any]) -> bool:
+    """Whether ``path`` holds a finished run of this very setup and arm (so a rerun
+    skips it; a run of another configuration left in the work folder is run again)."""
     if not path.exists():
         return False
-    return json.loads(path.read_text()).get("setup") == asdict(setup)
+    data = json.loads(path.read_text())
+    return all(data.get(k) == v for k, v in run_identity(setup, fields).items())
+
+
+def done(work: Path, job: Job, setup: Setup) -> bool:
+    """``finished`` for ``job`` of this harness (its arm's record)."""
+    return finished(work / f"{job.name}.json", setup, ARMS[job.arm].record)
 
 
 def rank_main(args: argparse.Namespace) -> int:
@@ -726,14 +746,14 @@ def start_workers(
     return workers
 
 
-def projected_s(worker: Worker, work: Path, setup: Setup) -> float | None:
+def projected_s(worker: Worker, setup: Setup, is_done: Callable[[Job], bool]) -> float | None:
     """Seconds a running worker still needs, from the rate in its log's last line."""
     lines = [ln for ln in worker.log.read_text().splitlines() if ln.endswith("steps/s")]
     if not lines:
         return None
     _, rest = lines[-1][1:].split("]", 1)
     step, rate = int(rest.split()[1]), float(rest.split()[-2])
-    left = sum(not finished(work / f"{j.name}.json", setup) for j in worker.jobs) - 1
+    left = sum(not is_done(j) for j in worker.jobs) - 1
     return ((setup.steps - step) + max(0, left) * setup.steps) / max(rate, 1e-9)
 
 
@@ -744,10 +764,14 @@ def wait_for(
     deadline: float,
     log: Any,
     progress: Callable[[], None] | None = None,
+    is_done: Callable[[Job], bool] | None = None,
 ) -> bool:
     """Wait for the workers, reporting progress and a projection every 30 s (and calling
     ``progress``, e.g. to write the partial results); at ``deadline`` ask them to stop at
-    a checkpoint. Returns whether every worker finished."""
+    a checkpoint. ``is_done``: whether a job's run is finished (default: this harness's
+    ``done``). Returns whether every worker finished."""
+    if is_done is None:
+        is_done = functools.partial(done, work, setup=setup)
     began, last_report = time.perf_counter(), 0.0
     stopped, kill_at = False, math.inf
     while any(w.proc.poll() is None for w in workers):
@@ -755,13 +779,13 @@ def wait_for(
         now = time.perf_counter()
         if now - last_report >= 30:
             last_report = now
-            done = sum(finished(work / f"{j.name}.json", setup) for w in workers for j in w.jobs)
+            finished_runs = sum(is_done(j) for w in workers for j in w.jobs)
             total = sum(len(w.jobs) for w in workers)
             running = [w for w in workers if w.proc.poll() is None]
-            left = [p for p in (projected_s(w, work, setup) for w in running) if p is not None]
+            left = [p for p in (projected_s(w, setup, is_done) for w in running) if p is not None]
             eta = f", about {max(left):.0f} s to go" if left else ""
             log(
-                f"[run] {now - began:5.0f} s: {done}/{total} runs done, "
+                f"[run] {now - began:5.0f} s: {finished_runs}/{total} runs done, "
                 f"{len(running)} workers running{eta}"
             )
             if progress is not None:
@@ -803,7 +827,7 @@ def run_main(args: argparse.Namespace) -> int:
     per_device = args.jobs_per_gpu or -(-len(jobs) // len(devices))
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs if not finished(work / f"{j.name}.json", setup)]
+    todo = [j for j in jobs if not done(work, j, setup)]
     log(
         f"[run] {len(jobs)} runs ({len(jobs) - len(todo)} already in {work}), "
         f"{len(devices)} device(s) x {per_device} workers; setup {asdict(setup)}"
@@ -820,11 +844,9 @@ def run_main(args: argparse.Namespace) -> int:
         log(f"[run] worker on {w.device} failed (exit {w.proc.returncode}); its log:")
         log(w.log.read_text()[-4000:])
     results = [
-        json.loads((work / f"{j.name}.json").read_text())
-        for j in jobs
-        if finished(work / f"{j.name}.json", setup)
+        json.loads((work / f"{j.name}.json").read_text()) for j in jobs if done(work, j, setup)
     ]
-    missing = [j.name for j in jobs if not finished(work / f"{j.name}.json", setup)]
+    missing = [j.name for j in jobs if not done(work, j, setup)]
     report = build_report(results, setup, arms, tps, seeds, mps, argv=args.argv)
     report["incomplete"] = missing
     report["wall_s"] = time.perf_counter() - began

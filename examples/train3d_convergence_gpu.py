@@ -219,6 +219,14 @@ def arm_fields(arm: Arm3D, dp_reduce: str, stand_ins: bool) -> dict[str, Any]:
     }
 
 
+def done(work: Path, job: Any, setup: Any, args: argparse.Namespace) -> bool:
+    """Whether ``work`` holds ``job``'s finished run of this setup, arm recipe and
+    stand-in choice (``tp_convergence_gpu.finished``)."""
+    arm = make_arm(job.arm, setup.d_model, args.dp_reduce, args.stand_ins)
+    fields = arm_fields(arm, args.dp_reduce, args.stand_ins)
+    return tpc.finished(work / f"{job.name}.json", setup, fields)
+
+
 # ---------------------------------------------------------------------------- worker
 def worker_main(args: argparse.Namespace) -> int:
     """Run ``args.jobs`` one after another in this process."""
@@ -231,7 +239,7 @@ def worker_main(args: argparse.Namespace) -> int:
         arm_name, _, seed = name.rpartition("-seed")
         job = tpc.Job(arm_name.removesuffix(f"-tp{TP}"), TP, int(seed))
         out = work / f"{job.name}.json"
-        if tpc.finished(out, setup):
+        if done(work, job, setup, args):
             continue
         arm = make_arm(job.arm, setup.d_model, args.dp_reduce, args.stand_ins)
         result = tpc.train(
@@ -281,7 +289,7 @@ def run_main(args: argparse.Namespace) -> int:
     per_device = args.jobs_per_gpu or -(-len(jobs) // len(devices))
     work: Path = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs if not tpc.finished(work / f"{j.name}.json", setup)]
+    todo = [j for j in jobs if not done(work, j, setup, args)]
     log(f"[run] {len(jobs)} runs ({len(jobs) - len(todo)} already in {work}), "
         f"{len(devices)} device(s) x {per_device} workers; setup {asdict(setup)}")  # fmt: skip
     extra = ("--dp-reduce", args.dp_reduce) + (("--stand-ins",) if args.stand_ins else ())
@@ -304,7 +312,10 @@ def run_main(args: argparse.Namespace) -> int:
                 todo, devices, per_device, setup, work, mps.get("env", {}), SCRIPT, extra
             )
             deadline = began + args.time_limit_s
-            complete = tpc.wait_for(workers, work, setup, deadline, log, progress=write)
+            complete = tpc.wait_for(
+                workers, work, setup, deadline, log, progress=write,
+                is_done=lambda j: done(work, j, setup, args),
+            )  # fmt: skip
         report = write(final=True)
     for w in workers:
         if w.proc.returncode not in (0, tpc.INTERRUPTED):
@@ -325,8 +336,8 @@ def collect(
 ) -> dict[str, Any]:  # fmt: skip
     """The report of the runs finished so far (the others listed as incomplete)."""
     work: Path = args.work_dir
-    done = [j for j in jobs if tpc.finished(work / f"{j.name}.json", setup)]
-    results = [json.loads((work / f"{j.name}.json").read_text()) for j in done]
+    finished = [j for j in jobs if done(work, j, setup, args)]
+    results = [json.loads((work / f"{j.name}.json").read_text()) for j in finished]
     first = results[0] if results else {}
     summary = summarize(results, arms)
     t = summary.get(TARGET_ARM, {})
@@ -359,7 +370,7 @@ def collect(
         "cuda_graph_runs": sum(bool(r.get("cuda_graph")) for r in results),
         "runs": [{k: v for k, v in r.items() if k not in ("train_losses", "setup", "corpus")}
                  for r in results],
-        "incomplete": [j.name for j in jobs if j not in done],
+        "incomplete": [j.name for j in jobs if j not in finished],
         "summary": summary,
         "interval": (
             "delta_pct_* = mean over seeds of 100 (L_arm,s / L_ref,s - 1), paired by seed "

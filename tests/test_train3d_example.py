@@ -37,6 +37,18 @@ def test_smoke_run_writes_the_table(tmp_path: Path) -> None:
     assert all(taco3d[k] is not None for k in ("tp", "pp_fwd", "pp_bwd", "dp_reduce"))
     for row in report["runs"]:
         assert row["history"][-1]["step"] == 3 and row["stand_ins"] is True
+    # a finished run counts only for its own configuration: without the stand-ins (or
+    # with another DP recipe) the same job name in the same folder is run again
+    import argparse  # noqa: PLC0415
+
+    import tp_convergence_gpu as tpc  # noqa: PLC0415
+    import train3d_convergence_gpu as t3d  # noqa: PLC0415
+
+    setup, job = tpc.Setup(**report["setup"]), tpc.Job("taco3d", 4, 0)
+    work = tmp_path / "runs"
+    assert t3d.done(work, job, setup, argparse.Namespace(dp_reduce="intra", stand_ins=True))
+    assert not t3d.done(work, job, setup, argparse.Namespace(dp_reduce="intra", stand_ins=False))
+    assert not t3d.done(work, job, setup, argparse.Namespace(dp_reduce="inter", stand_ins=True))
 
 
 def test_the_6bit_pp_arm_is_taco3d_with_int6_activations() -> None:
