@@ -1,8 +1,9 @@
 """Write the runs of an earlier tp_convergence_gpu.py report into its work directory, so
 that ``run`` (or ``frontier``) skips them (a run is finished when its file holds the same
-setup and the same arm fields: ``tp_convergence_gpu.finished``). Each written run names the report it came from (``from_report``: its path, commit
-and codec sources' digest), which the new report's rows keep. ``--except NAME,...`` leaves
-those runs out, so they run again: a reproduction check of the earlier runs.
+setup and the same arm fields: ``tp_convergence_gpu.finished``). Each written run names
+the report it came from (``from_report``: its path, commit and codec sources' digest),
+which the new report's rows keep. ``--except NAME,...`` leaves those runs out, so they
+run again: a reproduction check of the earlier runs.
 
     python bench/scripts/prepopulate_runs.py REPORT.json WORK_DIR [--except NAME,...]
 """
