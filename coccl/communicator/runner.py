@@ -242,11 +242,7 @@ class Runner:
         before anything is enqueued where a recording could not replay correctly."""
         require_graph_safe(plan.codec, f"a Communicator {plan.label}")
         if plan.route != "nccl":
-            raise GraphCaptureError(
-                f"{plan.label}: device data over MPI moves through host memory while the "
-                "call runs, which a CUDA graph cannot record; capture over backend='nccl' "
-                "(one GPU per rank)"
-            )
+            raise _staged_capture_error(plan.label)
         if plan.calls == 0:
             raise GraphCaptureError(
                 f"{plan.label}: run this call once before capturing it (NCCL connects the "
@@ -406,11 +402,16 @@ def refuse_staged_capture(caller: Any, label: str) -> None:
     device data would move through the host (MPI): checked before anything is enqueued,
     as ``Runner._run_in_caller_capture`` does for the collectives."""
     if _capturing(caller):
-        raise GraphCaptureError(
-            f"{label}: device data over MPI moves through host memory while the call "
-            "runs, which a CUDA graph cannot record; capture over backend='nccl' (one GPU "
-            "per rank), or make this call outside the capture"
-        )
+        raise _staged_capture_error(label)
+
+
+def _staged_capture_error(label: str) -> GraphCaptureError:
+    """The refusal of a capture whose device data would move over MPI (every call kind)."""
+    return GraphCaptureError(
+        f"{label}: device data over MPI moves through host memory while the call runs, "
+        "which a CUDA graph cannot record; capture over backend='nccl' (one GPU per rank), "
+        "or make this call outside the capture"
+    )
 
 
 def _refusal(plan: CallPlan, outcomes: list[tuple[str, bool, str]]) -> str:
