@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from coccl.compressors import Compressor
-from coccl.compressors.intq import stream_salt
+from coccl.compressors.intq import STREAM_CALL_BITS, stream_salt
 from coccl.core.arrays import accumulate_dtype
 from coccl.core.pool import Block, BufferPool
 from coccl.core.reduction import combine, finalize
@@ -50,9 +50,6 @@ def chunk_elems(chunk_bytes: int, itemsize: int, alignment: int) -> int:
 def even_shards(n: int, size: int) -> list[Span]:
     """NCCL's ReduceScatter/AllGather layout: shard ``k`` is ``[k*n, (k+1)*n)``."""
     return [(k * n, (k + 1) * n) for k in range(size)]
-
-
-STREAM_CALL_BITS = 28  # stream_salt's call field
 
 
 def stream_call(number: int, *, p2p: bool = False) -> int:

@@ -49,6 +49,7 @@ def stream_key(seed: int, salt: int) -> int:
 
 
 STREAM_RANK_BITS = 16  # stream_salt's rank field: the random streams a call can number
+STREAM_CALL_BITS = 28  # stream_salt's call field
 
 
 def stream_salt(*, rank: int, call: int, chunk: int = 0, step: int = 0) -> int:
@@ -61,7 +62,7 @@ def stream_salt(*, rank: int, call: int, chunk: int = 0, step: int = 0) -> int:
         ValueError: a field that is negative or does not fit its bits.
     """
     fields = (
-        ("call", call, 28),
+        ("call", call, STREAM_CALL_BITS),
         ("rank", rank, STREAM_RANK_BITS),
         ("chunk", chunk, 10),
         ("step", step, 10),
