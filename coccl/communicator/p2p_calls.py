@@ -255,9 +255,9 @@ class PointToPointCalls:
         return self._p2p
 
     def _refuse_self(self, peer: Any, what: str) -> None:
-        # the same integers _check_peer takes (numpy's too), so that no blocking call to
-        # this rank gets past the checks to wait COCCL_TIMEOUT_S for itself
-        if not isinstance(peer, bool) and isinstance(peer, (int, np.integer)) and peer == self.rank:
+        # the peer checked as the posting checks it (numpy integers too), so that no
+        # blocking call to this rank gets past the checks to wait COCCL_TIMEOUT_S for itself
+        if self._check_peer(peer, "dst" if what == "send" else "src") == self.rank:
             raise ValueError(
                 f"a blocking {what} to this rank itself ({peer}) can never be matched; "
                 "post both ends with isend/irecv or batch_p2p"
