@@ -37,6 +37,7 @@ from .tah_format import (
     SCORE_LEVELS,
     SCORE_W,
     SCORE_WL,
+    TahLayout,
     tah_layout,
     windows,
 )
@@ -311,6 +312,32 @@ def payload_prefix(payload: np.ndarray, tokens: int, bitmap_offset: int) -> np.n
     return np.concatenate([np.zeros(1, np.int64), np.cumsum(flags)])
 
 
+def _check_structure(payload: np.ndarray, lay: TahLayout, count: int, tile: int) -> None:
+    """Refuse a payload whose bitmap or pivot bytes no encoder writes (FORMAT.md): the
+    decode takes its codes' places from the bitmap and swaps at the pivot's index, and the
+    kernel checks no bounds, so such bytes would have it read or write outside its arrays."""
+    bits = np.unpackbits(payload[lay.bitmap_offset :], bitorder="little")
+    low = int(np.count_nonzero(bits[: lay.full_tokens]))
+    past = int(np.count_nonzero(bits[lay.full_tokens :]))
+    if low != lay.low_tokens or past:
+        raise ValueError(
+            f"malformed tah payload: its bitmap marks {low} of its {lay.full_tokens} full"
+            f" tokens low and {past} bits past them; the format marks {lay.low_tokens}, and"
+            " none past them"
+        )
+    pivots = payload[lay.pivot_offset : lay.bitmap_offset]
+    flagged = (pivots & PIVOT_FLAG) != 0
+    bad = np.flatnonzero(np.where(flagged, (pivots & (PIVOT_FLAG - 1)) >= tile, pivots != 0))
+    if count % tile and flagged[-1]:
+        bad = np.append(bad, lay.tiles - 1)  # the short last tile never pivots
+    if bad.size:
+        k = int(bad[0])
+        raise ValueError(
+            f"malformed tah payload: tile {k}'s pivot byte is {int(pivots[k]):#04x}; the"
+            f" format has 0 or 0x80 | p with p < tile = {tile} (a whole tile only)"
+        )
+
+
 def tah_decode(
     payload: np.ndarray,
     out: np.ndarray,
@@ -329,6 +356,7 @@ def tah_decode(
     _check_payload(payload, lay.nbytes)
     if lay.tiles == 0:
         return
+    _check_structure(payload, lay, out.size, tile)
     lb = payload_prefix(payload, lay.tokens, lay.bitmap_offset)
     cs = _get_f32(payload, 0, lay.tiles)
     steps = _get_f32(payload, lay.step_offset, lay.tiles)

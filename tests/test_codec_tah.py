@@ -324,6 +324,44 @@ def test_nonfinite_tile_is_nan_and_only_it(bad: float) -> None:
     np.testing.assert_array_equal(np.isnan(y), nan)
 
 
+def _malformed(name: str, payload: np.ndarray, lay) -> None:
+    """Bytes of ``payload``'s bitmap or pivots set as no encoder writes them (in place)."""
+    pivots = payload[lay.pivot_offset : lay.bitmap_offset]
+    bitmap = payload[lay.bitmap_offset :]
+    if name == "pivot_index":  # 0x80 | p with p >= tile: the swap would leave the tile
+        pivots[1] = 0xFF
+    elif name == "pivot_unflagged":
+        pivots[0] = 0x05
+    elif name == "pivot_short_tile":  # the short last tile never pivots
+        pivots[-1] = 0x80
+    elif name == "fewer_low":  # codes' places run past the payload's end
+        bitmap[0] &= bitmap[0] - 1
+    elif name == "more_low":
+        bitmap[0] |= ~bitmap[0] & (bitmap[0] + 1)
+    elif name == "low_short_token":  # a low bit past the full tokens
+        bitmap[-1] |= 0x80
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["pivot_index", "pivot_unflagged", "pivot_short_tile", "fewer_low", "more_low",
+     "low_short_token"],
+)  # fmt: skip
+def test_malformed_payload_is_refused(name: str) -> None:
+    # The decode takes its codes' places from the bitmap and swaps at the pivot's index,
+    # so bytes no encoder writes are refused before it runs, and out stays as it was.
+    c = TahCompressor(row=64, tile=32, low_fraction=0.5)
+    n = 7 * 64 + 20  # 7 full tokens (3 low), a short one; the last tile short
+    lay = tah_layout(n, 64, 32, 4, 3, 0.5)
+    assert lay.low_tokens == 3
+    payload = c.encode(activations(np.random.default_rng(2), n, 64))
+    _malformed(name, payload, lay)
+    out = np.full(n, 7.0, np.float32)
+    with pytest.raises(ValueError, match="malformed tah payload"):
+        c.decode(payload, out, count=n, dtype=np.float32, accumulate=True)
+    assert (out == 7.0).all()
+
+
 def test_low_tokens_are_the_concentrated_ones() -> None:
     # Tokens whose mass sits in few channels (TAH-Quant's low-entropy tokens) go low.
     rng = np.random.default_rng(5)
