@@ -129,7 +129,14 @@ class Compressor(abc.ABC):
 
     @abc.abstractmethod
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
-        """Exact size in bytes of the payload of ``count`` elements of ``dtype``."""
+        """Exact size in bytes of the payload of ``count`` elements of ``dtype``; a bad
+        count (ValueError) or a dtype the codec refuses (TypeError) raises, as in
+        ``encode`` (implementations begin with ``size_args``)."""
+
+    def size_args(self, count: Any, dtype: Any) -> tuple[int, np.dtype]:
+        """``encoded_nbytes``' arguments checked: ``count`` a non-negative int, ``dtype``
+        one the codec takes."""
+        return _check_count(count), self.check_dtype(dtype)
 
     def check_dtype(self, dtype: Any) -> np.dtype:
         """Return ``dtype`` as np.dtype, or raise TypeError if this codec refuses it."""

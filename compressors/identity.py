@@ -41,7 +41,8 @@ class IdentityCompressor(Compressor):
         return {"id": self.codec_id}
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
-        return int(count) * np.dtype(dtype).itemsize
+        count, dtype = self.size_args(count, dtype)
+        return count * dtype.itemsize
 
     def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
         # A float32 accumulator standing for bfloat16 data is rounded once here (RNE).

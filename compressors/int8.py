@@ -84,6 +84,7 @@ class Int8Compressor(Compressor):
         return _TYPICAL[self.group_size]
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
+        count, _ = self.size_args(count, dtype)
         return int8_layout(count, self.group_size).nbytes
 
     def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:

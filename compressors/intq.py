@@ -219,6 +219,7 @@ class IntCompressor(Compressor):
         return row[GROUP_SIZES.index(self.group_size)]
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
+        count, _ = self.size_args(count, dtype)
         return int_layout(count, self.bits, self.group_size, self.hadamard).nbytes
 
     def reduce_encode_kernel(self, like: Any, dtype: np.dtype) -> Any:

@@ -153,8 +153,9 @@ class MxCompressor(Compressor):
         return _TYPICAL[(self.element, self.block, self.scale)]
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
+        count, _ = self.size_args(count, dtype)
         f = self._format
-        return mx_layout(int(count), self.block, f.bits, self.scale == "e4m3").nbytes
+        return mx_layout(count, self.block, f.bits, self.scale == "e4m3").nbytes
 
     def _options(self) -> dict[str, Any]:
         return {"element": self.element, "block": self.block, "scale": self.scale}

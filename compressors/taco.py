@@ -149,7 +149,8 @@ class TacoCompressor(Compressor):
         return _TYPICAL[(self.fp8_format, self.ash, self.dual_scale)]
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
-        return taco_nbytes(int(count), self.group_size, self.ash, self.dual_scale)
+        count, _ = self.size_args(count, dtype)
+        return taco_nbytes(count, self.group_size, self.ash, self.dual_scale)
 
     def _kernel_options(self) -> dict[str, Any]:
         # What decoding needs; encoding also takes coccl_clamps.

@@ -94,7 +94,8 @@ class TacoFpCompressor(Compressor):
         return _TYPICAL[self.element]
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
-        return taco_fp_layout(int(count), self.group_size, self._format.bits).nbytes
+        count, _ = self.size_args(count, dtype)
+        return taco_fp_layout(count, self.group_size, self._format.bits).nbytes
 
     def _options(self) -> dict[str, Any]:
         return {"group_size": self.group_size, "element": self.element}

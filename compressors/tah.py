@@ -196,7 +196,8 @@ class TahCompressor(Compressor):
         }
 
     def encoded_nbytes(self, count: int, dtype: Any) -> int:
-        return tah_layout(int(count), **self._options()).nbytes
+        count, _ = self.size_args(count, dtype)
+        return tah_layout(count, **self._options()).nbytes
 
     def encode_into(self, x: Any, payload: Any, dtype: np.dtype) -> None:
         _dispatch.encode_with(

@@ -264,6 +264,13 @@ def test_public_api_errors(cfg: dict) -> None:
         c.decode(payload, count=-1, dtype=np.float32)
     with pytest.raises(ValueError):
         c.encode(np.ones((4, 4), np.float32)[:, ::2])
+    # encoded_nbytes checks its arguments as encode and decode do
+    assert c.encoded_nbytes(np.int64(1300), "float32") == payload.size
+    for count in (-1, "3", 1.0, True):
+        with pytest.raises(ValueError, match="count"):
+            c.encoded_nbytes(count, np.float32)
+    with pytest.raises(TypeError, match="dtype"):
+        c.encoded_nbytes(10, np.complex64)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
