@@ -10,6 +10,16 @@ or tested, and when a new message is posted. A wait that makes no progress for
 COCCL_TIMEOUT_S raises ``CocclError`` naming the peer; any failure gives up every
 message in flight (their receives are cancelled) and breaks the communicator.
 
+Host messages also progress in the background, as MPI's and Gloo's do while their rank
+is busy elsewhere (in a collective, a barrier, its own compute): while any is in flight,
+a daemon thread polls them whenever no caller is inside the engine (one lock serialises
+the engine), backing off while nothing moves. Without it a receive that has not posted
+its data receives, or a message of more chunks than ``depth``, would stall a peer's
+blocking send for as long as this rank does not call the engine. The thread never
+launches, times out or raises: a failure it meets gives the messages up as a caller's
+poll does, and their handles raise it. Device data (staged over MPI, or over NCCL)
+moves at the calls only, and so does every later message of its (peer, direction).
+
 Device data over NCCL (a *streamed* message) exchanges its header the same way, over
 the engine's polling transport, but its chunks travel over NCCL, stream-ordered: the
 engine does not poll them. NCCL pairs sends and receives in posting order and a send
@@ -24,7 +34,9 @@ headers matched; its data is then ordered on the caller's stream.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +100,11 @@ class Message:
     @property
     def channel(self) -> tuple[int, str]:
         return self.posting.peer, self.posting.kind
+
+    @property
+    def on_host(self) -> bool:
+        """Host data over the polling transport: the background thread may move it."""
+        return not self.posting.streamed and self.posting.stream is None
 
     def _tag(self, slot: int) -> int:
         return agreement.tag_of(self.seq, slot, self.slots)
@@ -238,6 +255,10 @@ class P2PEngine:
         self._group: list[Message] = []  # streamed messages posted, not yet launched
         self._failed = False  # messages were given up after a failure
         self._stalled_since: float | None = None  # test()'s polls since the last progress
+        # held by whoever is inside the engine: a caller, or the background thread
+        self._lock = threading.RLock()
+        self._background: threading.Thread | None = None  # set and cleared under _lock
+        self._closed = False
 
     def post(self, postings: list[Posting], group: bool = False) -> list[Message]:
         """Number and start the messages (in order), then poll them all once.
@@ -248,6 +269,13 @@ class P2PEngine:
 
         Raises ValueError, before any message is numbered, if a signature cannot fit a
         header."""
+        with self._lock:
+            messages = self._post(postings, group)
+            if any(m.on_host for m in self._messages):
+                self._start_background()
+            return messages
+
+    def _post(self, postings: list[Posting], group: bool) -> list[Message]:
         sealed = [agreement.seal(p.sig) for p in postings]
         messages = []
         for p, seal in zip(postings, sealed, strict=True):
@@ -259,10 +287,10 @@ class P2PEngine:
         self._messages.extend(messages)
         streamed = [m for m in messages if m.posting.streamed]
         if group:
-            self.flush()
+            self._flush()
         self._group.extend(streamed)
         if group:
-            self.flush()
+            self._flush()
         self.poll()
         return messages
 
@@ -274,6 +302,10 @@ class P2PEngine:
 
     def flush(self) -> None:
         """Launch the open group of streamed messages (see the module docstring)."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if not self._group:
             return
         # signatures that already arrived are checked first: a mismatch found now raises
@@ -293,56 +325,94 @@ class P2PEngine:
         for m in group:
             m.launched = True
 
-    def poll(self) -> bool:
-        """Advance every message once; True if any made progress."""
+    def poll(self, host_only: bool = False) -> bool:
+        """Advance every message once; True if any made progress. ``host_only``: the
+        host messages alone, each (peer, direction) up to its first other message."""
+        with self._lock:
+            try:
+                return self._poll(host_only)
+            except BaseException as exc:
+                self.fail(exc)
+                raise
+
+    def _poll(self, host_only: bool) -> bool:
+        progressed = False
+        heads: dict[tuple[int, str], int] = {}
+        held: set[tuple[int, str]] = set()  # host_only: channels behind device data
+        for m in self._messages:
+            head = heads.setdefault(m.channel, m.seq)
+            if host_only and (m.channel in held or not m.on_host):
+                held.add(m.channel)
+                continue
+            if not m.started and m.seq - head < self.slots:
+                m.start(self.transport)
+                progressed = True
+            if m.started:
+                progressed |= m.poll(self.transport, self.rank)
+        self._messages = [m for m in self._messages if not m.finished]
+        if progressed:
+            self._stalled_since = None
+        return progressed
+
+    def _start_background(self) -> None:
+        """Start the background thread unless it runs (under ``_lock``)."""
+        if self._background is None:
+            self._background = threading.Thread(
+                target=_background_progress, args=(weakref.ref(self),), daemon=True,
+                name=f"coccl-p2p-progress-{self.rank}",
+            )  # fmt: skip
+            self._background.start()
+
+    def background_poll(self) -> bool | None:
+        """The background thread's step: poll the host messages once unless a caller is
+        inside the engine; whether that made progress, or None once no host message is
+        left (or the engine is closed, or failed): the thread then ends."""
+        if not self._lock.acquire(blocking=False):
+            return False
         try:
-            progressed = False
-            heads: dict[tuple[int, str], int] = {}
-            for m in self._messages:
-                head = heads.setdefault(m.channel, m.seq)
-                if not m.started and m.seq - head < self.slots:
-                    m.start(self.transport)
-                    progressed = True
-                if m.started:
-                    progressed |= m.poll(self.transport, self.rank)
-            self._messages = [m for m in self._messages if not m.finished]
-            if progressed:
-                self._stalled_since = None
-            return progressed
-        except BaseException as exc:
-            self.fail(exc)
-            raise
+            if self._closed or not any(m.on_host for m in self._messages):
+                self._background = None
+                return None
+            try:
+                return self.poll(host_only=True)
+            except BaseException:  # noqa: BLE001  (given up: the handles raise it)
+                self._background = None
+                return None
+        finally:
+            self._lock.release()
 
     def wait(self, message: Message) -> Any:
         """Poll until ``message`` is finished; its result (CocclError after a timeout).
         Launches the open group of streamed messages first."""
-        if not message.finished:
-            self.flush()
-        last = time.monotonic()
-        spins = 0
-        while not self._check(message):
-            if self.poll():
-                spins, last = 0, time.monotonic()
-                continue
-            spins += 1
-            if spins % 64 == 0 and time.monotonic() - last > self.timeout_s:
-                self._time_out(message)
-            message.posting.executor.idle(spins)
-        return message.result
+        with self._lock:  # the background thread waits meanwhile: this loop polls
+            if not message.finished:
+                self._flush()
+            last = time.monotonic()
+            spins = 0
+            while not self._check(message):
+                if self.poll():
+                    spins, last = 0, time.monotonic()
+                    continue
+                spins += 1
+                if spins % 64 == 0 and time.monotonic() - last > self.timeout_s:
+                    self._time_out(message)
+                message.posting.executor.idle(spins)
+            return message.result
 
     def test(self, message: Message) -> bool:
         """Poll once (after launching the open group of streamed messages); whether
         ``message`` is finished, and its device work too. A loop of tests times out as a
         wait does: once no message made progress in the tests of ``timeout_s``."""
-        if not self._check(message):
-            self.flush()
-            if not self.poll():
-                now = time.monotonic()
-                if self._stalled_since is None:
-                    self._stalled_since = now
-                elif now - self._stalled_since > self.timeout_s:
-                    self._time_out(message)
-        return self._check(message) and message.device_done()
+        with self._lock:
+            if not self._check(message):
+                self._flush()
+                if not self.poll():
+                    now = time.monotonic()
+                    if self._stalled_since is None:
+                        self._stalled_since = now
+                    elif now - self._stalled_since > self.timeout_s:
+                        self._time_out(message)
+            return self._check(message) and message.device_done()
 
     def _time_out(self, message: Message) -> None:
         """Give up every message: ``message`` made no progress in ``timeout_s``."""
@@ -367,17 +437,42 @@ class P2PEngine:
         closed as abandoned (``PollingTransport.close``: what may stay unmatched is held) if
         ``abandoned`` (the communicator failed), if a message failed here, or if messages
         were given up now."""
-        messages, self._messages = self._messages, []
-        self._group = []
-        self.transport.cancel([h for m in messages for h in m.handles()])
-        self.transport.close(abandoned=abandoned or self._failed or bool(messages))
+        with self._lock:
+            self._closed = True
+            messages, self._messages = self._messages, []
+            self._group = []
+            self.transport.cancel([h for m in messages for h in m.handles()])
+            self.transport.close(abandoned=abandoned or self._failed or bool(messages))
 
     def fail(self, exc: BaseException) -> None:
         """Give up every message in flight (their receives cancelled) after ``exc``."""
-        messages, self._messages = self._messages, []
-        self._group = []
-        self._failed = True
-        self.transport.cancel([h for m in messages for h in m.handles()])
-        for m in messages:
-            m.error = exc
+        with self._lock:
+            messages, self._messages = self._messages, []
+            self._group = []
+            self._failed = True
+            self.transport.cancel([h for m in messages for h in m.handles()])
+            for m in messages:
+                m.error = exc
         self.on_failure(exc)
+
+
+# The background thread's pauses: short while messages move, doubling to the longest
+# while none does (a poll costs a few microseconds of the GIL per message).
+_BACKGROUND_MIN_S = 50e-6
+_BACKGROUND_MAX_S = 2e-3
+
+
+def _background_progress(ref: weakref.ref) -> None:
+    """The background thread of one engine (held weakly: a dropped communicator's
+    finalizer closes its engine, and the thread then ends)."""
+    pause = _BACKGROUND_MIN_S
+    while True:
+        engine = ref()
+        if engine is None:
+            return
+        progressed = engine.background_poll()
+        del engine
+        if progressed is None:
+            return
+        pause = _BACKGROUND_MIN_S if progressed else min(2 * pause, _BACKGROUND_MAX_S)
+        time.sleep(pause)

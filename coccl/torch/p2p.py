@@ -23,8 +23,9 @@ source has no peer to pair with and is refused.
 Progress: every call posts its message and returns; the Communicator's progress engine
 moves every message of the group in flight whenever this rank posts, waits for or
 tests any of them, so sends and receives in both directions at once (a ring of
-``batch_isend_irecv`` exchanges) never wait on one another. A large message (more chunks
-than ``COCCL_PIPELINE_DEPTH``) is moved by those calls only, not in the background.
+``batch_isend_irecv`` exchanges) never wait on one another. Messages of host tensors
+also move in the background while the rank does something else (a barrier, another
+group's collective, compute), as Gloo's do; those of CUDA tensors at the calls only.
 
 CUDA tensors on a group whose Communicator has NCCL on their GPU (one rank per GPU) go
 to it as they are and travel over NCCL, the codec's kernels on the device: the message

@@ -210,6 +210,29 @@ def test_a_loop_of_tests_times_out_as_a_wait_does():
                     time.sleep(0.01)
 
 
+@two_ranks
+@pytest.mark.parametrize(
+    "count, chunk_bytes", [(1 << 18, None), (5000, 1024)], ids=["rendezvous", "past_the_depth"]
+)
+def test_messages_progress_while_their_rank_is_in_a_collective(count, chunk_bytes):
+    """A posted message that nobody waits for still moves while its rank is elsewhere,
+    as MPI's and Gloo's do: rank 1's receive (one chunk above MPI's eager size, or more
+    chunks than the pipeline's depth) completes rank 0's blocking send while rank 1
+    sits in a barrier that waits for rank 0. Rank 0 sends only once rank 1 has posted,
+    so that rank 1's post cannot already find rank 0's header."""
+    with communicator(COCCL_TIMEOUT_S=10) as c, meeting_at_the_end():
+        x = np.arange(count, dtype=np.float32)
+        if RANK == 1:
+            handle = c.irecv(np.empty(count, np.float32), 0, chunk_bytes=chunk_bytes)
+        MPI.COMM_WORLD.Barrier()
+        if RANK == 0:
+            c.send(x, 1, chunk_bytes=chunk_bytes)
+        c.barrier()
+        c.allreduce(np.ones(3, np.float32))
+        if RANK == 1:
+            np.testing.assert_array_equal(handle.wait(), x)
+
+
 BAD = [
     (lambda c: c.send(np.ones(3, np.float32), N), ValueError, "dst must be a rank"),
     (lambda c: c.isend(np.ones(3, np.float32), True), ValueError, "dst must be a rank"),
