@@ -156,9 +156,15 @@ class CocclWork(dist._Work):
         self.wait()
 
     def is_completed(self) -> bool:
+        """Whether the call has ended, successfully or not (as Gloo's: a failed call is
+        completed, ``is_success()`` False, ``wait()`` raises its error)."""
         if self._handle is not None:
-            if not self._handle.test():
-                return False
+            try:
+                if not self._handle.test():
+                    return False
+            except BaseException as exc:
+                self._settle(exc)
+                return True
             self._completed()  # a handle that does not notify settles here
             return True
         return self._event is None or self._event.query()

@@ -275,6 +275,32 @@ def test_ends_that_disagree_raise_on_both(what):
         work.wait()
 
 
+def test_a_failed_messages_work_is_completed_and_unsuccessful():
+    """A point-to-point Work whose message failed is completed (``is_completed()`` True,
+    as Gloo's, not a raise), not successful, and ``wait()`` raises its error. Rank 1
+    posts before rank 0, so its own post cannot already find rank 0's header."""
+    g = group((0, 1), fresh=True)
+    order = group((0, 1), backend="gloo")
+    if g is None:
+        return
+    me = dist.get_rank(g)
+    t = data(torch.float32, 10, "failed work")
+    if me == 1:
+        work = dist.irecv(t, group=g, group_src=0, tag=2)
+    dist.barrier(group=order)
+    if me == 0:
+        try:
+            work = dist.isend(t, group=g, group_dst=1, tag=1)
+        except coccl.CocclError:  # this post found rank 1's header already there
+            return
+    while not work.is_completed():
+        pass
+    assert not work.is_success()
+    assert isinstance(work.exception(), coccl.CocclError)
+    with pytest.raises(coccl.CocclError, match="tag"):
+        work.wait()
+
+
 # ---------------------------------------------------------------- all-to-all
 def blocks(n: int, src: int, rows: list[int], width: int, tag: str) -> list[torch.Tensor]:
     return [
