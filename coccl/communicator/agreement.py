@@ -79,6 +79,8 @@ def disagreement(collective: str, theirs: list[Any]) -> str | None:
     if all(f == theirs[0] for f in theirs):
         return None
     keys = [k for k in theirs[0] if any(f.get(k) != theirs[0].get(k) for f in theirs)]
+    if "collective" in keys:  # different calls: their other fields say nothing more
+        keys = ["collective"]
     detail = "; ".join(
         f"{k}: " + ", ".join(f"rank {r} {f.get(k)!r}" for r, f in enumerate(theirs)) for k in keys
     )

@@ -31,6 +31,10 @@ def _gathered_shape(shape: tuple[int, ...], n: int) -> tuple[int, ...]:
     return (n * shape[0], *shape[1:]) if shape else (n,)
 
 
+def _same_place(rank: int, x_nbytes: int, out_nbytes: int) -> int:
+    return 0
+
+
 @dataclass(frozen=True)
 class Kind:
     """One collective's shape rules on ``n`` ranks.
@@ -41,6 +45,10 @@ class Kind:
         out_count: output elements for ``count`` input elements.
         result_shape: the shape of a new result for an input of ``shape``.
         check_count: raises ValueError for an input count the collective cannot take.
+        in_place: where ``x`` lies in ``out`` when the call runs in place, as NCCL
+            defines it: ``x``'s address minus ``out``'s for rank ``rank`` and the two
+            byte sizes (any other overlap of the two is refused).
+        in_place_rule: that place in words, for the refusal.
     """
 
     name: str
@@ -48,14 +56,36 @@ class Kind:
     out_count: Callable[[int, int], int]
     result_shape: Callable[[tuple[int, ...], int], tuple[int, ...]]
     check_count: Callable[[int, int], None] = _no_count_rule
+    in_place: Callable[[int, int, int], int] = _same_place
+    in_place_rule: str = "out is x"
 
 
 KINDS: dict[str, Kind] = {
     "allreduce": Kind("allreduce", True, lambda count, n: count, lambda shape, n: shape),
     "reduce_scatter": Kind(
-        "reduce_scatter", True, lambda count, n: count // n, _scattered_shape, _multiple_of_ranks
-    ),
-    "allgather": Kind("allgather", False, lambda count, n: count * n, _gathered_shape),
+        "reduce_scatter",
+        True,
+        lambda count, n: count // n,
+        _scattered_shape,
+        _multiple_of_ranks,
+        lambda rank, x_nbytes, out_nbytes: -rank * out_nbytes,
+        "out is this rank's block of x",
+    ),  # fmt: skip
+    "allgather": Kind(
+        "allgather",
+        False,
+        lambda count, n: count * n,
+        _gathered_shape,
+        _no_count_rule,
+        lambda rank, x_nbytes, out_nbytes: rank * x_nbytes,
+        "x is this rank's block of out",
+    ),  # fmt: skip
     # equal splits; an uneven all-to-all's plan holds its own out_count (dp_calls)
-    "alltoall": Kind("alltoall", False, lambda count, n: count, lambda shape, n: shape),
+    "alltoall": Kind(
+        "alltoall",
+        False,
+        lambda count, n: count,
+        lambda shape, n: shape,
+        in_place_rule="out is x, with send_counts equal to recv_counts",
+    ),  # fmt: skip
 }

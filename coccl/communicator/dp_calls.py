@@ -128,8 +128,8 @@ class DataParallelCalls:
             fingerprint = _split_fingerprint(mine)
             if state is not None:
                 fingerprint["state"] = check_state(self, "alltoall", state, mine)
-                if out is not None:  # before any rank moves its residual or a byte
-                    self._runner._check_out(mine, out)
+            if out is not None:  # before any rank moves a byte (or its residual)
+                self._runner.check_out(mine, call.x, out)
             entry: Any = (fingerprint, mine.sends, mine.recvs)
         except (TypeError, ValueError) as exc:
             error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")

@@ -209,7 +209,10 @@ class ExactCalls:
         if out is not None:
             self._exact_check_out(what, src, count, out)
         self._planner.route(src.device_id)  # type: ignore[attr-defined]  # the GPU check
-        entry = {"root": int(root), "dtype": src.dtype.name, "count": count, "op": name}
+        entry = {
+            "collective": what, "root": int(root), "dtype": src.dtype.name, "count": count,
+            "op": name,
+        }  # fmt: skip
         return src, entry
 
     def _exact_check_out(self, what: str, src: Flat, count: int, out: Any) -> None:

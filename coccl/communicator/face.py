@@ -136,9 +136,10 @@ class Communicator(
         self.close()
 
     def barrier(self) -> None:
-        """Block until every rank has called ``barrier`` (at most COCCL_TIMEOUT_S)."""
+        """Block until every rank has called ``barrier`` (at most COCCL_TIMEOUT_S). A
+        rank in another call's agreement meanwhile makes every rank raise CocclError."""
         self._check_usable()
-        self._boot.allgather(None, self._settings.timeout_s, "barrier")
+        self._agree("barrier", {"collective": "barrier"}, None)
 
     # -------------------------------------------------------------- collectives
     def allreduce(
@@ -342,17 +343,18 @@ class Communicator(
         call = Call(collective, x, op, algorithm, compressor, chunk_bytes)
         if state is not None:  # a caller-kept state (coccl.communicator.state)
             return self._stateful(call, out, state)
-        return self._runner.run(self._plan(call), x, out)
+        return self._runner.run(self._plan(call, out), x, out)
 
-    def _plan(self, call: Call) -> CallPlan:
-        """The call's plan: found by its signature, or built (collectively)."""
+    def _plan(self, call: Call, out: Any = None) -> CallPlan:
+        """The call's plan: found by its signature, or built (collectively; a given
+        ``out`` is checked then, so that its refusal is every rank's)."""
         key = self._planner.key(call)
         plan = None if key is None else self._plans.get(key)
         if plan is not None and plan.compressor_arg is not None:
             if plan.compressor_arg is not call.compressor:  # another object at a reused id
                 plan = None
         if plan is None:
-            plan = self._new_plan(key, call)
+            plan = self._new_plan(key, call, out)
         elif self._settings.check_calls:
             self._agree(call.collective, plan.fingerprint(), None)
         return plan
@@ -360,12 +362,15 @@ class Communicator(
     def _agree(self, collective: str, entry: Any, error: BaseException | None) -> None:
         agree_on_call(self._boot, self._settings.timeout_s, collective, entry, error, self._break)
 
-    def _new_plan(self, key: Any, call: Call) -> CallPlan:
-        """Resolve a call and agree on it with every rank (a refusal on any rank is raised
-        on every rank); keep the plan under ``key`` unless it is None."""
+    def _new_plan(self, key: Any, call: Call, out: Any) -> CallPlan:
+        """Resolve a call and check its ``out``, and agree on it with every rank (a
+        refusal on any rank is raised on every rank); keep the plan under ``key`` unless
+        it is None."""
         error: BaseException | None = None
         try:
             plan: CallPlan | None = self._planner.resolve(call)
+            if out is not None:
+                self._runner.check_out(plan, call.x, out)  # type: ignore[arg-type]
             entry: Any = plan.fingerprint()  # type: ignore[union-attr]
         except (TypeError, ValueError) as exc:
             plan, error, entry = None, exc, ("error", f"{type(exc).__name__}: {exc}")

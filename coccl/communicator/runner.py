@@ -38,6 +38,7 @@ from coccl.compressors import require_graph_safe
 from coccl.config import Settings
 from coccl.core.arrays import (
     Flat,
+    address,
     as_flat,
     caller_stream,
     data_ptr,
@@ -152,7 +153,7 @@ class Runner:
         if out is None:
             data, obj = src.new(KINDS[plan.collective].result_shape(src.shape, self.size))
             return Flat(data, obj, src.kind, tuple(getattr(obj, "shape", ())), src.new)
-        self._check_out(plan, out)
+        self.check_out(plan, src.obj, out)
         return as_flat(out, "out")
 
     def _checked_output(self, plan: CallPlan, x: Any, out: Any) -> Any:
@@ -162,12 +163,14 @@ class Runner:
             as_flat(x, "x")  # raises the contiguity error
         if out is None:
             return new_like(x, KINDS[plan.collective].result_shape(tuple(x.shape), self.size))
-        self._check_out(plan, out)
+        self.check_out(plan, x, out)
         return out
 
-    @staticmethod
-    def _check_out(plan: CallPlan, out: Any) -> None:
-        """The checks of a given ``out``, from its attributes, before any byte moves."""
+    def check_out(self, plan: CallPlan, x: Any, out: Any) -> None:
+        """The checks of a given ``out`` of the call of ``x``, from their attributes,
+        before any byte moves: writeable, contiguous, of the plan's dtype, count and
+        device, and apart from ``x`` unless in place as the collective defines it
+        (``KINDS``: a partial overlap would read values the call has overwritten)."""
         require_writeable(out, "out")
         kind, dtype, count, device = signature(out)
         if kind == "other" or not isinstance(dtype, np.dtype) or not is_contiguous(out):
@@ -178,6 +181,18 @@ class Runner:
             raise ValueError(f"out has {count} elements; {plan.collective} needs {plan.out_count}")
         if device != plan.device:
             raise ValueError("out must be on the same device as x")
+        x_nbytes, out_nbytes = plan.count * dtype.itemsize, count * dtype.itemsize
+        if not x_nbytes or not out_nbytes or x is None:
+            return
+        a, b = address(x), address(out)
+        if a < b + out_nbytes and b < a + x_nbytes:
+            rule = KINDS[plan.collective]
+            placed = a - b == rule.in_place(self.rank, x_nbytes, out_nbytes)
+            if not placed or (plan.collective == "alltoall" and plan.sends != plan.recvs):
+                raise ValueError(
+                    f"out overlaps x: {plan.collective} runs in place only where "
+                    f"{rule.in_place_rule}; pass disjoint arrays otherwise"
+                )
 
     # --------------------------------------------------------------- paths
     def _run_nccl_launch(self, plan: CallPlan, x: Any, out: Any, stream: Any) -> Any:

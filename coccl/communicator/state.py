@@ -235,11 +235,11 @@ class StatefulCalls:
             note = check_state(self, call.collective, state, plan)
             src = as_flat(call.x, "x")
             if out is not None and not isinstance(state, DeltaState):
-                self._runner._check_out(plan, out)  # here, not after the residual moved
+                self._runner.check_out(plan, call.x, out)  # here, not after the residual moved
             if isinstance(state, DeltaState):
                 out = state.output(src, out, self.size)
                 replica = as_flat(out, "out")
-                self._runner._check_out(plan, out)
+                self._runner.check_out(plan, call.x, out)
                 if buffers_overlap(src.data, replica.data):
                     raise ValueError(
                         "x overlaps the replica: pass the new values in their own array"

@@ -366,6 +366,14 @@ def external_stream(ptr: int) -> Any:
     return stream
 
 
+def address(x: Any) -> int:
+    """The address of a contiguous array's first element, on the host or a device
+    (numpy, CuPy, torch, or any ``__cuda_array_interface__`` array)."""
+    if isinstance(x, np.ndarray):
+        return int(x.__array_interface__["data"][0])
+    return data_ptr(x)
+
+
 def data_ptr(x: Any) -> int:
     """The device address of a contiguous CuPy array, torch CUDA tensor or other CUDA
     array (numba's: through ``__cuda_array_interface__``)."""

@@ -61,6 +61,18 @@ DISAGREEMENTS = [
         "the same allreduce call",
     ),
     (
+        "barrier against a collective",
+        lambda c: c.barrier(),
+        lambda c: c.allreduce(_x(), algorithm="ring"),
+        "collective: rank 0 'barrier', rank 1 'allreduce'",
+    ),
+    (
+        "rooted calls of two kinds",
+        lambda c: c.reduce(_x(), root=0),
+        lambda c: c.gather(_x(), root=0),
+        "collective: rank 0 'reduce', rank 1 'gather'",
+    ),
+    (
         "chunk size",
         lambda c: c.allreduce(_x(), algorithm="ring", chunk_bytes=1024),
         lambda c: c.allreduce(_x(), algorithm="ring", chunk_bytes=2048),
@@ -95,6 +107,27 @@ def test_a_call_refused_on_one_rank_fails_on_every_rank(comm):
     else:
         with pytest.raises(coccl.CocclError, match="rank 0 refused this allreduce.*unknown op"):
             comm.allreduce(x, op="sum", algorithm="ring")
+    np.testing.assert_array_equal(comm.allreduce(x, algorithm="ring"), x * comm.size)
+
+
+@pytest.mark.parametrize(
+    "count, bad_out",
+    [
+        (333, lambda x: np.empty(x.size, np.float64)),
+        (334, lambda x: np.empty(x.size + 1, np.float32)),
+    ],
+    ids=["dtype", "size"],
+)
+def test_an_out_refused_on_one_rank_fails_on_every_rank(comm, count, bad_out):
+    """A bad ``out`` on one rank, at a signature's first call (a count of its own): every
+    rank raises (the others CocclError naming it), none waits for the timeout."""
+    x = _x(count)
+    if comm.rank == 0:
+        with pytest.raises((TypeError, ValueError), match="out has"):
+            comm.allreduce(x, bad_out(x), algorithm="ring")
+    else:
+        with pytest.raises(coccl.CocclError, match="rank 0 refused this allreduce.*out has"):
+            comm.allreduce(x, np.empty_like(x), algorithm="ring")
     np.testing.assert_array_equal(comm.allreduce(x, algorithm="ring"), x * comm.size)
 
 

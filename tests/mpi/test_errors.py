@@ -24,7 +24,29 @@ BAD_CALLS = [
         lambda c, x: c.allgather(x, np.empty(x.size * c.size + 1, x.dtype)),
         ValueError,
     ),
+    # out overlapping x other than in place: the call would read what it overwrote
+    ("allreduce overlap", lambda c, x: _shifted(c.allreduce, x, x.size, x.size), ValueError),
+    (
+        "allgather overlap",
+        lambda c, x: _shifted(c.allgather, x, x.size, x.size * c.size, "two_shot"),
+        ValueError,
+    ),
+    (
+        "reduce_scatter overlap",
+        lambda c, x: _shifted(c.reduce_scatter, x, x.size, x.size // c.size, "ring"),
+        ValueError,
+    ),
+    ("alltoall overlap", lambda c, x: _shifted(c.alltoall, x, x.size, x.size, None), ValueError),
 ]
+
+
+def _shifted(call, x, count, out_count, algorithm="ring"):
+    """``call`` with ``out`` one element past ``x``'s start in one buffer."""
+    buf = np.zeros(max(count, out_count) + 1, x.dtype)
+    buf[:count] = x
+    if algorithm is None:
+        return call(buf[:count], buf[1 : 1 + out_count])
+    return call(buf[:count], buf[1 : 1 + out_count], algorithm=algorithm)
 
 
 @pytest.mark.parametrize("name, call, error", BAD_CALLS, ids=[b[0] for b in BAD_CALLS])
@@ -63,3 +85,22 @@ def test_refusals_do_not_leak_pool_memory(comm):
 def test_codec_errors_name_the_problem():
     with pytest.raises(ValueError, match="unknown compressor 'zstd'"):
         coccl.get_compressor("zstd")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "two_shot"])
+@pytest.mark.parametrize("compressor", ["identity", "int8"])
+def test_nccls_in_place_forms_run(comm, algorithm, compressor):
+    """In place as NCCL defines it (AllGather: x is this rank's block of out;
+    ReduceScatter: out is this rank's block of x) gives what separate buffers give."""
+    n, r = 96, comm.rank
+    x = rank_data(3, r, n * comm.size, np.float32)
+    kw = {"algorithm": algorithm, "compressor": compressor}
+    want = comm.reduce_scatter(x, **kw)
+    inside = x.copy()
+    got = comm.reduce_scatter(inside, inside[r * n : (r + 1) * n], **kw)
+    np.testing.assert_array_equal(got, want)
+    mine = x[:n]
+    want = comm.allgather(mine, **kw)
+    out = np.zeros(n * comm.size, np.float32)
+    out[r * n : (r + 1) * n] = mine
+    np.testing.assert_array_equal(comm.allgather(out[r * n : (r + 1) * n], out, **kw), want)
