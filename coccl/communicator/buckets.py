@@ -17,10 +17,12 @@ on the array itself, without staging. Layouts follow NCCL's grouped calls:
 ``out`` is None (new results of each array's kind, shape and device), a list of outputs
 (one per array, each as the single call's ``out``; the list ``x`` itself: in place, for
 ``allreduce``), and the call returns the list of results. Every array and output is
-checked before any byte moves; arrays of several devices are refused. An empty list runs
-nothing and returns ``[]``; arrays of count 0 take part as any other. Every rank must
-pass the same layout (the same dtypes and counts in the same order): a group that
-differs is refused by the staged call's agreement, as a single call would be.
+checked before any byte moves (the codec against every dtype of the bucket too, so that
+no group runs before another is refused); arrays of several devices are refused. An
+empty list runs nothing and returns ``[]``; arrays of count 0 take part as any other.
+Every rank must pass the same layout (the same dtypes and counts in the same order): the
+ranks agree on it, and on any refusal, before the first group runs, at the first call
+of each layout (every call with ``COCCL_CHECK_CALLS=1``), as a single call's signature.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coccl.communicator.collectives import KINDS
+from coccl.compressors import get_compressor
 from coccl.core.arrays import Flat, as_flat, caller_stream, require_writeable
+from coccl.core.reduction import check_op
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
@@ -42,20 +46,21 @@ def run(
     xs: Sequence[Any],
     out: Any,
     kwargs: dict[str, Any],
+    agree: Callable[[str, Any, BaseException | None], None],
 ) -> list[Any]:
     """Run ``collective`` on the bucket ``xs`` through ``call(x, out, **kwargs)`` (the
-    single-array call), one call per dtype; the list of results."""
-    flats = [as_flat(x, f"x[{i}]") for i, x in enumerate(xs)]
-    if len({f.device_id for f in flats}) > 1:
-        raise ValueError("a bucket's arrays must all be on one device")
-    _check_state(kwargs, flats)
-    kind = KINDS[collective]
-    for i, f in enumerate(flats):
-        try:
-            kind.check_count(f.size, size)
-        except ValueError as exc:
-            raise ValueError(f"x[{i}]: {exc}") from None
-    outs = _outputs(collective, size, flats, xs, out)
+    single-array call), one call per dtype; the list of results. ``agree(what, entry,
+    error)`` agrees on the bucket with every rank (raising every rank's refusal)."""
+    error: BaseException | None = None
+    try:
+        flats, outs = _checked(collective, size, xs, out, kwargs)
+        entry: Any = {
+            "collective": f"{collective} of a bucket",
+            "arrays": [f"{f.dtype.name}[{f.size}]" for f in flats],
+        }
+    except (TypeError, ValueError) as exc:
+        error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")
+    agree(collective, entry, error)
     groups: dict[Any, list[int]] = {}
     for i, f in enumerate(flats):
         groups.setdefault(f.dtype, []).append(i)
@@ -66,6 +71,39 @@ def run(
         else:
             _staged(call, collective, size, srcs, dsts, kwargs)
     return [o.obj for o in outs]
+
+
+def _checked(
+    collective: str, size: int, xs: Sequence[Any], out: Any, kwargs: dict[str, Any]
+) -> tuple[list[Flat], list[Flat]]:
+    """This rank's checks of a bucket (TypeError, ValueError): its arrays, and their
+    outputs."""
+    flats = [as_flat(x, f"x[{i}]") for i, x in enumerate(xs)]
+    if len({f.device_id for f in flats}) > 1:
+        raise ValueError("a bucket's arrays must all be on one device")
+    _check_state(kwargs, flats)
+    kind = KINDS[collective]
+    for i, f in enumerate(flats):
+        try:
+            kind.check_count(f.size, size)
+        except ValueError as exc:
+            raise ValueError(f"x[{i}]: {exc}") from None
+    _check_codecs(kwargs, flats, kind.reduces)
+    return flats, _outputs(collective, size, flats, xs, out)
+
+
+def _check_codecs(kwargs: dict[str, Any], flats: list[Flat], reduces: bool) -> None:
+    """The codec (or each of a pair) against every dtype of the bucket and the op, as
+    each group's call will check them: a refusal of a later group must come before the
+    first group's bytes move."""
+    spec = kwargs.get("compressor", "identity")
+    specs = spec if isinstance(spec, (tuple, list)) else (spec,)
+    dtypes = dict.fromkeys(f.dtype for f in flats)
+    for codec in [get_compressor(s) for s in specs]:
+        for dtype in dtypes:
+            codec.check_dtype(dtype)
+        if reduces:
+            codec.check_op(check_op(kwargs.get("op", "sum")))
 
 
 def _check_state(kwargs: dict[str, Any], flats: list[Flat]) -> None:

@@ -34,7 +34,6 @@ from coccl.engine.polling import GpuExecutor, InlineExecutor, run_polling
 from coccl.engine.streamed import run_streamed
 
 EXACT_CALLS = ("broadcast", "reduce", "gather", "scatter")
-_SIGNATURES_KEPT = 4096  # signatures already agreed on (then forgotten, and agreed again)
 
 
 class ExactCalls:
@@ -168,16 +167,7 @@ class ExactCalls:
             src, entry = self._exact_check(what, x, out, root, op, writes_x)
         except (TypeError, ValueError) as exc:
             error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")
-        # as for the other calls: the first call of each signature is agreed on (every
-        # call with COCCL_CHECK_CALLS=1); a refusal always is
-        seen = self.__dict__.setdefault("_exact_signatures", set())
-        signature = (what, repr(entry))
-        every = self._settings.check_calls  # type: ignore[attr-defined]
-        if error is not None or signature not in seen or every:
-            self._agree(what, entry, error)  # type: ignore[attr-defined]
-            if len(seen) >= _SIGNATURES_KEPT:  # a bounded memory, as the plan cache's
-                seen.clear()
-            seen.add(signature)
+        self._agree_once(what, entry, error)  # type: ignore[attr-defined]
         assert src is not None
         return src
 

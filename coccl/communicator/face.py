@@ -40,6 +40,8 @@ from coccl.transports.bootstrap import Bootstrap
 
 log = logging.getLogger(__name__)
 
+_AGREED_KEPT = 4096  # entries of calls without a plan agreed on (then forgotten, agreed again)
+
 
 @in_issue_order  # collectives in issue order, nonblocking ones queued, lists as buckets
 class Communicator(
@@ -77,6 +79,7 @@ class Communicator(
         self.backend: str = "nccl" if nccl is not None else "mpi"
         self.link = link
         self._plans = PlanCache(settings.plan_cache_bytes)
+        self._agreed: set[tuple[str, str]] = set()  # _agree_once's entries
         self._closed = False
         self._broken: str | None = None
         watchdog = None
@@ -361,6 +364,18 @@ class Communicator(
 
     def _agree(self, collective: str, entry: Any, error: BaseException | None) -> None:
         agree_on_call(self._boot, self._settings.timeout_s, collective, entry, error, self._break)
+
+    def _agree_once(self, collective: str, entry: Any, error: BaseException | None) -> None:
+        """``_agree`` for a call without a plan (a rooted call, a bucket): a refusal
+        always, otherwise the first call of each entry, as a plan's first call (every call
+        with COCCL_CHECK_CALLS=1)."""
+        signature = (collective, repr(entry))
+        if error is None and signature in self._agreed and not self._settings.check_calls:
+            return
+        self._agree(collective, entry, error)
+        if len(self._agreed) >= _AGREED_KEPT:  # a bounded memory, as the plan cache's
+            self._agreed.clear()
+        self._agreed.add(signature)
 
     def _new_plan(self, key: Any, call: Call, out: Any) -> CallPlan:
         """Resolve a call and check its ``out``, and agree on it with every rank (a

@@ -239,11 +239,11 @@ class StatefulCalls:
             if isinstance(state, DeltaState):
                 out = state.output(src, out, self.size)
                 replica = as_flat(out, "out")
-                self._runner.check_out(plan, call.x, out)
-                if buffers_overlap(src.data, replica.data):
+                if buffers_overlap(src.data, replica.data):  # even as its own block
                     raise ValueError(
                         "x overlaps the replica: pass the new values in their own array"
                     )
+                self._runner.check_out(plan, call.x, out)
             entry: Any = {**plan.fingerprint(), "state": note}
         except (TypeError, ValueError) as exc:
             error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")

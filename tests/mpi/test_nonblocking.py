@@ -209,3 +209,34 @@ def test_bucket_refusals(comm):
         with pytest.raises(ValueError, match=r"x\[0\]: reduce_scatter needs a multiple"):
             comm.reduce_scatter([np.ones(N + 1)])
     np.testing.assert_array_equal(comm.allreduce(np.ones(3)), np.full(3, float(N)))
+
+
+def test_a_bucket_refused_for_a_later_dtype_runs_no_group(comm):
+    """A codec that refuses the bucket's second dtype refuses the bucket before its first
+    dtype's group runs: the float32 array, in place, is left as it was."""
+    a, b = np.ones(8, np.float32), np.ones(8, np.int32)
+    with pytest.raises(TypeError, match="int32"):
+        comm.allreduce([a, b], [a, b], compressor="int8")
+    np.testing.assert_array_equal(a, np.ones(8, np.float32))
+
+
+@pytest.mark.skipif(N < 2, reason="needs two ranks")
+def test_bucket_layouts_that_differ_raise_on_every_rank(comm):
+    """Ranks whose buckets hold the same bytes in another order (one staged call of the
+    same count each) are refused, not reduced into each other's arrays."""
+    a, b = np.ones(4, np.float32), np.ones(2, np.float32)
+    with pytest.raises(coccl.CocclError, match="do not make the same allreduce call.*arrays"):
+        comm.allreduce([a, b] if comm.rank == 0 else [b, a])
+    np.testing.assert_array_equal(comm.allreduce([a, b])[0], np.full(4, float(N), np.float32))
+
+
+@pytest.mark.skipif(N < 2, reason="needs two ranks")
+def test_a_bucket_refused_on_one_rank_fails_on_every_rank(comm):
+    x = [np.ones(3, np.float32), np.ones(2, np.float32)]
+    if comm.rank == 0:
+        with pytest.raises(ValueError, match="list of 2 outputs"):
+            comm.allreduce(x, [np.ones(3, np.float32)])
+    else:
+        with pytest.raises(coccl.CocclError, match="rank 0 refused this allreduce.*list of 2"):
+            comm.allreduce(x)
+    np.testing.assert_array_equal(comm.allreduce(x)[1], np.full(2, float(N), np.float32))
