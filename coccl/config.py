@@ -21,6 +21,10 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# Rounds of one call in flight at most: more buys no overlap (each round already overlaps
+# the next chunk's codec work) and only grows the staging window.
+MAX_PIPELINE_DEPTH = 64
+
 # name -> (default, help). Defaults are the measured ones (bench/NOTES.md says how).
 _VARS: dict[str, tuple[str, str]] = {
     "COCCL_CHUNK_BYTES": (
@@ -30,7 +34,10 @@ _VARS: dict[str, tuple[str, str]] = {
         "8 MiB, or, for compressed data, 4M elements once each rank's shard holds four of "
         "them; device data over NCCL: see coccl.communicator.sizing)",
     ),
-    "COCCL_PIPELINE_DEPTH": ("4", "how many chunk rounds may be in flight at once (>= 1)"),
+    "COCCL_PIPELINE_DEPTH": (
+        "4",
+        f"how many chunk rounds may be in flight at once (1 to {MAX_PIPELINE_DEPTH})",
+    ),
     "COCCL_STAGING_LIMIT_BYTES": (
         "",
         "upper bound on the extra device + pinned host memory a collective's pipeline uses "
@@ -145,7 +152,7 @@ def _raw(name: str) -> str:
     return os.environ.get(name, "").strip() or _VARS[name][0]
 
 
-def _int(name: str, minimum: int) -> int:
+def _int(name: str, minimum: int, maximum: int | None = None) -> int:
     raw = _raw(name)
     try:
         value = int(raw)
@@ -153,6 +160,8 @@ def _int(name: str, minimum: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
     if value < minimum:
         raise ValueError(f"{name}={value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value} must be <= {maximum}")
     return value
 
 
@@ -242,7 +251,7 @@ def settings() -> Settings:
     return Settings(
         chunk_bytes=_size("COCCL_CHUNK_BYTES", 1),
         chunk_bytes_set=bool(os.environ.get("COCCL_CHUNK_BYTES", "").strip()),
-        pipeline_depth=_int("COCCL_PIPELINE_DEPTH", 1),
+        pipeline_depth=_int("COCCL_PIPELINE_DEPTH", 1, MAX_PIPELINE_DEPTH),
         staging_limit_bytes=_size("COCCL_STAGING_LIMIT_BYTES", 1 << 20) if limit_set else None,
         timeout_s=_timeout(),
         mpi_cuda_aware=None if aware == "auto" else aware == "1",

@@ -94,6 +94,16 @@ def test_a_size_below_its_minimum_names_its_variable(clean_env: pytest.MonkeyPat
     assert config.settings().staging_limit_bytes == 1 << 20
 
 
+def test_pipeline_depth_is_bounded(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COCCL_PIPELINE_DEPTH", str(config.MAX_PIPELINE_DEPTH + 1))
+    with pytest.raises(
+        ValueError, match=f"COCCL_PIPELINE_DEPTH=.* must be <= {config.MAX_PIPELINE_DEPTH}"
+    ):
+        config.settings()
+    clean_env.setenv("COCCL_PIPELINE_DEPTH", str(config.MAX_PIPELINE_DEPTH))
+    assert config.settings().pipeline_depth == config.MAX_PIPELINE_DEPTH
+
+
 def test_chunk_bytes_set_only_when_given(clean_env: pytest.MonkeyPatch) -> None:
     assert not config.settings().chunk_bytes_set
     clean_env.setenv("COCCL_CHUNK_BYTES", "1M")
