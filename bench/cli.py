@@ -236,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmd.mpi and args.np is not None:
         if launch.under_mpiexec():
             parser.error("--np starts its own mpiexec; leave it out under mpiexec")
-        return launch.relaunch(args.np, argv, args.mpiexec)
+        try:
+            return launch.relaunch(args.np, argv, args.mpiexec)
+        except (OSError, RuntimeError) as exc:  # no such launcher, or none found
+            args.subparser.error(f"--np {args.np}: cannot start the launcher: {exc}")
     args.argv = argv  # what the record calls the command
     if not cmd.mpi:
         return cmd.run(args)

@@ -699,7 +699,7 @@ def _prepare(spec: Spec, args: argparse.Namespace, mpi: Any, backend: str) -> _J
         xp, sync, device = _select_device(mpi, args.device)
         comm = coccl.init(mpi, backend=backend)
         codecs = _codecs(args.compressor)
-        variants, notes = _variants(args.algorithm, args.compressor)
+        variants, left_out = _variants(args.algorithm, args.compressor)
         base = Sweep(
             spec,
             comm,
@@ -722,7 +722,14 @@ def _prepare(spec: Spec, args: argparse.Namespace, mpi: Any, backend: str) -> _J
         if comm is not None:
             comm.close()
         raise
-    notes += skip_notes(skips)
+    ops = args.op if spec.reduces else ["none"]
+    skips = [
+        {"type": dtype.name, "redop": op, **pair}
+        for dtype in args.datatype
+        for op in ops
+        for pair in left_out
+    ] + skips  # fmt: skip
+    notes = skip_notes(skips)
     notes += [
         f"{case.label}: no native baseline, no speedup ({case.native_problem})"
         for case in cases
@@ -947,20 +954,24 @@ def _codecs(names: list[str]) -> dict[str, Any]:
 
 def _variants(
     algorithms: list[str], compressors: list[str]
-) -> tuple[list[tuple[str, str]], list[str]]:
-    """The (algorithm, compressor) pairs to run, and notes on pairs left out."""
-    variants, notes = [], []
+) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
+    """The (algorithm, compressor) pairs to run, and those left out (``algorithm``,
+    ``compressor``, ``reason``)."""
+    variants, left_out = [], []
     for algorithm in algorithms:
         for name in compressors:
+            reason = None
             if algorithm == "native" and name != "identity":
-                notes.append(f"native takes identity only: native/{name} left out")
+                reason = "native takes identity only"
             elif algorithm != "hierarchical" and is_pair(name):
-                notes.append(f"a codec pair is for hierarchical: {algorithm}/{name} left out")
-            else:
+                reason = "a codec pair is for hierarchical"
+            if reason is None:
                 variants.append((algorithm, name))
+            else:
+                left_out.append({"algorithm": algorithm, "compressor": name, "reason": reason})
     if not variants:
         raise UsageError("no (algorithm, compressor) pair left to run")
-    return variants, notes
+    return variants, left_out
 
 
 def _preflight(mpi: Any, args: argparse.Namespace) -> None:

@@ -158,10 +158,17 @@ def _problem(args: argparse.Namespace, world: int, tp: int) -> str | None:
     """What every rank finds wrong with the request in this world, if anything."""
     if world % tp:
         return f"--tp {tp} does not divide the {world} ranks"
+    for name in args.model:  # again with the TP that --tp left to the world's size
+        problem = MODELS[name].problem(tp)
+        if problem:
+            return problem
     if args.device == "cpu" and args.dtype not in (None, "float32", "bfloat16"):
         return f"--dtype {args.dtype} on CPU ranks: use float32 or bfloat16"
-    if tp == 1 and not args.links.is_file():
-        return f"--tp 1 predicts from --links {args.links}, which is not a file"
+    if tp == 1:  # read now: a file without the sweeps must not wait for the measurement
+        try:
+            tp_predict.load_links(args.links)
+        except ValueError as exc:
+            return str(exc)
     try:
         check_writable(args.json)
     except Exception as exc:  # a UsageError with its message

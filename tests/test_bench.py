@@ -337,6 +337,13 @@ def test_mpiexec_needs_np(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 2 and "give --np too" in capsys.readouterr().err
 
 
+def test_a_launcher_that_does_not_exist_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["allreduce", "--np", "2", "--mpiexec", "no-such-launcher-here"])
+    assert exc.value.code == 2
+    assert "cannot start the launcher" in capsys.readouterr().err
+
+
 @pytest.mark.mpi
 def test_launcher_of_another_mpi_is_named(tmp_path: Path) -> None:
     # a "launcher" that starts each rank as its own one-rank job, as a foreign mpiexec does

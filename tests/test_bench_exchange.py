@@ -86,13 +86,16 @@ def test_codec_pair_labels() -> None:
 
 
 def test_codec_pairs_run_with_hierarchical_only() -> None:
-    variants, notes = collective._variants(["hierarchical", "two_shot"], ["int8", "int8+int"])
+    variants, left_out = collective._variants(["hierarchical", "two_shot"], ["int8", "int8+int"])
     assert variants == [
         ("hierarchical", "int8"),
         ("hierarchical", "int8+int"),
         ("two_shot", "int8"),
     ]
-    assert notes == ["a codec pair is for hierarchical: two_shot/int8+int left out"]
+    assert left_out == [
+        {"algorithm": "two_shot", "compressor": "int8+int",
+         "reason": "a codec pair is for hierarchical"}
+    ]  # fmt: skip
     args = cli.build_parser().parse_args(["alltoall", "--compressor", "int8+int:bits=4"])
     assert "a codec pair is for the hierarchical reductions" in exchange.validate(args)
 

@@ -6,6 +6,7 @@ recorded-sweep file written by the test)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from test_bench_schema import schema
 
 pytest.importorskip("torch")
 
-from coccl.bench import cli, tp_predict  # noqa: E402
+from coccl.bench import cli, tp_predict, tp_step  # noqa: E402
 from coccl.bench.tp_model import TPBlock, TPStack  # noqa: E402
 from coccl.bench.tp_shapes import MODELS, ModelShape  # noqa: E402
 
@@ -105,6 +106,23 @@ def test_bad_flags_are_usage_errors(argv, message, capsys):
         cli.main(["tp-step", *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def _request(tmp_path: Path, links: str) -> argparse.Namespace:
+    (tmp_path / "links.json").write_text(links)
+    return argparse.Namespace(
+        model=["tiny"], device="cpu", dtype=None, links=tmp_path / "links.json", json=None
+    )
+
+
+def test_the_world_s_tp_is_checked_against_the_model(tmp_path: Path):
+    """Without --tp the TP is the world's size, checked as an explicit --tp is."""
+    assert "heads=4 does not split over --tp 3" in tp_step._problem(_request(tmp_path, ""), 3, 3)
+
+
+@pytest.mark.parametrize("links", ["{}", "not json", '{"rows": [{"link": "nvlink"}]}'])
+def test_links_without_sweeps_are_refused_before_any_measurement(tmp_path: Path, links):
+    assert "--links" in tp_step._problem(_request(tmp_path, links), 1, 1)
 
 
 def test_help_shows_the_defaults(capsys):
