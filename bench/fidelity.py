@@ -11,9 +11,10 @@ in float64: relative L2 error ``||y - x|| / ||x||``, largest absolute error, cos
 similarity ``<x, y> / (||x|| ||y||)``, SNR ``20 log10(||x|| / ||y - x||)`` dB (``inf``
 for an exact roundtrip), and the payload's bytes per element. Against the codec's stated
 bound: ``bound`` is the whole tensor's (``bounds.roundtrip_bound``), and ``bound_ratio``
-the worst group's error over its own bound ``b ||x_g|| + sqrt(n) abs_error_floor``, the
-groups being the codec's ``alignment`` runs from the start of the flat tensor (1 or
-less: within the contract; ``groups_over`` counts the groups above it).
+the worst group's error over its own bound ``b ||x_g|| + sqrt(n) floor`` (``floor`` the
+codec's ``payload_floor`` of the tensor), the groups being the codec's ``alignment``
+runs from the start of the flat tensor (1 or less: within the contract; ``groups_over``
+counts the groups above it).
 
 ``--input`` takes ``.npy`` and ``.npz`` files; every float array of an ``.npz`` counts
 (named ``file.npz:key``), other arrays are skipped with a note. ``--tensors`` takes
@@ -257,16 +258,18 @@ def _group_norms(v: np.ndarray, group: int) -> np.ndarray:
 
 def group_bound_ratios(codec: Any, x: np.ndarray, diff: np.ndarray) -> np.ndarray:
     """Each group's ``||e_g|| / (b ||x_g|| + sqrt(n_g) floor)``, ``b`` the roundtrip
-    bound for ``x``'s dtype: at most 1 by the codec's contract (0 where ``e_g`` is 0)."""
+    bound for ``x``'s dtype and ``floor`` the codec's for ``x`` as one payload
+    (``payload_floor``): at most 1 by the codec's contract (0 where ``e_g`` is 0)."""
     group = max(1, int(codec.alignment))
     err = _group_norms(diff, group)
     sizes = np.full(err.size, float(group))
     if x.size % group:
         sizes[-1] = x.size % group
-    limit = (
-        bounds.roundtrip_bound(codec, x.dtype) * _group_norms(x.astype(np.float64), group)
-        + np.sqrt(sizes) * codec.abs_error_floor
-    )
+    x64 = x.astype(np.float64)
+    finite = np.abs(x64[np.isfinite(x64)])
+    floor = codec.payload_floor(float(finite.max()) if finite.size else 0.0)
+    limit = bounds.roundtrip_bound(codec, x.dtype) * _group_norms(x64, group)
+    limit = limit + np.sqrt(sizes) * floor
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(err == 0, 0.0, err / limit)  # a nonzero error over a 0 limit: inf
 

@@ -42,7 +42,10 @@ Contract, for every codec (in the spirit of numcodecs' ``Codec``):
   group of ``n`` (at most ``alignment``) finite values ``x``,
   ``||decode(encode(x)) - x||_2 <= rel_error_bound * ||x||_2 + sqrt(n) * abs_error_floor``,
   over the whole float32 range (a codec states any narrower range it has), for the values
-  decoded in float32 (a float16/bfloat16 output adds its own rounding).
+  decoded in float32 (a float16/bfloat16 output adds its own rounding). A codec whose
+  scales are relative to its payload's largest value (mx with ``scale="e4m3"``) has a
+  larger floor for groups far below it: ``payload_floor(amax)`` is the floor for a
+  payload whose largest finite ``|x|`` is ``amax`` (``abs_error_floor`` for the others).
   ``rel_error_typical`` is the error to expect on Gaussian data. Tests and error models
   use these, nothing else.
 * ``graph_safe`` says whether its GPU encode/decode allocate nothing and synchronise
@@ -137,6 +140,12 @@ class Compressor(abc.ABC):
         """``encoded_nbytes``' arguments checked: ``count`` a non-negative int, ``dtype``
         one the codec takes."""
         return _check_count(count), self.check_dtype(dtype)
+
+    def payload_floor(self, payload_amax: float) -> float:
+        """The per-element absolute floor of the bound for the groups of a payload whose
+        largest finite ``|x|`` is ``payload_amax``: ``abs_error_floor``, unless the codec's
+        scales are relative to that value (see the module docstring)."""
+        return self.abs_error_floor
 
     def check_dtype(self, dtype: Any) -> np.dtype:
         """Return ``dtype`` as np.dtype, or raise TypeError if this codec refuses it."""

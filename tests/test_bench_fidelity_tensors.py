@@ -93,6 +93,22 @@ def test_group_bound_ratios_short_last_group() -> None:
     assert ratios == pytest.approx([0.0, 0.5, 2.0], rel=1e-12)
 
 
+def test_blocks_far_below_an_nvfp4_payloads_top_are_held_to_its_payload_floor() -> None:
+    """NVFP4's block scales are relative to the payload's largest value, so blocks ~2^20
+    below it flush: within the codec's payload_floor, which the ratio uses; against
+    abs_error_floor alone they would be far over."""
+    codec = get_compressor("mx", element="e2m1", block=16, scale="e4m3")
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(16) * 1e3, rng.standard_normal(4096) * 1e-3])
+    x = x.astype(np.float32)
+    y = codec.decode(codec.encode(x), count=x.size, dtype=np.float32)
+    diff = y.astype(np.float64) - x
+    assert not y[16:].any()  # flushed
+    assert group_bound_ratios(codec, x, diff).max() <= 1.0
+    top = float(np.abs(x).max())
+    assert codec.payload_floor(top) > 1e3 * codec.abs_error_floor
+
+
 def test_fidelity_tensors_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ones = np.ones(4, dtype=np.float32)
     a = write_npz(tmp_path / "a.npz", x=ones)
