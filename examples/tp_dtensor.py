@@ -28,8 +28,10 @@ compressed) and whether the replicated parameters stayed bitwise identical on al
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import hashlib
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -42,6 +44,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_convergence import git_commit  # noqa: E402
 from tp_gpt import (  # noqa: E402  (the model and data of the Megatron-style example)
     GPT,
     GPTConfig,
@@ -267,7 +270,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"--min-compress-bytes {args.min_compress_bytes} (lower it to compress)"
             )
     cfg = GPTConfig(args.layers, args.d_model, args.heads, args.seq)
+    commit, dirty = git_commit()
     result = {
+        "command": shlex.join(
+            ["python", "examples/tp_dtensor.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "commit_dirty": dirty,
+        "step_time_note": "step_time_s: the median timed step; tokens_per_s: the timed "
+        "tokens over the sum of the timed steps (their mean)",
         "tp": tp,
         "device": args.device,
         "device_name": torch.cuda.get_device_name(device) if args.device == "cuda" else "cpu",

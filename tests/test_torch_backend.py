@@ -350,6 +350,8 @@ def run_example(cmd: list[str], groups: str, tmp_path: Path, *extra: str) -> dic
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == result  # the same JSON
     runs = {r["spec"]: r for r in result["runs"]}
     assert result["tp"] == 2 and list(runs) == groups.split(",")
+    assert result["command"].startswith("python examples/tp_dtensor.py --tiny")
+    assert result["date"] and result["commit"]  # the provenance of a results file
     for run in runs.values():
         assert run["replicated_identical"] is True
         assert len(run["losses"]) == 3 and run["tokens_per_s"] > 0
