@@ -62,9 +62,10 @@ class UsageError(Exception):
 class Spec:
     """What distinguishes one collective (nccl-tests' per-collective struct).
 
-    ``count`` is always nccl-tests' count: the elements of the whole buffer (AllReduce:
-    each rank's; ReduceScatter: each rank's input; AllGather: each rank's output), so
-    ``size = count * itemsize`` and ``algbw = size / time`` for all three.
+    ``count`` is the elements of the buffer nccl-tests' size counts (AllReduce: each
+    rank's; ReduceScatter: each rank's input; AllGather: each rank's output), so
+    ``size = count * itemsize`` and ``algbw = size / time`` for all three (the JSON's
+    count; the table prints nccl-tests' count, per rank where ``sharded``).
 
     Attributes:
         name: the ``Communicator`` method and the subcommand.
@@ -836,6 +837,7 @@ def _table_plan(cases: list[Case], codecs: dict[str, Any], overlap_min: int) -> 
         lossy=lossy,
         baseline=baseline,
         overlap=overlap and overlap_min > 0 and max_size >= overlap_min,
+        count_per=first.comm.size if first.spec.sharded else 1,
     )
 
 

@@ -34,9 +34,10 @@ MAX_WIDTH = 120  # characters of a table line, the "#" or leading space included
 class Row:
     """One measured (size, algorithm, compressor) of a sweep.
 
-    Sizes and counts follow nccl-tests: for AllReduce ``size = count * typesize``; for
-    ReduceScatter and AllGather ``size`` and ``count`` are the whole buffer of all
-    ranks (each rank contributes or receives ``count / nranks`` elements).
+    Sizes follow nccl-tests: for AllReduce ``size = count * typesize``; for ReduceScatter
+    and AllGather ``size`` and ``count`` are the whole buffer of all ranks (each rank
+    contributes or receives ``count / nranks`` elements: the count nccl-tests prints, and
+    the table's count column, ``TablePlan.count_per``).
 
     Attributes:
         size: bytes. count: elements. type: dtype name. redop: op (``none`` for AllGather).
@@ -173,6 +174,8 @@ class TablePlan:
         lossy: some codec of the run is lossy (then ratio and rel_err say something).
         baseline: the native baseline runs, next to some other pair (speedup).
         overlap: some row measures its overlap efficiency.
+        count_per: the count column is ``Row.count // count_per``: the rank count for
+            ReduceScatter and AllGather, whose count nccl-tests prints per rank.
     """
 
     max_size: int
@@ -185,6 +188,7 @@ class TablePlan:
     lossy: bool = False
     baseline: bool = True
     overlap: bool = False
+    count_per: int = 1
 
 
 # The columns that give way, in this order, until a line fits MAX_WIDTH: the in-place
@@ -229,6 +233,11 @@ class Layout:
         return " " + self._line([c.cell(row) for c in self.columns])
 
 
+def _count_cell(plan: TablePlan) -> Callable[[Row], str]:
+    """The count column's cell: nccl-tests' count (``TablePlan.count_per``)."""
+    return lambda r: str(r.count // plan.count_per)
+
+
 def layout(plan: TablePlan, max_width: int = MAX_WIDTH) -> Layout:
     """The columns of a sweep: nccl-tests' always; the algorithm and codec when the run
     has more than one; the others when they carry something; then the ones of
@@ -245,7 +254,7 @@ def layout(plan: TablePlan, max_width: int = MAX_WIDTH) -> Layout:
     oop, ip = "out-of-place", "in-place"
     columns = [
         col("size", "size", "(B)", len(str(plan.max_size)), lambda r: str(r.size)),
-        col("count", "count", "(elements)", len(str(plan.max_count)), lambda r: str(r.count)),
+        col("count", "count", "(elements)", len(str(plan.max_count)), _count_cell(plan)),
         col("type", "type", "", len(plan.type), lambda r: r.type),
         col("redop", "redop", "", len(plan.redop), lambda r: r.redop),
     ]

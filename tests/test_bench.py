@@ -534,6 +534,13 @@ def test_table_lines_align() -> None:
     ]  # fmt: skip
 
 
+def test_table_counts_per_rank_as_nccl_tests_for_sharded_collectives() -> None:
+    # ReduceScatter and AllGather: nccl-tests prints the size of the whole buffer and the
+    # count of one rank's part; the JSON keeps the whole buffer's count
+    line = layout(fake_plan(count_per=4)).row(fake_row(redop="none"))
+    assert line.split()[:2] == ["1048576", str((1 << 18) // 4)]
+
+
 def test_table_leaves_out_columns_that_say_nothing() -> None:
     # one algorithm, one codec, identity only, no check, no baseline, no overlap
     plain = layout(
