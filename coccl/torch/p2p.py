@@ -9,6 +9,11 @@ message from a lower rank is forward), so both ends of a message use the same on
 Communicator checks that they do, with the count, dtype and tag, and a message whose two
 ends differ raises ``CocclError`` on both. Both are exact (``"identity"``) by default;
 ``coccl.torch.options(group, p2p_forward=...)`` overrides them for the calls of a block.
+The rule is the traffic's direction where the stages lie in rank order, one per rank
+(GPipe, 1F1B); with several stages per rank (interleaved and looped schedules) the
+activations from the last rank's stage to the first rank's next stage go to a lower rank
+and travel as backward traffic (their gradients as forward): nothing in a message says
+which it is, so such a pipeline gives both directions one codec.
 
 A lossy codec applies to floating tensors (float32, float16, bfloat16, float64) of at
 least ``min_compress_bytes``, as the group's ``compressor`` does; other messages
