@@ -14,6 +14,42 @@ from coccl.errors import CocclError
 from coccl.transports.bootstrap import Bootstrap
 
 
+class CallAgreement:
+    """The agreement of one communicator's calls (``agree_on_call``), and the entries of
+    calls without a plan already agreed on.
+
+    Args:
+        boot: the communicator's bootstrap, which carries the exchanges.
+        settings: its ``COCCL_*`` settings (the timeout; ``check_calls``).
+        on_failure: called with the exception when an exchange fails (the communicator
+            breaks).
+    """
+
+    KEPT = 4096  # entries remembered (then forgotten, and agreed again), as a plan cache
+
+    def __init__(
+        self, boot: Bootstrap, settings: Settings, on_failure: Callable[[BaseException], None]
+    ) -> None:
+        self.boot, self.settings, self.on_failure = boot, settings, on_failure
+        self._agreed: set[tuple[str, str]] = set()
+
+    def agree(self, collective: str, entry: Any, error: BaseException | None) -> None:
+        """``agree_on_call`` of this communicator."""
+        agree_on_call(self.boot, self.settings.timeout_s, collective, entry, error, self.on_failure)
+
+    def agree_once(self, collective: str, entry: Any, error: BaseException | None) -> None:
+        """``agree`` for a call without a plan (a rooted call, a bucket): a refusal always,
+        otherwise the first call of each entry, as a plan's first call (every call with
+        COCCL_CHECK_CALLS=1)."""
+        signature = (collective, repr(entry))
+        if error is None and signature in self._agreed and not self.settings.check_calls:
+            return
+        self.agree(collective, entry, error)
+        if len(self._agreed) >= self.KEPT:
+            self._agreed.clear()
+        self._agreed.add(signature)
+
+
 def agree_on_call(
     boot: Bootstrap,
     timeout_s: float,

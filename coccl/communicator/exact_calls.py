@@ -167,7 +167,7 @@ class ExactCalls:
             src, entry = self._exact_check(what, x, out, root, op, writes_x)
         except (TypeError, ValueError) as exc:
             error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")
-        self._agree_once(what, entry, error)  # type: ignore[attr-defined]
+        self._agreement.agree_once(what, entry, error)  # type: ignore[attr-defined]
         assert src is not None
         return src
 

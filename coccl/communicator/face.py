@@ -20,7 +20,7 @@ from typing import Any
 
 from coccl import algorithms
 from coccl.communicator import overlap
-from coccl.communicator.agreement import agree_on_call
+from coccl.communicator.agreement import CallAgreement
 from coccl.communicator.dp_calls import DataParallelCalls
 from coccl.communicator.exact_calls import ExactCalls
 from coccl.communicator.nonblocking import NonblockingCalls, in_issue_order
@@ -39,8 +39,6 @@ from coccl.errors import CocclError
 from coccl.transports.bootstrap import Bootstrap
 
 log = logging.getLogger(__name__)
-
-_AGREED_KEPT = 4096  # entries of calls without a plan agreed on (then forgotten, agreed again)
 
 
 @in_issue_order  # collectives in issue order, nonblocking ones queued, lists as buckets
@@ -79,7 +77,7 @@ class Communicator(
         self.backend: str = "nccl" if nccl is not None else "mpi"
         self.link = link
         self._plans = PlanCache(settings.plan_cache_bytes)
-        self._agreed: set[tuple[str, str]] = set()  # _agree_once's entries
+        self._agreement = CallAgreement(boot, settings, self._break)
         self._closed = False
         self._broken: str | None = None
         watchdog = None
@@ -139,10 +137,9 @@ class Communicator(
         self.close()
 
     def barrier(self) -> None:
-        """Block until every rank has called ``barrier`` (at most COCCL_TIMEOUT_S). A
-        rank in another call's agreement meanwhile makes every rank raise CocclError."""
+        """Block until every rank has called ``barrier`` (at most COCCL_TIMEOUT_S)."""
         self._check_usable()
-        self._agree("barrier", {"collective": "barrier"}, None)
+        self._agreement.agree("barrier", {"collective": "barrier"}, None)
 
     # -------------------------------------------------------------- collectives
     def allreduce(
@@ -359,28 +356,12 @@ class Communicator(
         if plan is None:
             plan = self._new_plan(key, call, out)
         elif self._settings.check_calls:
-            self._agree(call.collective, plan.fingerprint(), None)
+            self._agreement.agree(call.collective, plan.fingerprint(), None)
         return plan
 
-    def _agree(self, collective: str, entry: Any, error: BaseException | None) -> None:
-        agree_on_call(self._boot, self._settings.timeout_s, collective, entry, error, self._break)
-
-    def _agree_once(self, collective: str, entry: Any, error: BaseException | None) -> None:
-        """``_agree`` for a call without a plan (a rooted call, a bucket): a refusal
-        always, otherwise the first call of each entry, as a plan's first call (every call
-        with COCCL_CHECK_CALLS=1)."""
-        signature = (collective, repr(entry))
-        if error is None and signature in self._agreed and not self._settings.check_calls:
-            return
-        self._agree(collective, entry, error)
-        if len(self._agreed) >= _AGREED_KEPT:  # a bounded memory, as the plan cache's
-            self._agreed.clear()
-        self._agreed.add(signature)
-
     def _new_plan(self, key: Any, call: Call, out: Any) -> CallPlan:
-        """Resolve a call and check its ``out``, and agree on it with every rank (a
-        refusal on any rank is raised on every rank); keep the plan under ``key`` unless
-        it is None."""
+        """Resolve a call, check its ``out`` and agree with every rank (a refusal on any
+        rank raises on every rank); keep the plan under ``key`` unless it is None."""
         error: BaseException | None = None
         try:
             plan: CallPlan | None = self._planner.resolve(call)
@@ -389,7 +370,7 @@ class Communicator(
             entry: Any = plan.fingerprint()  # type: ignore[union-attr]
         except (TypeError, ValueError) as exc:
             plan, error, entry = None, exc, ("error", f"{type(exc).__name__}: {exc}")
-        self._agree(call.collective, entry, error)
+        self._agreement.agree(call.collective, entry, error)
         assert plan is not None
         if isinstance(call.compressor, Compressor):
             plan.compressor_arg = call.compressor

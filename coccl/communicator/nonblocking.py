@@ -288,7 +288,8 @@ def _ordered(method: Callable[..., Any], bucketed: bool) -> Callable[..., Any]:
             if len(args) > 2:  # keyword-only in the blocking form: let it say so
                 return method(self, *args, **kwargs)
             one = functools.partial(method, self)
-            return buckets.run(one, method.__name__, self.size, xs, out, kwargs, self._agree_once)
+            agree = self._agreement.agree_once
+            return buckets.run(one, method.__name__, self.size, xs, out, kwargs, agree)
         return method(self, *args, **kwargs)
 
     @functools.wraps(method)

@@ -247,7 +247,7 @@ class StatefulCalls:
             entry: Any = {**plan.fingerprint(), "state": note}
         except (TypeError, ValueError) as exc:
             error, entry = exc, ("error", f"{type(exc).__name__}: {exc}")
-        self._agree(call.collective, entry, error)
+        self._agreement.agree(call.collective, entry, error)  # type: ignore[attr-defined]
         assert plan is not None
         state._bind(self, binding_of(plan))
         if isinstance(state, DeltaState):
