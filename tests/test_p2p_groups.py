@@ -169,3 +169,26 @@ def test_launch_group_delivers_every_message_through_merged_rounds():
                           dtype=np.float32) for i in range(0, sent.size, 256)]
         )  # fmt: skip
         np.testing.assert_array_equal(got, expected)
+
+
+def host(kind, count):
+    sig = agreement.signature(count, "float32", {"id": "identity"}, 0, 256, "mpi")
+    return Posting(kind, 0, sig, lambda: iter(()), InlineExecutor(), lambda: kind)
+
+
+@pytest.mark.parametrize("thread_safe", [True, False])
+def test_host_messages_move_in_the_background_only_where_threads_may_share_mpi(thread_safe):
+    """The background thread calls the transport beside the caller's thread: only where
+    two threads may (MPI at MPI_THREAD_MULTIPLE); elsewhere messages move at the calls."""
+    transport = MpiTransport(MPI.COMM_SELF)
+    assert transport.thread_safe == (MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+    transport.thread_safe = thread_safe
+    eng = P2PEngine(0, transport, transport.tag_ub, 30.0, 4, lambda exc: None)
+    try:
+        recv = eng.post([host("recv", 0)])[0]  # its sender is not posted yet: in flight
+        started = eng._background is not None
+        send = eng.post([host("send", 0)])[0]
+        assert eng.wait(recv) == "recv" and eng.wait(send) == "send"
+        assert started == thread_safe
+    finally:
+        eng.close()

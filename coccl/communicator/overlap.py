@@ -102,6 +102,7 @@ class NullTransport:
     name = "null"
     cuda_aware = True
     sends_follow_stream = False
+    thread_safe = True
     bytes_sent = 0
 
     def __init__(self, rank: int, size: int) -> None:

@@ -110,6 +110,7 @@ class PointToPointCalls:
             # method would keep an unclosed communicator alive forever
             partial(_break_weakly, weakref.ref(self)),
             None if self._nccl is None else partial(_launch_weakly, weakref.ref(self)),  # type: ignore[attr-defined]
+            self._runner.cpu_threads,  # type: ignore[attr-defined]
         )
 
     # ------------------------------------------------------------ public calls

@@ -12,13 +12,16 @@ message in flight (their receives are cancelled) and breaks the communicator.
 
 Host messages also progress in the background, as MPI's and Gloo's do while their rank
 is busy elsewhere (in a collective, a barrier, its own compute): while any is in flight,
-a daemon thread polls them whenever no caller is inside the engine (one lock serialises
-the engine), backing off while nothing moves. Without it a receive that has not posted
-its data receives, or a message of more chunks than ``depth``, would stall a peer's
-blocking send for as long as this rank does not call the engine. The thread never
-launches, times out or raises: a failure it meets gives the messages up as a caller's
-poll does, and their handles raise it. Device data (staged over MPI, or over NCCL)
-moves at the calls only, and so does every later message of its (peer, direction).
+a daemon thread polls them whenever no caller is inside the engine, backing off while
+nothing moves. Without it a receive that has not posted its data receives, or a message
+of more chunks than ``depth``, would stall a peer's blocking send for as long as this
+rank does not call the engine. One lock serialises the engine, held for one poll at a
+time (a wait polls, then lets go), so other threads post and test meanwhile. The thread
+never launches, times out or raises: a failure it meets gives the messages up as a
+caller's poll does, and their handles raise it. It runs only on a transport that two
+threads may use at once (MPI at ``MPI_THREAD_MULTIPLE``, Gloo), with the communicator's
+codec threads. Device data (staged over MPI, or over NCCL) moves at the calls only, and
+so does every later message of its (peer, direction).
 
 Device data over NCCL (a *streamed* message) exchanges its header the same way, over
 the engine's polling transport, but its chunks travel over NCCL, stream-ordered: the
@@ -46,7 +49,7 @@ import numpy as np
 from coccl.communicator import p2p_agreement as agreement
 from coccl.core.rounds import Round
 from coccl.core.transport import Handle, PollingTransport
-from coccl.engine.polling import advance
+from coccl.engine.polling import advance, limit_numba_threads
 from coccl.errors import CocclError
 
 
@@ -230,6 +233,8 @@ class P2PEngine:
         on_failure: called with the exception when a message fails (bytes have moved).
         launch: enqueues a group of streamed messages' chunks (over NCCL); None: the
             communicator has no NCCL, and no message is streamed.
+        codec_threads: numba threads of the codec kernels the background thread runs
+            (None: numba's default).
     """
 
     def __init__(
@@ -241,6 +246,7 @@ class P2PEngine:
         depth: int,
         on_failure: Callable[[BaseException], None],
         launch: Callable[[list[Posting]], None] | None = None,
+        codec_threads: int | None = None,
     ) -> None:
         self.rank = rank
         self.transport = transport
@@ -255,9 +261,13 @@ class P2PEngine:
         self._group: list[Message] = []  # streamed messages posted, not yet launched
         self._failed = False  # messages were given up after a failure
         self._stalled_since: float | None = None  # test()'s polls since the last progress
-        # held by whoever is inside the engine: a caller, or the background thread
+        self._last_progress = time.monotonic()  # any poll's, by any thread
+        # held by whoever is inside the engine (a caller, or the background thread), for
+        # one poll at a time
         self._lock = threading.RLock()
         self._background: threading.Thread | None = None  # set and cleared under _lock
+        self._background_ok = transport.thread_safe
+        self.codec_threads = codec_threads
         self._closed = False
 
     def post(self, postings: list[Posting], group: bool = False) -> list[Message]:
@@ -271,7 +281,7 @@ class P2PEngine:
         header."""
         with self._lock:
             messages = self._post(postings, group)
-            if any(m.on_host for m in self._messages):
+            if self._background_ok and any(m.on_host for m in self._messages):
                 self._start_background()
             return messages
 
@@ -352,6 +362,7 @@ class P2PEngine:
         self._messages = [m for m in self._messages if not m.finished]
         if progressed:
             self._stalled_since = None
+            self._last_progress = time.monotonic()
         return progressed
 
     def _start_background(self) -> None:
@@ -384,25 +395,31 @@ class P2PEngine:
     def wait(self, message: Message) -> Any:
         """Poll until ``message`` is finished; its result (CocclError after a timeout).
         Launches the open group of streamed messages first."""
-        with self._lock:  # the background thread waits meanwhile: this loop polls
-            if not message.finished:
-                self._flush()
-            last = time.monotonic()
-            spins = 0
-            while not self._check(message):
+        if not message.finished:
+            self.flush()
+        start = time.monotonic()
+        spins = 0
+        while True:
+            with self._lock:  # one poll at a time: other threads post and test between
+                if self._check(message):
+                    return message.result
                 if self.poll():
-                    spins, last = 0, time.monotonic()
+                    spins = 0
                     continue
                 spins += 1
-                if spins % 64 == 0 and time.monotonic() - last > self.timeout_s:
+                # no message moved, in this wait's polls or anyone's, for timeout_s
+                if spins % 64 == 0 and time.monotonic() - max(start, self._last_progress) > (
+                    self.timeout_s
+                ):
                     self._time_out(message)
-                message.posting.executor.idle(spins)
-            return message.result
+            message.posting.executor.idle(spins)
 
     def test(self, message: Message) -> bool:
         """Poll once (after launching the open group of streamed messages); whether
         ``message`` is finished, and its device work too. A loop of tests times out as a
         wait does: once no message made progress in the tests of ``timeout_s``."""
+        if message.finished and message.error is None:  # stays so: no lock to wait for
+            return message.device_done()
         with self._lock:
             if not self._check(message):
                 self._flush()
@@ -457,14 +474,20 @@ class P2PEngine:
 
 
 # The background thread's pauses: short while messages move, doubling to the longest
-# while none does (a poll costs a few microseconds of the GIL per message).
+# while none does (a poll costs a few microseconds of the GIL per message in flight, so a
+# thousand receives that wait for their senders cost a few percent of a core).
 _BACKGROUND_MIN_S = 50e-6
-_BACKGROUND_MAX_S = 2e-3
+_BACKGROUND_MAX_S = 10e-3
 
 
 def _background_progress(ref: weakref.ref) -> None:
     """The background thread of one engine (held weakly: a dropped communicator's
     finalizer closes its engine, and the thread then ends)."""
+    engine = ref()
+    if engine is None:
+        return
+    limit_numba_threads(engine.codec_threads)
+    del engine
     pause = _BACKGROUND_MIN_S
     while True:
         engine = ref()

@@ -10,6 +10,7 @@ bounded by the pipeline's window, not by the message size.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -75,30 +76,35 @@ class BufferPool:
         # backing buffer id -> (nbytes, its view): a pipeline asks each buffer for the same
         # few sizes call after call, and slicing a CuPy array costs microseconds
         self._views: dict[int, tuple[int, Any]] = {}
+        # one pool serves the threads of a communicator (the caller's, the queue's worker,
+        # point-to-point's background thread): its lists and counters change under a lock
+        self._lock = threading.Lock()
 
     def get(self, nbytes: int) -> Block:
         """A block of exactly ``nbytes`` bytes (contents undefined)."""
         size = size_class(nbytes)
-        free = self._free[size]
-        if free:
-            base = free.pop()
-        else:
-            base = self._alloc(size)
-            self.allocated_bytes += size
-        self.in_use_bytes += size
-        self.peak_in_use_bytes = max(self.peak_in_use_bytes, self.in_use_bytes)
-        cached = self._views.get(id(base))
-        if cached is not None and cached[0] == nbytes:
-            view = cached[1]
-        else:
-            view = base[:nbytes]
-            self._views[id(base)] = (nbytes, view)
+        with self._lock:
+            free = self._free[size]
+            if free:
+                base = free.pop()
+            else:
+                base = self._alloc(size)
+                self.allocated_bytes += size
+            self.in_use_bytes += size
+            self.peak_in_use_bytes = max(self.peak_in_use_bytes, self.in_use_bytes)
+            cached = self._views.get(id(base))
+            if cached is not None and cached[0] == nbytes:
+                view = cached[1]
+            else:
+                view = base[:nbytes]
+                self._views[id(base)] = (nbytes, view)
         return Block(self, base, view)
 
     def _recycle(self, base: Any) -> None:
         size = int(base.size)
-        self.in_use_bytes -= size
-        self._free[size].append(base)
+        with self._lock:
+            self.in_use_bytes -= size
+            self._free[size].append(base)
 
     def reset_peak(self) -> None:
         self.peak_in_use_bytes = self.in_use_bytes

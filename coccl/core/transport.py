@@ -53,6 +53,8 @@ class PollingTransport(NativeCollectives, Protocol):
     # Device sends are copied out on the current stream (pinned staging), so a send may be
     # posted as soon as the kernels that fill its buffer are enqueued.
     sends_follow_stream: bool
+    # Two threads may call it at once (MPI: only at MPI_THREAD_MULTIPLE).
+    thread_safe: bool
 
     def isend(self, buf: Any, peer: int, tag: int, landed: bool = False) -> Handle:
         """Start sending ``buf``; ``landed``: its bytes are those of a completed receive."""

@@ -60,6 +60,16 @@ def _yield(spins: int) -> None:
         time.sleep(0)
 
 
+def limit_numba_threads(threads: int | None) -> None:
+    """Give the calling thread's numba kernels ``threads`` threads (None: leave numba's
+    default). numba's count is per calling thread: a thread that runs codec kernels sets
+    it on itself."""
+    if threads is not None:
+        import numba  # noqa: PLC0415
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
 class CpuExecutor:
     """One worker thread: numba codec kernels run there without the GIL."""
 
@@ -70,11 +80,7 @@ class CpuExecutor:
         )
 
     def _init_thread(self) -> None:
-        if self._threads is not None:
-            import numba  # noqa: PLC0415
-
-            # numba's thread count is per calling thread: set it on the worker itself.
-            numba.set_num_threads(min(self._threads, numba.config.NUMBA_NUM_THREADS))
+        limit_numba_threads(self._threads)
 
     def submit(self, fn: Callable[[], None] | None) -> Any:
         return DONE if fn is None else self._pool.submit(fn)

@@ -137,6 +137,7 @@ class GlooTransport:
     name = "gloo"
     cuda_aware = False
     sends_follow_stream = False
+    thread_safe = True  # its messages wait on threads of their own already
 
     def __init__(
         self, group: Any, timeout_s: float, depth: int, waiters: int | None = None

@@ -191,6 +191,7 @@ class MpiTransport:
         self._forwardable: dict[int, tuple[Any, Block]] = {}
         self.forward_from_host = forward_from_host
         self.bytes_sent = 0  # payload bytes handed to isend (statistics)
+        self.thread_safe = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
     # ------------------------------------------------------------------ plumbing
     @property

@@ -7,6 +7,7 @@ agreed on earlier messages, and what such a failure leaves unmatched never reach
 communicator; bad arguments are refused before any byte moves."""
 
 import contextlib
+import threading
 import time
 
 import numpy as np
@@ -231,6 +232,31 @@ def test_messages_progress_while_their_rank_is_in_a_collective(count, chunk_byte
         c.allreduce(np.ones(3, np.float32))
         if RANK == 1:
             np.testing.assert_array_equal(handle.wait(), x)
+
+
+@two_ranks
+def test_a_thread_posts_while_another_waits():
+    """Rank 0: one thread waits in a receive from rank 1 while another sends to rank 1,
+    which receives before it sends back (legal with MPI_THREAD_MULTIPLE): a wait holds
+    the engine one poll at a time, so the send gets in."""
+    with communicator(COCCL_TIMEOUT_S=10) as c, meeting_at_the_end():
+        x = np.arange(1000, dtype=np.float32)
+        if RANK == 0:
+            posted, got = threading.Event(), {}
+
+            def receive():
+                handle = c.irecv(np.empty(1000, np.float32), 1)
+                posted.set()
+                got["y"] = handle.wait()
+
+            waiter = threading.Thread(target=receive)
+            waiter.start()
+            posted.wait()
+            c.send(x, 1)
+            waiter.join()
+            np.testing.assert_array_equal(got["y"], 2 * x)
+        elif RANK == 1:
+            c.send(2 * c.recv(np.empty(1000, np.float32), 0), 0)
 
 
 BAD = [
