@@ -70,7 +70,7 @@ KINDS: dict[str, Kind] = {
         _multiple_of_ranks,
         lambda rank, x_nbytes, out_nbytes: -rank * out_nbytes,
         "out is this rank's block of x",
-    ),  # fmt: skip
+    ),
     "allgather": Kind(
         "allgather",
         False,
@@ -79,7 +79,7 @@ KINDS: dict[str, Kind] = {
         _no_count_rule,
         lambda rank, x_nbytes, out_nbytes: rank * x_nbytes,
         "x is this rank's block of out",
-    ),  # fmt: skip
+    ),
     # equal splits; an uneven all-to-all's plan holds its own out_count (dp_calls)
     "alltoall": Kind(
         "alltoall",
@@ -87,5 +87,5 @@ KINDS: dict[str, Kind] = {
         lambda count, n: count,
         lambda shape, n: shape,
         in_place_rule="out is x, with send_counts equal to recv_counts",
-    ),  # fmt: skip
+    ),
 }
