@@ -15,8 +15,9 @@ on the array itself, without staging. Layouts follow NCCL's grouped calls:
   holds every array's part, which goes to offset ``r * n_i`` of that array's result.
 
 ``out`` is None (new results of each array's kind, shape and device), a list of outputs
-(one per array, each as the single call's ``out``; the list ``x`` itself: in place, for
-``allreduce``), and the call returns the list of results. Every array and output is
+(one per array, each as the single call's ``out``, in place where the single call allows
+it: the list ``x`` itself for ``allreduce``; no output may overlap another array of the
+bucket), and the call returns the list of results. Every array and output is
 checked before any byte moves (the codec against every dtype of the bucket too, so that
 no group runs before another is refused); arrays of several devices are refused. An
 empty list runs nothing and returns ``[]``; arrays of count 0 take part as any other.
@@ -31,9 +32,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coccl.communicator.collectives import KINDS
+from coccl.communicator.collectives import KINDS, check_in_place
 from coccl.compressors import get_compressor
-from coccl.core.arrays import Flat, as_flat, caller_stream, require_writeable
+from coccl.core.arrays import Flat, address, as_flat, caller_stream, require_writeable
 from coccl.core.reduction import check_op
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
@@ -42,6 +43,7 @@ COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 def run(
     call: Callable[..., Any],
     collective: str,
+    rank: int,
     size: int,
     xs: Sequence[Any],
     out: Any,
@@ -53,7 +55,7 @@ def run(
     error)`` agrees on the bucket with every rank (raising every rank's refusal)."""
     error: BaseException | None = None
     try:
-        flats, outs = _checked(collective, size, xs, out, kwargs)
+        flats, outs = _checked(collective, rank, size, xs, out, kwargs)
         entry: Any = {
             "collective": f"{collective} of a bucket",
             "arrays": [f"{f.dtype.name}[{f.size}]" for f in flats],
@@ -74,7 +76,7 @@ def run(
 
 
 def _checked(
-    collective: str, size: int, xs: Sequence[Any], out: Any, kwargs: dict[str, Any]
+    collective: str, rank: int, size: int, xs: Sequence[Any], out: Any, kwargs: dict[str, Any]
 ) -> tuple[list[Flat], list[Flat]]:
     """This rank's checks of a bucket (TypeError, ValueError): its arrays, and their
     outputs."""
@@ -89,7 +91,39 @@ def _checked(
         except ValueError as exc:
             raise ValueError(f"x[{i}]: {exc}") from None
     _check_codecs(kwargs, flats, kind.reduces)
-    return flats, _outputs(collective, size, flats, xs, out)
+    outs = _outputs(collective, size, flats, xs, out)
+    if out is not None:
+        _check_overlaps(collective, rank, flats, outs)
+    return flats, outs
+
+
+def _check_overlaps(collective: str, rank: int, flats: list[Flat], outs: list[Flat]) -> None:
+    """Refuse outputs that overlap an input or each other, but for an array's output in
+    place as the single call allows it (``check_in_place``): a dtype group writes its
+    outputs before a later group reads its inputs."""
+    spans = sorted(
+        (address(a.data), address(a.data) + a.data.nbytes, role, i)
+        for role, arrays in (("x", flats), ("out", outs))
+        for i, a in enumerate(arrays)
+        if a.data.nbytes
+    )
+    for k, (_, end, role, i) in enumerate(spans):
+        for start, _, other, j in spans[k + 1 :]:
+            if start >= end:
+                break
+            if role == other == "x":
+                continue  # inputs are only read
+            if {role, other} == {"x", "out"} and i == j:
+                x, o = flats[i], outs[i]
+                check_in_place(
+                    collective, rank, x.data, x.data.nbytes, o.data, o.data.nbytes,
+                    call=f"{collective} of x[{i}] into out[{i}]",
+                )  # fmt: skip
+                continue
+            raise ValueError(
+                f"{role}[{i}] overlaps {other}[{j}]: a bucket's outputs must not overlap "
+                "another array of it"
+            )
 
 
 def _check_codecs(kwargs: dict[str, Any], flats: list[Flat], reduces: bool) -> None:
@@ -135,8 +169,6 @@ def _outputs(
     outs = []
     for i, (f, o) in enumerate(zip(flats, out, strict=True)):
         name = f"out[{i}]"
-        if collective != "allreduce" and o is xs[i]:
-            raise ValueError(f"{name} is x[{i}]: {collective} cannot run in place")
         require_writeable(o, name)
         d = as_flat(o, name)
         if d.dtype != f.dtype:

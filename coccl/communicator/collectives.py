@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from coccl.core.arrays import address
 
 
 def _no_count_rule(count: int, n: int) -> None:
@@ -89,3 +92,30 @@ KINDS: dict[str, Kind] = {
         in_place_rule="out is x, with send_counts equal to recv_counts",
     ),
 }
+
+
+def check_in_place(
+    kind: str,
+    rank: int,
+    x: Any,
+    x_nbytes: int,
+    out: Any,
+    out_nbytes: int,
+    *,
+    call: str | None = None,
+    equal_split: bool = True,
+) -> None:
+    """Refuse (ValueError) an ``out`` that overlaps ``x`` other than in place as the
+    collective ``kind`` defines it (``Kind.in_place``; an all-to-all only where the split
+    is the same both ways): the call would read values it had already overwritten.
+    ``call`` names the call in the message (default ``kind``)."""
+    if not x_nbytes or not out_nbytes:
+        return
+    a, b = address(x), address(out)
+    if a < b + out_nbytes and b < a + x_nbytes:
+        rule = KINDS[kind]
+        if a - b != rule.in_place(rank, x_nbytes, out_nbytes) or not equal_split:
+            raise ValueError(
+                f"out overlaps x: {call or kind} runs in place only where "
+                f"{rule.in_place_rule}; pass disjoint arrays otherwise"
+            )

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.communicator.collectives import KINDS
+from coccl.communicator.collectives import KINDS, check_in_place
 from coccl.communicator.runner import refuse_staged_capture
 from coccl.core.arrays import Flat, accumulate_dtype, as_flat, caller_stream, require_writeable
 from coccl.core.reduction import check_op, combine, finalize
@@ -197,7 +197,7 @@ class ExactCalls:
                 f"scatter needs a multiple of the rank count ({self.size}) elements, x has {count}"
             )
         if out is not None:
-            self._exact_check_out(what, src, count, out)
+            self._exact_check_out(what, src, count, out, int(root))
         self._planner.route(src.device_id)  # type: ignore[attr-defined]  # the GPU check
         entry = {
             "collective": what, "root": int(root), "dtype": src.dtype.name, "count": count,
@@ -205,7 +205,7 @@ class ExactCalls:
         }  # fmt: skip
         return src, entry
 
-    def _exact_check_out(self, what: str, src: Flat, count: int, out: Any) -> None:
+    def _exact_check_out(self, what: str, src: Flat, count: int, out: Any, root: int) -> None:
         require_writeable(out, "out")
         dst = as_flat(out, "out")
         wanted = {"reduce": count, "gather": count * self.size, "scatter": count // self.size}
@@ -215,6 +215,14 @@ class ExactCalls:
             raise ValueError(f"out has {dst.size} elements; {what} needs {wanted[what]}")
         if dst.device_id != src.device_id:
             raise ValueError("out must be on the same device as x")
+        if self.rank == root and src.obj is not out:  # x and out meet on the root only
+            # in place as the collective of the same layout (MPI_IN_PLACE's forms)
+            kind = {"reduce": "allreduce", "gather": "allgather", "scatter": "reduce_scatter"}
+            itemsize = src.dtype.itemsize
+            check_in_place(
+                kind[what], root, src.data, count * itemsize, dst.data, dst.size * itemsize,
+                call=what,
+            )  # fmt: skip
 
     def _exact_out(self, what: str, src: Flat, out: Any) -> Flat:
         """The call's output: ``out`` (checked already), or a new array."""

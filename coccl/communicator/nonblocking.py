@@ -289,7 +289,7 @@ def _ordered(method: Callable[..., Any], bucketed: bool) -> Callable[..., Any]:
                 return method(self, *args, **kwargs)
             one = functools.partial(method, self)
             agree = self._agreement.agree_once
-            return buckets.run(one, method.__name__, self.size, xs, out, kwargs, agree)
+            return buckets.run(one, method.__name__, self.rank, self.size, xs, out, kwargs, agree)
         return method(self, *args, **kwargs)
 
     @functools.wraps(method)

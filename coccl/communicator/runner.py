@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from coccl import algorithms
-from coccl.communicator.collectives import KINDS
+from coccl.communicator.collectives import KINDS, check_in_place
 from coccl.communicator.dp_plans import dp_rounds
 from coccl.communicator.plans import CallPlan, PlanCache
 from coccl.communicator.resources import Resources
@@ -38,7 +38,6 @@ from coccl.compressors import require_graph_safe
 from coccl.config import Settings
 from coccl.core.arrays import (
     Flat,
-    address,
     as_flat,
     caller_stream,
     data_ptr,
@@ -181,18 +180,10 @@ class Runner:
             raise ValueError(f"out has {count} elements; {plan.collective} needs {plan.out_count}")
         if device != plan.device:
             raise ValueError("out must be on the same device as x")
-        x_nbytes, out_nbytes = plan.count * dtype.itemsize, count * dtype.itemsize
-        if not x_nbytes or not out_nbytes or x is None:
-            return
-        a, b = address(x), address(out)
-        if a < b + out_nbytes and b < a + x_nbytes:
-            rule = KINDS[plan.collective]
-            placed = a - b == rule.in_place(self.rank, x_nbytes, out_nbytes)
-            if not placed or (plan.collective == "alltoall" and plan.sends != plan.recvs):
-                raise ValueError(
-                    f"out overlaps x: {plan.collective} runs in place only where "
-                    f"{rule.in_place_rule}; pass disjoint arrays otherwise"
-                )
+        check_in_place(
+            plan.collective, self.rank, x, plan.count * dtype.itemsize, out,
+            count * dtype.itemsize, equal_split=plan.sends == plan.recvs,
+        )  # fmt: skip
 
     # --------------------------------------------------------------- paths
     def _run_nccl_launch(self, plan: CallPlan, x: Any, out: Any, stream: Any) -> Any:

@@ -147,3 +147,29 @@ def test_one_rank_refusing_is_raised_on_every_rank(comm):
         comm.broadcast(np.ones(count), root=0)
     with pytest.raises((coccl.CocclError, ValueError), match="not a rank"):
         comm.gather(np.ones(2), root=0 if comm.rank else SIZE)
+
+
+def test_rooted_outputs_overlapping_x_are_refused_at_the_root(comm):
+    """At the root, ``out`` may overlap ``x`` only in MPI_IN_PLACE's forms (reduce: out is
+    x; gather: x is the root's block of out; scatter: out is the root's block of x)."""
+    n, root, N = 7, 0, comm.size  # a count no other case uses: new signatures
+    buf = np.arange(n * N + 1, dtype=np.float32)
+    for call in (comm.reduce, comm.gather, comm.scatter):
+        count = {comm.reduce: n * N, comm.gather: n, comm.scatter: n * N}[call]
+        out_count = {comm.reduce: n * N, comm.gather: n * N, comm.scatter: n}[call]
+        if comm.rank == root:
+            with pytest.raises(ValueError, match="out overlaps x"):
+                call(buf[:count], buf[1 : 1 + out_count], root=root)
+        else:
+            with pytest.raises(coccl.CocclError, match="rank 0 refused"):
+                call(buf[:count].copy(), np.empty(out_count, np.float32), root=root)
+    x = np.full(n * N, comm.rank + 1, np.float32)
+    y = comm.reduce(x, x, root=root)  # in place at the root
+    if comm.rank == root:
+        np.testing.assert_array_equal(y, np.full(n * N, N * (N + 1) / 2, np.float32))
+    out = np.zeros(n * N, np.float32)
+    mine = out[root * n : (root + 1) * n] if comm.rank == root else np.empty(n, np.float32)
+    mine[...] = comm.rank + 1
+    got = comm.gather(mine, out if comm.rank == root else None, root=root)
+    if comm.rank == root:
+        np.testing.assert_array_equal(got, np.repeat(np.arange(1, N + 1, dtype=np.float32), n))

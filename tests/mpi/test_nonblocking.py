@@ -240,3 +240,21 @@ def test_a_bucket_refused_on_one_rank_fails_on_every_rank(comm):
         with pytest.raises(coccl.CocclError, match="rank 0 refused this allreduce.*list of 2"):
             comm.allreduce(x)
     np.testing.assert_array_equal(comm.allreduce(x)[1], np.full(2, float(N), np.float32))
+
+
+def test_bucket_outputs_that_overlap_are_refused_before_any_group_runs(comm):
+    """An output overlapping its array other than in place, or another array of the
+    bucket, is refused before the first dtype group runs; in place as the single call
+    allows it runs."""
+    a, o = np.ones(4, np.float32), np.zeros(4, np.float32)
+    big = np.ones(6, np.float64)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        comm.allreduce([a, big[:4]], [o, big[1:5]])
+    with pytest.raises(ValueError, match=r"overlaps .*\[0\]"):
+        comm.allreduce([a, big[:4]], [big[2:6].view(np.float32)[:4], np.zeros(4)])
+    np.testing.assert_array_equal(o, np.zeros(4, np.float32))  # no group ran
+    n, r = 3, comm.rank
+    out = np.zeros(n * N, np.float32)
+    out[r * n : (r + 1) * n] = r + 1
+    got = comm.allgather([out[r * n : (r + 1) * n]], [out])[0]
+    np.testing.assert_array_equal(got, np.repeat(np.arange(1, N + 1, dtype=np.float32), n))
