@@ -136,20 +136,30 @@ class CallQueue:
         return getattr(_WORKER, "token", None) is self._token
 
     def submit(self, fn: Callable[[], Any]) -> Future:
-        """Queue ``fn`` behind every call queued before (hold ``lock``)."""
+        """Queue ``fn`` behind every call queued before (hold ``lock``); the future of
+        its result."""
         if self._stopped:
             raise CocclError("this communicator is closed")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 1, "coccl-calls", initializer=_mark_worker, initargs=(self._token,)
             )
-        self._last = self._pool.submit(self._run, fn)
-        return self._last
+        result: Future = Future()
+        self._last = self._pool.submit(self._run, fn, result)
+        return result
 
-    def _run(self, fn: Callable[[], Any]) -> Any:
-        if self._refusal is not None:
-            raise CocclError(self._refusal)
-        return fn()
+    def _run(self, fn: Callable[[], Any], result: Future) -> None:
+        # The result's callbacks run here, inside the call's turn: the queue's own future
+        # (``_last``) ends after them, so no blocking call starts beside a call that a
+        # callback makes (a future wakes its waiters before it runs its callbacks).
+        try:
+            if self._refusal is not None:
+                raise CocclError(self._refusal)
+            value = fn()
+        except BaseException as exc:  # noqa: BLE001  (the handle raises it)
+            result.set_exception(exc)
+        else:
+            result.set_result(value)
 
     def drain(self) -> None:
         """Wait until every queued call has run (FIFO: the last one's end is theirs)."""

@@ -258,3 +258,23 @@ def test_bucket_outputs_that_overlap_are_refused_before_any_group_runs(comm):
     out[r * n : (r + 1) * n] = r + 1
     got = comm.allgather([out[r * n : (r + 1) * n]], [out])[0]
     np.testing.assert_array_equal(got, np.repeat(np.arange(1, N + 1, dtype=np.float32), n))
+
+
+def test_a_callbacks_call_ends_before_the_callers_next_call_starts(comm):
+    """A completion callback's collective runs in the turn of the call that completed:
+    the caller's next blocking call, issued once ``wait()`` returns, starts after it (a
+    future wakes its waiter before running its callbacks, which ran the two calls side
+    by side on one transport and mixed their messages)."""
+    a, b = case_seed("callback", 0), case_seed("callback", 1)
+    comm.allreduce(rank_data(a, RANK, 64, np.float64))  # plans built: no agreement between
+    for i in range(10):
+        got = {}
+        handle = comm.iallreduce(rank_data(b, RANK, 1 << 16, np.float32), compressor="int8")
+        handle.add_done_callback(
+            lambda got=got: got.setdefault("cb", comm.allreduce(rank_data(a, RANK, 64, np.float64)))
+        )
+        handle.wait()
+        mine = comm.allreduce(rank_data(a + 1 + i, RANK, 64, np.float64))
+        np.testing.assert_array_equal(mine, exact_sum(a + 1 + i, 64))
+        comm.barrier()
+        np.testing.assert_array_equal(got["cb"], exact_sum(a, 64))
