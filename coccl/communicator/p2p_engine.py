@@ -460,6 +460,9 @@ class P2PEngine:
             self._group = []
             self.transport.cancel([h for m in messages for h in m.handles()])
             self.transport.close(abandoned=abandoned or self._failed or bool(messages))
+            closed = CocclError("the communicator was closed while the message was in flight")
+            for m in messages:  # a wait on another thread ends now, and raises this
+                m.error = m.error or closed
 
     def fail(self, exc: BaseException) -> None:
         """Give up every message in flight (their receives cancelled) after ``exc``."""

@@ -259,6 +259,26 @@ def test_a_thread_posts_while_another_waits():
             c.send(2 * c.recv(np.empty(1000, np.float32), 0), 0)
 
 
+def test_closing_ends_a_wait_on_another_thread():
+    """A wait on another thread for a message that will never come ends when the
+    communicator is closed, raising that it was closed (not COCCL_TIMEOUT_S later)."""
+    c = coccl.init(MPI.COMM_SELF, backend="mpi")
+    handle = c.irecv(np.empty(10, np.float32), 0)  # its sender is never posted
+    raised = {}
+
+    def receive():
+        try:
+            handle.wait()
+        except coccl.CocclError as exc:
+            raised["error"] = str(exc)
+
+    waiter = threading.Thread(target=receive)
+    waiter.start()
+    c.close()
+    waiter.join()
+    assert "closed" in raised["error"]
+
+
 BAD = [
     (lambda c: c.send(np.ones(3, np.float32), N), ValueError, "dst must be a rank"),
     (lambda c: c.isend(np.ones(3, np.float32), True), ValueError, "dst must be a rank"),
