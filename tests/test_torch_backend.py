@@ -171,6 +171,7 @@ def test_options_take_codec_configs():
     opts = CocclOptions(compressor={"id": "taco", "group_size": 64}, compress=["allreduce"])
     assert opts.codec.get_config()["group_size"] == 64
     assert opts.compress == ("allreduce",)
+    assert CocclOptions(compress="alltoall").compress == ("alltoall",)  # one name alone
 
 
 @pytest.mark.parametrize(

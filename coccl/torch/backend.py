@@ -144,6 +144,7 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
         self._group_name: str | None = None
         self._counts: Counter[str] = Counter()
         self._batch: list[p2p.Pending] | None = None  # messages of a coalesced batch
+        self._coalesced: list[CallHandle] = []  # its collectives' calls in flight
         # Collective creation, in the same order on every rank: the Gloo group that
         # forwarded operations use, then the Communicator (its bootstrap over the store,
         # its own Gloo groups for host bytes and for point-to-point messages, so these
@@ -258,8 +259,11 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
 
     def _carries(self, tensors: list[torch.Tensor], op: tuple[str, Any] | None) -> bool:
         """Whether coccl runs this call (else the inner group does): an op and dtypes it
-        has."""
+        has (PREMUL_SUM's factor on floating tensors only, as it is applied after the
+        sum: the inner group refuses it on the others before any byte moves)."""
         if op is None:
+            return False
+        if op[1] is not None and not all(t.is_floating_point() for t in tensors):
             return False
         return all(t.dtype in _CARRIED for t in tensors)
 
@@ -301,11 +305,13 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
                  "allgather": comm.iallgather}[collective]  # fmt: skip
         return Steps([start(src, dst, **kwargs)], finish)
 
-    @staticmethod
-    def _work(outputs: list[torch.Tensor], handles: list[CallHandle | None]) -> CocclWork:
+    def _work(self, outputs: list[torch.Tensor], handles: list[CallHandle | None]) -> CocclWork:
         """The Work of a call's pieces: complete when every queued piece is (CUDA
-        pieces are on the current stream already)."""
+        pieces are on the current stream already). Inside a coalescing block the pieces
+        belong to the block's Work too (torch keeps that one, not this)."""
         pending = [h for h in handles if h is not None]
+        if self._batch is not None:
+            self._coalesced += pending
         if not pending:
             return CocclWork(outputs)
         return CocclWork(outputs, handle=pending[0] if len(pending) == 1 else Steps(pending, None))
@@ -397,15 +403,28 @@ class CocclProcessGroup(Forwarding, dist.ProcessGroup):
             "from any source cannot be paired; give recv a src"
         )
 
+    def barrier(self, opts: Any = None) -> Any:
+        """Every rank of the group has reached it, and this rank's coccl calls issued
+        before it have completed, as a Gloo barrier waits for the group's earlier work:
+        the Communicator's barrier, which keeps the issue order of its calls."""
+        self._counts["barrier"] += 1
+        self.comm.barrier()
+        return CocclWork([])
+
     def _start_coalescing(self, device: Any) -> None:
         """torch's coalescing manager (``batch_isend_irecv`` of CUDA tensors in some torch
-        versions) opens a batch: the messages posted until ``_end_coalescing``."""
-        self._batch = []
+        versions, ``_coalescing_manager(device=...)``) opens a batch: the messages posted
+        and the collectives issued until ``_end_coalescing``."""
+        self._batch, self._coalesced = [], []
 
     def _end_coalescing(self, device: Any) -> Any:
-        """One Work for every message of the batch (each was posted as it came)."""
+        """One Work for every message and collective of the batch (each was posted or
+        queued as it came): torch returns it in place of theirs."""
         batch, self._batch = self._batch or [], None
-        return CocclWork([], handle=p2p.Pending(batch))
+        calls, self._coalesced = self._coalesced, []
+        if not calls:
+            return CocclWork([], handle=p2p.Pending(batch))
+        return CocclWork([], handle=Steps([p2p.Pending(batch), *calls], None))
 
     # ------------------------------------------------------------ lifecycle
     def shutdown(self) -> None:

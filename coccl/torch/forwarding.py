@@ -78,11 +78,6 @@ class Forwarding:
     def alltoall(self, outputs: list[torch.Tensor], inputs: list, opts: Any = None) -> Any:
         return self._forward("alltoall", outputs, inputs, or_default(opts, c10d.AllToAllOptions))
 
-    def barrier(self, opts: Any = None) -> Any:
-        """A Gloo barrier: every rank of the group has reached it (host order only)."""
-        self._counts["forwarded:barrier"] += 1
-        return self._host_group().barrier(or_default(opts, c10d.BarrierOptions))
-
     def _host_group(self) -> Any:
         if self._gloo is None:
             raise RuntimeError("this coccl process group was destroyed (shutdown or abort)")

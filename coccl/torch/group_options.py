@@ -94,7 +94,8 @@ class CocclOptions:
             self.min_compress_bytes, int
         ):
             raise ValueError(f"min_compress_bytes must be an int, got {self.min_compress_bytes!r}")
-        object.__setattr__(self, "compress", tuple(self.compress))
+        names = (self.compress,) if isinstance(self.compress, str) else self.compress
+        object.__setattr__(self, "compress", tuple(names))  # one name may come alone
         unknown = [c for c in self.compress if c not in COMPRESSIBLE]
         if unknown:
             raise ValueError(f"compress names {unknown}; coccl's collectives are {COMPRESSIBLE}")

@@ -100,6 +100,8 @@ class CocclWork(dist._Work):
         self._error: BaseException | None = None
         self._settled = False
         self._lock = threading.Lock()
+        self._future_set = threading.Event()  # the future is complete (after _settled)
+        self._settler: int | None = None  # the thread completing it
         if device.type == "cuda":
             # a future over CUDA tensors orders its consumers' streams after this one
             self._future: torch.futures.Future = torch.futures.Future(devices=[device])
@@ -126,15 +128,25 @@ class CocclWork(dist._Work):
             self._settle(None)
 
     def _settle(self, error: BaseException | None) -> None:
-        """Complete the future once, with the outputs or the error."""
+        """Complete the future once, with the outputs or the error; return once it is
+        complete (another thread may be completing it), so that ``wait()`` and
+        ``is_completed()`` never run ahead of the future."""
         with self._lock:
-            if self._settled:
-                return
-            self._settled, self._error = True, error
-        if error is None:
-            self._future.set_result(self._outputs)
-        else:
-            self._future.set_exception(error)
+            settling = not self._settled
+            if settling:
+                self._settled, self._error = True, error
+                self._settler = threading.get_ident()
+        if not settling:
+            if self._settler != threading.get_ident():  # not from its own callbacks
+                self._future_set.wait()
+            return
+        try:
+            if error is None:
+                self._future.set_result(self._outputs)
+            else:
+                self._future.set_exception(error)
+        finally:
+            self._future_set.set()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the call is complete (each call is bounded by the group's timeout

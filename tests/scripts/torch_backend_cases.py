@@ -286,6 +286,29 @@ def test_premul_sum(device):
     torch.testing.assert_close(t.double().cpu(), factor * exact_sum(parts), rtol=1e-6, atol=1e-7)
 
 
+def test_premul_sum_of_integers_is_refused_before_any_byte_moves(device):
+    op = dist._make_nccl_premul_sum(2.0)
+    if getattr(op, "factor", None) is None or device.type == "cuda":
+        pytest.skip("torch hides PREMUL_SUM's factor, or NCCL takes it on integers")
+    t = torch.arange(4, dtype=torch.int32, device=device)
+    with pytest.raises(RuntimeError, match="PREMUL_SUM"):
+        dist.all_reduce(t, op=op, group=group(algorithm="two_shot"))
+    assert torch.equal(t.cpu(), torch.arange(4, dtype=torch.int32))
+
+
+def test_coalescing_manager_waits_for_its_collectives(device):
+    """torch keeps the block's Work (``_end_coalescing``'s) in place of the calls' own:
+    it covers the collectives issued in the block, which are done after it."""
+    g = group(algorithm="two_shot")
+    a, b = torch.ones(100, device=device), torch.ones(50, device=device)
+    with dist._coalescing_manager(group=g, device=device):
+        dist.all_reduce(a, group=g)
+        dist.all_reduce(b, group=g)
+    n = float(dist.get_world_size())
+    assert torch.equal(a.cpu(), torch.full((100,), n))
+    assert torch.equal(b.cpu(), torch.full((50,), n))
+
+
 def test_async_op(device):
     parts = everyone(seed_of("async"), 777, torch.float32, device)
     t = parts[dist.get_rank()].clone()
@@ -295,6 +318,19 @@ def test_async_op(device):
     (result,) = work.get_future().wait()
     assert result is t
     torch.testing.assert_close(t.double().cpu(), exact_sum(parts), rtol=1e-6, atol=1e-6)
+
+
+def test_a_works_future_is_done_once_wait_returns(device):
+    """``wait()`` returns once the Work's future is complete too, as Gloo's (its value
+    was read while another thread was still completing it, and torch asserted)."""
+    g = group(algorithm="two_shot")
+    for _ in range(200):
+        t = torch.ones(8, device=device)
+        work = dist.all_reduce(t, async_op=True, group=g)
+        work.wait()
+        assert work.get_future().done()
+        (result,) = work.get_future().value()
+        assert result is t
 
 
 def test_async_work_is_pending_until_the_peer_posts(device):
@@ -411,7 +447,17 @@ def test_broadcast_and_barrier(device):
     dist.broadcast(t, src=0)
     assert torch.equal(t.cpu(), torch.arange(5.0))
     dist.barrier()
-    assert dist.group.WORLD.stats()["forwarded:barrier"] >= 1
+    assert dist.group.WORLD.stats()["barrier"] >= 1
+
+
+def test_barrier_waits_for_the_groups_earlier_calls(device):
+    """As Gloo's: after ``barrier()`` an earlier async all_reduce has completed."""
+    g = group(algorithm="two_shot")
+    t = torch.ones(1000, device=device)
+    work = dist.all_reduce(t, async_op=True, group=g)
+    dist.barrier(group=g)
+    assert work.is_completed() or device.type == "cuda"
+    assert torch.equal(t.cpu(), torch.full((1000,), float(dist.get_world_size())))
 
 
 def test_send_recv_ring(device):
