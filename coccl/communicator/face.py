@@ -129,8 +129,8 @@ class Communicator(
         self._resources.release(abort=self._broken is not None)
 
     def abort(self) -> None:
-        """Free the communicator without waiting for its peers (``ncclCommAbort``): after
-        a failure, or when a peer is known to be gone. The communicator is then closed."""
+        """Free the communicator without waiting for its peers (``ncclCommAbort``), after
+        a failure or when a peer is gone; it keeps its MPI duplicates, as a failure does."""
         if self._closed:
             return
         self._broken = self._broken or "aborted"

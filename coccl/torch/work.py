@@ -19,6 +19,7 @@ once they are complete (a copy back into a strided output, a PREMUL_SUM factor).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -150,13 +151,21 @@ class CocclWork(dist._Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the call is complete (each call is bounded by the group's timeout
-        already); raises the call's exception. For CUDA, the current stream waits."""
+        already), or raise RuntimeError once ``timeout`` (if given and not zero, torch's
+        "no timeout") has passed, as Gloo's; raises the call's exception. For CUDA, the
+        current stream waits."""
         if self._handle is not None:
             try:
-                self._handle.wait()
+                in_time = _test_until(self._handle, timeout)
+                if in_time:
+                    self._handle.wait()
             except BaseException as exc:
                 self._settle(exc)
                 raise
+            if not in_time:  # the call goes on, bounded by the group's timeout
+                raise RuntimeError(
+                    f"the coccl call did not complete within Work.wait's timeout ({timeout})"
+                )
             self._settle(None)
         if self._event is not None:
             torch.cuda.current_stream(self._device).wait_event(self._event)
@@ -199,3 +208,18 @@ class CocclWork(dist._Work):
             except BaseException:  # noqa: S110  (the future holds the exception)
                 pass
         return self._future
+
+
+def _test_until(handle: CallHandle, timeout: timedelta | None) -> bool:
+    """Poll ``handle`` until it is complete (True), or until ``timeout`` has passed
+    (False); True at once without a timeout (None or zero: torch's "no timeout")."""
+    if timeout is None or timeout.total_seconds() <= 0:
+        return True
+    deadline = time.monotonic() + timeout.total_seconds()
+    pause = 1e-5
+    while not handle.test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    return True

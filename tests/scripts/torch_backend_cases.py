@@ -309,6 +309,24 @@ def test_coalescing_manager_waits_for_its_collectives(device):
     assert torch.equal(b.cpu(), torch.full((50,), n))
 
 
+def test_wait_with_a_timeout_raises_once_it_passes(device):
+    """As Gloo's: ``wait(timeout)`` raises once the timeout has passed (the peers post
+    only after it), and the call completes later."""
+    if device.type == "cuda" or dist.get_world_size() == 1:
+        pytest.skip("a CUDA call is enqueued when the group returns; one rank never waits")
+    g, order = group(algorithm="two_shot"), dist.new_group(backend="gloo")
+    t = torch.ones(10)
+    if dist.get_rank() == 0:
+        work = dist.all_reduce(t, async_op=True, group=g)
+        with pytest.raises(RuntimeError, match="timeout"):
+            work.wait(timeout=timedelta(milliseconds=50))
+    dist.barrier(group=order)
+    if dist.get_rank() != 0:
+        work = dist.all_reduce(t, async_op=True, group=g)
+    assert work.wait()
+    assert torch.equal(t, torch.full((10,), float(dist.get_world_size())))
+
+
 def test_async_op(device):
     parts = everyone(seed_of("async"), 777, torch.float32, device)
     t = parts[dist.get_rank()].clone()
