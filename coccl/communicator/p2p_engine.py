@@ -12,16 +12,17 @@ message in flight (their receives are cancelled) and breaks the communicator.
 
 Host messages also progress in the background, as MPI's and Gloo's do while their rank
 is busy elsewhere (in a collective, a barrier, its own compute): while any is in flight,
-a daemon thread polls them whenever no caller is inside the engine, backing off while
-nothing moves. Without it a receive that has not posted its data receives, or a message
-of more chunks than ``depth``, would stall a peer's blocking send for as long as this
-rank does not call the engine. One lock serialises the engine, held for one poll at a
-time (a wait polls, then lets go), so other threads post and test meanwhile. The thread
-never launches, times out or raises: a failure it meets gives the messages up as a
-caller's poll does, and their handles raise it. It runs only on a transport that two
-threads may use at once (MPI at ``MPI_THREAD_MULTIPLE``, Gloo), with the communicator's
-codec threads. Device data (staged over MPI, or over NCCL) moves at the calls only, and
-so does every later message of its (peer, direction).
+a daemon thread polls them whenever no caller is inside the engine or waiting (a wait
+polls itself), backing off while nothing moves. Without it a receive that has not
+posted its data receives, or a message of more chunks than ``depth``, would stall a
+peer's blocking send for as long as this rank does not call the engine. One lock
+serialises the engine, held for one poll at a time (a wait polls, then lets go), so
+other threads post and test meanwhile. The thread never launches, times out or raises:
+a failure it meets gives the messages up as a caller's poll does, and their handles
+raise it. It runs only on a transport that two threads may use at once (MPI at
+``MPI_THREAD_MULTIPLE``, Gloo), with the communicator's codec threads. Device data
+(staged over MPI, or over NCCL) moves at the calls only, and so does every later message
+of its (peer, direction).
 
 Device data over NCCL (a *streamed* message) exchanges its header the same way, over
 the engine's polling transport, but its chunks travel over NCCL, stream-ordered: the
@@ -267,6 +268,7 @@ class P2PEngine:
         self._lock = threading.RLock()
         self._background: threading.Thread | None = None  # set and cleared under _lock
         self._background_ok = transport.thread_safe
+        self._waiting = 0  # callers in wait(), polling themselves: the thread stands by
         self.codec_threads = codec_threads
         self._closed = False
 
@@ -378,7 +380,7 @@ class P2PEngine:
         """The background thread's step: poll the host messages once unless a caller is
         inside the engine; whether that made progress, or None once no host message is
         left (or the engine is closed, or failed): the thread then ends."""
-        if not self._lock.acquire(blocking=False):
+        if self._waiting or not self._lock.acquire(blocking=False):
             return False
         try:
             if self._closed or not any(m.on_host for m in self._messages):
@@ -399,20 +401,25 @@ class P2PEngine:
             self.flush()
         start = time.monotonic()
         spins = 0
-        while True:
-            with self._lock:  # one poll at a time: other threads post and test between
-                if self._check(message):
-                    return message.result
-                if self.poll():
-                    spins = 0
-                    continue
-                spins += 1
-                # no message moved, in this wait's polls or anyone's, for timeout_s
-                if spins % 64 == 0 and time.monotonic() - max(start, self._last_progress) > (
-                    self.timeout_s
-                ):
-                    self._time_out(message)
-            message.posting.executor.idle(spins)
+        with self._lock:
+            self._waiting += 1
+        try:
+            while True:
+                with self._lock:  # one poll at a time: other threads post and test between
+                    if self._check(message):
+                        return message.result
+                    if self.poll():
+                        spins = 0
+                        continue
+                    spins += 1
+                    # no message moved, in this wait's polls or anyone's, for timeout_s
+                    late = time.monotonic() - max(start, self._last_progress) > self.timeout_s
+                    if spins % 64 == 0 and late:
+                        self._time_out(message)
+                message.posting.executor.idle(spins)
+        finally:
+            with self._lock:
+                self._waiting -= 1
 
     def test(self, message: Message) -> bool:
         """Poll once (after launching the open group of streamed messages); whether
