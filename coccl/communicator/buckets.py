@@ -91,7 +91,7 @@ def _checked(
         except ValueError as exc:
             raise ValueError(f"x[{i}]: {exc}") from None
     _check_codecs(kwargs, flats, kind.reduces)
-    outs = _outputs(collective, size, flats, xs, out)
+    outs = _outputs(collective, size, flats, out)
     if out is not None:
         _check_overlaps(collective, rank, flats, outs)
     return flats, outs
@@ -102,10 +102,11 @@ def _check_overlaps(collective: str, rank: int, flats: list[Flat], outs: list[Fl
     place as the single call allows it (``check_in_place``): a dtype group writes its
     outputs before a later group reads its inputs."""
     spans = sorted(
-        (address(a.data), address(a.data) + a.data.nbytes, role, i)
+        (start, start + a.data.nbytes, role, i)
         for role, arrays in (("x", flats), ("out", outs))
         for i, a in enumerate(arrays)
         if a.data.nbytes
+        for start in (address(a.data),)
     )
     for k, (_, end, role, i) in enumerate(spans):
         for start, _, other, j in spans[k + 1 :]:
@@ -157,9 +158,7 @@ def _check_state(kwargs: dict[str, Any], flats: list[Flat]) -> None:
         )
 
 
-def _outputs(
-    collective: str, size: int, flats: list[Flat], xs: Sequence[Any], out: Any
-) -> list[Flat]:
+def _outputs(collective: str, size: int, flats: list[Flat], out: Any) -> list[Flat]:
     """Each array's output: new ones for ``out=None``, else ``out``'s, checked."""
     kind = KINDS[collective]
     if out is None:
