@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from coccl.core.arrays import overlap_offset
 from coccl.core.rounds import Round
 
 from .footprint import Footprint
@@ -115,15 +116,10 @@ def _spans(counts: list[int]) -> list[Span]:
 def buffers_overlap(x: Any, out: Any) -> str:
     """How flat contiguous ``x`` and ``out`` share memory: "same" (exactly the same
     bytes), "partial" (any other overlap) or "" (disjoint)."""
-    if x.nbytes == 0 or out.nbytes == 0:
+    offset = overlap_offset(x, x.nbytes, out, out.nbytes)
+    if offset is None:
         return ""
-    if isinstance(x, np.ndarray):
-        a, b = x.__array_interface__["data"][0], out.__array_interface__["data"][0]
-    else:
-        a, b = x.data.ptr, out.data.ptr
-    if a == b and x.nbytes == out.nbytes:
-        return "same"
-    return "partial" if a < b + out.nbytes and b < a + x.nbytes else ""
+    return "same" if offset == 0 and x.nbytes == out.nbytes else "partial"
 
 
 def alltoall(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from coccl.core.arrays import address
 from coccl.core.pool import Block
 from coccl.core.rounds import Round
 
@@ -193,7 +194,7 @@ def own_round(
         if keep:
             own[c] = Pending(rnd, payload, block.retain())
     else:  # identity: copy unless x already is out's own slot (in place)
-        if not _same_memory(src, dst):
+        if address(src) != address(dst):
             rnd.pre = partial(_copy, dst, src)
         own[c] = Pending(None, payload, None)
     return rnd
@@ -201,9 +202,3 @@ def own_round(
 
 def _copy(dst: Any, src: Any) -> None:
     dst[...] = src
-
-
-def _same_memory(a: Any, b: Any) -> bool:
-    if hasattr(a, "__array_interface__"):
-        return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-    return a.data.ptr == b.data.ptr

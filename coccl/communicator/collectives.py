@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from coccl.core.arrays import address
+from coccl.core.arrays import overlap_offset
 
 
 def _no_count_rule(count: int, n: int) -> None:
@@ -109,12 +109,10 @@ def check_in_place(
     collective ``kind`` defines it (``Kind.in_place``; an all-to-all only where the split
     is the same both ways): the call would read values it had already overwritten.
     ``call`` names the call in the message (default ``kind``)."""
-    if not x_nbytes or not out_nbytes:
-        return
-    a, b = address(x), address(out)
-    if a < b + out_nbytes and b < a + x_nbytes:
+    offset = overlap_offset(x, x_nbytes, out, out_nbytes)
+    if offset is not None:
         rule = KINDS[kind]
-        if a - b != rule.in_place(rank, x_nbytes, out_nbytes) or not equal_split:
+        if offset != rule.in_place(rank, x_nbytes, out_nbytes) or not equal_split:
             raise ValueError(
                 f"out overlaps x: {call or kind} runs in place only where "
                 f"{rule.in_place_rule}; pass disjoint arrays otherwise"

@@ -374,6 +374,16 @@ def address(x: Any) -> int:
     return data_ptr(x)
 
 
+def overlap_offset(x: Any, x_nbytes: int, out: Any, out_nbytes: int) -> int | None:
+    """Where the ``x_nbytes`` bytes at ``x`` start relative to the ``out_nbytes`` bytes at
+    ``out`` (``address(x) - address(out)``) when the two ranges share memory; None when
+    they do not (an empty range shares none). The one overlap test of the library."""
+    if not x_nbytes or not out_nbytes:
+        return None
+    a, b = address(x), address(out)
+    return a - b if a < b + out_nbytes and b < a + x_nbytes else None
+
+
 def data_ptr(x: Any) -> int:
     """The device address of a contiguous CuPy array, torch CUDA tensor or other CUDA
     array (numba's: through ``__cuda_array_interface__``)."""
