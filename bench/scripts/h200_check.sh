@@ -399,6 +399,13 @@ nb)
       "$OUT/nb$n" tests/mpi/test_gpu_nonblocking.py -rs 2>&1 | tail -2
     tail -6 "$OUT/nb$n/rank-0.log" | tee "$OUT/pytest_nb$n.txt"
   done ;;
+p2pdp)
+  # Point-to-point and the DP calls on device data over staged MPI, 1-4 ranks sharing the
+  # GPU (the CuPy cases of tests/mpi/test_p2p_calls.py and test_dp_calls.py, with the
+  # files' host cases). Budget: about 3 minutes.
+  step "pytest p2p and DP calls on device data, 1-4 ranks"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k "test_dp_calls or test_p2p_calls" \
+    2>&1 | tee "$OUT/pytest_p2pdp.txt" | tail -8 ;;
 dpgpu)
   # DP on CUDA tensors through the torch backend, one rank over one-rank NCCL
   # (tests/mpi/test_torch_backend_gpu.py): a compressed all_to_all_single bitwise the host
