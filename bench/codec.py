@@ -103,18 +103,6 @@ class CodecSpec:
     codec: Compressor
 
 
-def _option_value(text: str) -> bool | int | float | str:
-    """``True``/``false`` -> bool, ``32`` -> int, ``0.5`` -> float, else the text."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def _split_specs(text: str) -> list[tuple[str, list[str]]]:
     """``"identity,taco:group_size=32,ash=False"`` -> ``[("identity", []), ("taco",
     ["group_size=32", "ash=False"])]``: a ``key=value`` after a ``name:key=value`` is one
@@ -151,17 +139,9 @@ def codec_specs(text: str) -> list[CodecSpec]:
     out: dict[str, CodecSpec] = {}
     for name, options in _split_specs(text):
         label = f"{name}:{','.join(options)}" if options else name
-        kwargs: dict[str, Any] = {}
-        for option in options:
-            key, eq, value = option.partition("=")
-            if not eq or not key.strip():
-                raise argparse.ArgumentTypeError(
-                    f"compressor {label!r}: expected key=value, got {option!r}"
-                )
-            kwargs[key.strip()] = _option_value(value.strip())
         try:
-            codec = get_compressor(name, **kwargs)
-        except Exception as exc:  # unknown name, unknown option, bad value
+            codec = get_compressor(label)
+        except Exception as exc:  # unknown name, malformed option, bad value
             raise argparse.ArgumentTypeError(
                 f"compressor {label!r} is not available: {exc}"
             ) from None

@@ -348,11 +348,48 @@ def available_compressors() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_compressor(spec: str | Mapping[str, Any] | Compressor, **options: Any) -> Compressor:
-    """Return a codec from a name (with options), a config dict, or a codec itself.
+def _label_value(text: str) -> bool | int | float | str:
+    """``true``/``False`` -> bool, ``32`` -> int, ``0.5`` -> float, else the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
-    ``get_compressor("taco", group_size=128)`` and
-    ``get_compressor({"id": "taco", "group_size": 128})`` are the same codec.
+
+def parse_label(label: str) -> dict[str, Any]:
+    """A codec's config from its label, the form the command-line tools take:
+    ``"taco"`` -> ``{"id": "taco"}``; ``"int:bits=4,group_size=32"`` -> ``{"id": "int",
+    "bits": 4, "group_size": 32}`` (values: true/false as bools, numbers as int or float,
+    anything else as text).
+
+    Raises:
+        ValueError: an option that is not ``key=value``, or a key given twice.
+    """
+    name, _, options = label.partition(":")
+    config: dict[str, Any] = {"id": name.strip()}
+    for option in (o.strip() for o in options.split(",") if options.strip()):
+        key, eq, value = option.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"compressor {label!r}: expected key=value, got {option!r}")
+        if key in config:
+            raise ValueError(f"compressor {label!r}: {key!r} given twice")
+        config[key] = _label_value(value.strip())
+    return config
+
+
+def get_compressor(spec: str | Mapping[str, Any] | Compressor, **options: Any) -> Compressor:
+    """Return a codec from a name or label (with options), a config dict, or a codec itself.
+
+    ``get_compressor("taco", group_size=128)``, ``get_compressor("taco:group_size=128")``
+    and ``get_compressor({"id": "taco", "group_size": 128})`` are the same codec.
+
+    Raises:
+        ValueError: an unknown name, a malformed label, or an option the codec refuses.
     """
     if isinstance(spec, Compressor):
         if options:
@@ -362,7 +399,8 @@ def get_compressor(spec: str | Mapping[str, Any] | Compressor, **options: Any) -
         config = {**spec, **options}
         name = config.get("id")
     elif isinstance(spec, str):
-        name, config = spec, {"id": spec, **options}
+        config = {**parse_label(spec), **options}
+        name = config["id"]
     else:
         raise ValueError(f"compressor must be a name, a config dict or a Compressor, got {spec!r}")
     cls = _REGISTRY.get(name) if isinstance(name, str) else None

@@ -263,20 +263,9 @@ def replicated_digest(model: nn.Module) -> dict[str, str]:
 
 
 def parse_compressor(spec: str) -> str | dict[str, Any]:
-    """``taco``, ``taco:ash=false,group_size=64`` or a JSON config dict."""
-    if spec.lstrip().startswith("{"):
-        return json.loads(spec)
-    name, _, opts = spec.partition(":")
-    if not opts:
-        return name
-    config: dict[str, Any] = {"id": name}
-    for item in opts.split(","):
-        key, _, value = item.partition("=")
-        try:
-            config[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            config[key.strip()] = value.strip()
-    return config
+    """A JSON config dict, else the label as given (``taco``, ``taco:ash=false,group_size=64``:
+    ``get_compressor`` reads labels)."""
+    return json.loads(spec) if spec.lstrip().startswith("{") else spec
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -90,11 +90,37 @@ def test_config_roundtrip(cfg: dict) -> None:
     assert again == c and hash(again) == hash(c) and repr(again) == repr(c)
     assert get_compressor(config) == c
     assert get_compressor(cfg["id"], **{k: v for k, v in cfg.items() if k != "id"}) == c
+    options = ",".join(f"{k}={v}" for k, v in config.items() if k != "id")
+    assert get_compressor(f"{cfg['id']}:{options}" if options else cfg["id"]) == c  # a label
     assert get_compressor(c) is c
     assert repr(c).startswith(type(c).__name__ + "(")
     for key, value in config.items():
         if key != "id":
             assert f"{key}={value!r}" in repr(c)
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [
+        ("nope:bits=4", "unknown compressor 'nope'"),
+        ("int:bits", "expected key=value"),
+        ("int:=4", "expected key=value"),
+        ("int:bits=4,bits=6", "'bits' given twice"),
+        ("int:bits=9", "bits"),
+    ],
+)
+def test_label_refused(label: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        get_compressor(label)
+
+
+def test_label_values() -> None:
+    assert get_compressor(" int : bits = 6 , hadamard=32 , rounding=stochastic") == get_compressor(
+        {"id": "int", "bits": 6, "hadamard": 32, "rounding": "stochastic"}
+    )
+    assert get_compressor("taco:ash=false,dual_scale=True").get_config()["ash"] is False
+    assert get_compressor("tah:row=64,low_fraction=0.5").low_fraction == 0.5
+    assert get_compressor("int:bits=8") == get_compressor("int", bits=8)
 
 
 def test_registry_and_defaults() -> None:

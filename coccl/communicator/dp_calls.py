@@ -70,7 +70,7 @@ class DataParallelCalls:
             send_counts, recv_counts: elements of each block and slot (both or neither;
                 neither: equal blocks of ``x.size / size``). Rank r's ``send_counts[d]``
                 must equal rank d's ``recv_counts[r]``; blocks may be empty.
-            compressor: a codec name, config dict or Compressor; each block is encoded
+            compressor: a codec name or label, config dict or Compressor; each block is encoded
                 once (its groups restart at every block) and decoded into its slot, this
                 rank's own block too.
             algorithm: ``"auto"`` or ``"direct"`` (the one schedule: every block straight

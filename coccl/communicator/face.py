@@ -163,7 +163,7 @@ class Communicator(
             algorithm: ``"ring"``, ``"two_shot"``, ``"native"`` or ``"auto"`` (a lossy
                 codec is always used; auto picks its schedule, or for identity the
                 transport's own collective or coccl's two-shot, from a measured table).
-            compressor: a codec name, config dict or Compressor.
+            compressor: a codec name or label, config dict or Compressor.
             chunk_bytes: pipeline chunk size (default: ``coccl.communicator.sizing``'s
                 rules).
             feedback: a ``coccl.Feedback`` (``coccl.communicator.state``; reduce_scatter too).

@@ -129,7 +129,7 @@ class PointToPointCalls:
         Args:
             x: contiguous numpy/CuPy/numba-device array or torch tensor.
             dst: the receiving rank (not this rank: use ``isend``/``irecv`` for that).
-            compressor: a codec name, config dict or Compressor; lossy codecs decode
+            compressor: a codec name or label, config dict or Compressor; lossy codecs decode
                 within their bound, chunk by chunk, pipelined.
             tag: an integer both ends must give alike (checked, not matched on).
             chunk_bytes: pipeline chunk size (default: ``sizing.p2p_chunk_bytes``); both ends alike.

@@ -32,7 +32,7 @@ class CocclOptions:
     overrides them for the calls inside a ``with`` block.
 
     Attributes:
-        compressor: codec name or config dict (``"taco"``, ``{"id": "int8"}``...) for the
+        compressor: codec name, label or config dict (``"taco"``, ``{"id": "int8"}``...) for the
             collectives in ``compress``, or with ``algorithm="hierarchical"`` an
             ``(intra, inter)`` pair of them (a tuple; a list is taken as one), one codec a
             level, as the Communicator takes it. Default ``"identity"``: exact.

@@ -81,7 +81,7 @@ class TPGroup:
         comm: the coccl Communicator of the TP ranks.
         algorithm: ``"ring"``, ``"two_shot"``, ``"native"`` or ``"auto"`` (with a lossy
             codec, auto compresses every AllReduce and picks the schedule).
-        compressor: a codec name, config dict or Compressor (resolved once here).
+        compressor: a codec name or label, config dict or Compressor (resolved once here).
         chunk_bytes: pipeline chunk size, or None for coccl's default.
     """
 
@@ -136,7 +136,7 @@ class VirtualTPGroup:
         size: the number of virtual ranks.
         algorithm: ``"ring"`` or ``"two_shot"`` (``"native"`` and ``"auto"`` reduce in the
             transport's own order, which cannot be reproduced bitwise).
-        compressor: a codec name, config dict or Compressor (resolved once here).
+        compressor: a codec name or label, config dict or Compressor (resolved once here).
         chunk_bytes: the pipeline chunk of the real group reproduced. It changes the
             result only for a ``payload_scoped`` codec (NVFP4, tah: ``coccl.virtual_ranks``
             says why). None with such a codec: one chunk per shard, each shard's every
