@@ -413,8 +413,9 @@ class P2PEngine:
                         continue
                     spins += 1
                     # no message moved, in this wait's polls or anyone's, for timeout_s
-                    late = time.monotonic() - max(start, self._last_progress) > self.timeout_s
-                    if spins % 64 == 0 and late:
+                    if spins % 64 == 0 and (
+                        time.monotonic() - max(start, self._last_progress) > self.timeout_s
+                    ):
                         self._time_out(message)
                 message.posting.executor.idle(spins)
         finally:
