@@ -12,10 +12,13 @@ capture needs a GPU per rank (not tested here). Skipped without a GPU.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import numpy as np
 import pytest
+
+from coccl.engine.watchdog import POLL_S
 
 from gpu import GPU
 
@@ -61,8 +64,11 @@ def test_cupy_capture_replays_the_eager_call(ncomm, collective, algorithm, codec
     out = call(x, **kwargs)  # the plan's first call: eager
     call(x, out=out, **kwargs)  # its second: coccl's own graph, where the plan has one
     graph, stream = _capture(lambda: call(x, out=out, **kwargs), "relaxed")
+    cp.cuda.Device().synchronize()  # the eager calls ran on the null stream
     for seed in (1, 2, 3):
-        x[...] = cp.asarray(np.random.default_rng(seed).standard_normal(count), cp.float32)
+        # ``stream`` is non-blocking: what the replay reads is written on it
+        with stream:
+            x[...] = cp.asarray(np.random.default_rng(seed).standard_normal(count), cp.float32)
         graph.launch(stream)
         stream.synchronize()
         want = call(x.copy(), **kwargs)
@@ -87,7 +93,9 @@ def test_cupy_global_capture_replays_or_says_relaxed(ncomm):
     except GraphCaptureError as exc:
         assert "relaxed" in str(exc)
         return
-    x *= 3
+    cp.cuda.Device().synchronize()  # the eager call ran on the null stream
+    with stream:  # ``stream`` is non-blocking: what the replay reads is written on it
+        x *= 3
     graph.launch(stream)
     stream.synchronize()
     want = ncomm.allreduce(x.copy(), compressor="taco", algorithm="two_shot")
@@ -113,6 +121,30 @@ def test_capture_refuses_a_plans_first_call(ncomm):
     x = cp.ones(12345, dtype=cp.float32)  # a count no other test uses: a new plan
     with pytest.raises(GraphCaptureError, match="run this call once"):
         _capture(lambda: ncomm.allreduce(x, compressor="int8"), "relaxed")
+
+
+def test_the_watchdog_leaves_a_global_capture_of_another_thread_alone(ncomm):
+    # the watchdog thread queries the events of earlier calls while the caller captures
+    # in global mode, which forbids such queries from other threads in their default mode
+    import cupy as cp
+
+    x = cp.ones(1 << 16, dtype=cp.float32)
+    y = cp.zeros(1 << 16, dtype=cp.float32)
+    for _ in range(3):
+        ncomm.allreduce(x, compressor="taco")  # tracked by the watchdog
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
+            y += 1
+            time.sleep(3 * POLL_S)  # the watchdog polls meanwhile
+            y *= 2
+            graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+    assert float(y[0]) == 14.0  # ((0 + 1) * 2 + 1) * 2 ... three replays
+    time.sleep(3 * POLL_S)  # a watchdog that fired has marked the communicator by now
+    ncomm.allreduce(x, compressor="taco")  # not aborted: it runs
+    cp.cuda.Device().synchronize()
 
 
 # ------------------------------------------------------------------------ torch
