@@ -50,6 +50,7 @@ import numpy as np
 from coccl.communicator import p2p_agreement as agreement
 from coccl.core.rounds import Round
 from coccl.core.transport import Handle, PollingTransport
+from coccl.engine.graphs import ignore_other_threads_captures
 from coccl.engine.polling import advance, limit_numba_threads
 from coccl.errors import CocclError
 
@@ -498,6 +499,7 @@ def _background_progress(ref: weakref.ref) -> None:
     if engine is None:
         return
     limit_numba_threads(engine.codec_threads)
+    ignore_other_threads_captures()  # staged device sends' events are queried here too
     del engine
     pause = _BACKGROUND_MIN_S
     while True:

@@ -250,6 +250,7 @@ def _allocator_into(kept: list[Any]) -> Callable[[int], Any]:
     return keep
 
 
+_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 _RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
 _exchange: list[Any] = []  # the driver's cuThreadExchangeStreamCaptureMode, or None
 
@@ -279,3 +280,15 @@ def relaxed_thread() -> Iterator[None]:
     finally:
         if exchanged:
             fn(ctypes.byref(mode))  # mode holds the thread's previous mode
+
+
+def ignore_other_threads_captures() -> None:
+    """From now on, this thread's CUDA calls are judged only by captures of its own
+    (``cuThreadExchangeStreamCaptureMode`` to thread-local), not by another thread's
+    global-mode capture, which an event query from here would otherwise invalidate (the
+    caller's ``torch.cuda.graph``, say). For threads coccl owns, which query events of
+    earlier calls while the caller may capture (as torch's NCCL watchdog does); without
+    the driver library, nothing changes."""
+    fn = _exchange_function()
+    if fn is not None:
+        fn(ctypes.byref(ctypes.c_int(_THREAD_LOCAL)))

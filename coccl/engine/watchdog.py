@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from coccl.engine.graphs import ignore_other_threads_captures
+
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
@@ -76,8 +78,12 @@ class Watchdog:
         import cupy as cp  # noqa: PLC0415
 
         cp.cuda.Device(self._device_id).use()
+        ignore_other_threads_captures()  # the caller may capture while events are queried
         while not self._stop.wait(POLL_S):
-            message = self._poll()
+            try:
+                message = self._poll()
+            except Exception as exc:  # noqa: BLE001  (a failed query: no call can be watched)
+                message = f"coccl's watchdog could not query a call's completion: {exc}"
             if message is not None:
                 self.fired = True
                 log.error("%s", message)
