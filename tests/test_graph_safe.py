@@ -103,6 +103,19 @@ def test_runner_under_a_callers_capture_refuses_the_staged_route():
         Runner.__new__(Runner)._run_in_caller_capture(plan, None, None, _CapturingStream())
 
 
+@pytest.mark.parametrize("level", ["codec", "inter_codec"])
+def test_stochastic_codecs_are_not_replayed_from_graphs(level):
+    # a graph would repeat one call's random bits at every replay: neither coccl's own
+    # graph nor the caller's records a stochastic codec (the caller's refuses at once)
+    stochastic = get_compressor({"id": "int", "bits": 4, "rounding": "stochastic"})
+    plan = dataclasses.replace(_plan("int8"), calls=3, **{level: stochastic})
+    assert plan.stochastic
+    planner = Planner(2, None, None, "nvlink", settings(), False)
+    assert "stochastic" in planner._no_graph_reason(plan)
+    with pytest.raises(GraphCaptureError, match="stochastic codec.*outside the capture"):
+        Runner.__new__(Runner)._run_in_caller_capture(plan, None, None, _CapturingStream())
+
+
 def test_runner_under_a_callers_capture_asks_for_a_first_call():
     with pytest.raises(GraphCaptureError, match="run this call once before capturing"):
         Runner.__new__(Runner)._run_in_caller_capture(_plan("int8"), None, None, _CapturingStream())
@@ -139,6 +152,21 @@ def test_point_to_point_under_a_callers_capture_refuses_the_staged_route(monkeyp
 
     with pytest.raises(GraphCaptureError, match="point-to-point send.*over MPI"):
         _Comm()._staged("send", 1, None, {}, dataclasses.make_dataclass("F", ["obj"])(None))
+
+
+def test_point_to_point_under_a_callers_capture_refuses_nccl(monkeypatch):
+    # a streamed message launches at a later wait and its buffers go back to the pool
+    from coccl.communicator import p2p_calls  # noqa: PLC0415
+
+    monkeypatch.setattr(p2p_calls, "caller_stream", lambda obj: _CapturingStream())
+
+    class _Comm(p2p_calls.PointToPointCalls):
+        def __init__(self):
+            self._runner = None  # touching it would fail: the refusal comes first
+
+    flat = dataclasses.make_dataclass("F", ["obj"])(None)
+    with pytest.raises(GraphCaptureError, match="point-to-point recv over NCCL.*outside"):
+        _Comm()._streamed("recv", 1, None, {}, flat)
 
 
 def _torch_cuda():

@@ -31,7 +31,7 @@ from coccl.algorithms.schedule_args import chunk_elems
 from coccl.communicator import p2p_agreement as agreement
 from coccl.communicator.p2p_engine import Message, P2PEngine, Posting
 from coccl.communicator.p2p_nccl import DeviceMessage, launch_group
-from coccl.communicator.runner import refuse_staged_capture
+from coccl.communicator.runner import refuse_staged_capture, refuse_streamed_p2p_capture
 from coccl.communicator.sizing import p2p_chunk_bytes
 from coccl.compressors import Compressor
 from coccl.core.arrays import (
@@ -366,9 +366,10 @@ class PointToPointCalls:
         runner = self._runner  # type: ignore[attr-defined]
         refuse_staged_capture(caller_stream(flat.obj), f"a point-to-point {kind}")
         ctx = runner._device(flat.device_id)
+        aware = self._p2p.transport.cuda_aware  # type: ignore[union-attr]
         with ctx.device:
             caller = caller_stream(flat.obj)
-            ctx.compute.wait_event(ctx.event(caller))
+            ctx.enter(caller, all_streams=False, host=aware)
         plan = self._p2p_args(kind, codec, sig, flat.dtype, ctx.pool)
         schedule = p2p.send if kind == "send" else p2p.recv
         result = flat.obj if kind == "recv" else None
@@ -386,6 +387,7 @@ class PointToPointCalls:
     def _streamed(self, kind: str, peer: int, codec: Compressor, sig: dict, flat: Flat) -> Posting:
         """The posting of a message over NCCL: its chunks from (or into) the caller's
         array, its stream state recorded now (``p2p_nccl``); launched by the engine."""
+        refuse_streamed_p2p_capture(caller_stream(flat.obj), f"a point-to-point {kind}")
         runner = self._runner  # type: ignore[attr-defined]
         ctx = runner._device(flat.device_id)
         with ctx.device:

@@ -19,7 +19,7 @@ from coccl import algorithms
 from coccl.algorithms.schedule_args import chunk_elems
 from coccl.communicator.collectives import KINDS
 from coccl.communicator.dp_plans import NodeLayout, hierarchical_notes, level_codecs
-from coccl.communicator.plans import CallPlan
+from coccl.communicator.plans import STOCHASTIC_REPLAY, CallPlan
 from coccl.communicator.sizing import (
     default_chunk_bytes,
     needs_accumulator,
@@ -262,8 +262,8 @@ class Planner:
                 f"compressor {plan.codec.codec_id!r} is not graph_safe (its GPU kernels "
                 "allocate or synchronise per call)"
             )
-        if plan.codec.stochastic or (plan.inter_codec and plan.inter_codec.stochastic):
-            return "a stochastic codec draws new random bits every call"
+        if plan.stochastic:
+            return STOCHASTIC_REPLAY
         nbytes = plan.count * plan.dtype.itemsize
         if not replays(plan.link, nbytes, follows=plan.graph_follows):
             return (

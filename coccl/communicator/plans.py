@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 MAX_PLANS = 1024
 
 
+# Why a plan with a stochastic codec is not replayed from a CUDA graph, coccl's or the caller's.
+STOCHASTIC_REPLAY = "a stochastic codec draws new random bits every call; a graph would repeat them"
+
+
 @dataclass
 class CallPlan:
     """One call signature's resolved decisions (see the module docstring).
@@ -91,6 +95,12 @@ class CallPlan:
     # error feedback (coccl.communicator.state): the running call's residual, set for
     # the call only (a plan is shared by every Feedback of its signature)
     residual: Any = field(default=None, repr=False)
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether a codec of the plan draws random bits, new ones every call (salted by
+        the call's number), which a CUDA graph would replay unchanged."""
+        return self.codec.stochastic or bool(self.inter_codec and self.inter_codec.stochastic)
 
     @property
     def graph_follows(self) -> bool:

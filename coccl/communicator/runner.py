@@ -31,7 +31,7 @@ import numpy as np
 from coccl import algorithms
 from coccl.communicator.collectives import KINDS, check_in_place
 from coccl.communicator.dp_plans import dp_rounds
-from coccl.communicator.plans import CallPlan, PlanCache
+from coccl.communicator.plans import STOCHASTIC_REPLAY, CallPlan, PlanCache
 from coccl.communicator.resources import Resources
 from coccl.communicator.sizing import INLINE_CHUNK_BYTES, replays
 from coccl.compressors import require_graph_safe
@@ -247,6 +247,11 @@ class Runner:
         (the streamed engine, or NCCL's own collective, on the caller's stream), or refuse
         before anything is enqueued where a recording could not replay correctly."""
         require_graph_safe(plan.codec, f"a Communicator {plan.label}")
+        if plan.stochastic:
+            raise GraphCaptureError(
+                f"{plan.label}: {STOCHASTIC_REPLAY}; make this call outside the capture, or "
+                "pick a codec that rounds to nearest"
+            )
         if plan.route != "nccl":
             raise _staged_capture_error(plan.label)
         if plan.calls == 0:
@@ -296,7 +301,7 @@ class Runner:
     ) -> None:
         """Device data over MPI: the polling engine with kernels on coccl's compute stream
         (staging copies run on it too)."""
-        ctx.enter(caller)
+        ctx.enter(caller, host=self.host.cuda_aware)
         with ctx.compute:
             if plan.algorithm == "native":
                 algorithms.native.run(self.host, plan.collective, src.data, dst.data, plan.op)
@@ -409,6 +414,19 @@ def refuse_staged_capture(caller: Any, label: str) -> None:
     as ``Runner._run_in_caller_capture`` does for the collectives."""
     if _capturing(caller):
         raise _staged_capture_error(label)
+
+
+def refuse_streamed_p2p_capture(caller: Any, label: str) -> None:
+    """Raise ``GraphCaptureError`` when ``caller`` captures a CUDA graph and ``label`` is a
+    point-to-point message over NCCL, checked before it is posted: the engine launches a
+    message at a later wait or test, and its chunk buffers go back to coccl's pool once
+    it ends, where a replay would still write them."""
+    if _capturing(caller):
+        raise GraphCaptureError(
+            f"{label} over NCCL: point-to-point messages are not recorded into the caller's "
+            "CUDA graph (coccl launches them at a later wait and reuses their buffers once "
+            "they end); make this call outside the capture"
+        )
 
 
 def _staged_capture_error(label: str) -> GraphCaptureError:

@@ -54,14 +54,18 @@ class DeviceContext:
         event.record(stream)
         return event
 
-    def enter(self, caller: Any, all_streams: bool = True) -> None:
+    def enter(self, caller: Any, all_streams: bool = True, host: bool = False) -> None:
         """Make coccl's streams (only ``compute`` unless ``all_streams``) wait for the work
-        the caller enqueued on ``caller`` so far."""
+        the caller enqueued on ``caller`` so far; and the host too if ``host`` (it hands
+        device buffers to a CUDA-aware MPI next, which reads and writes them outside any
+        stream)."""
         ready = self.event(caller)
         self.compute.wait_event(ready)
         if all_streams:
             self.comm.wait_event(ready)
             self.post.wait_event(ready)
+        if host:
+            ready.synchronize()
 
     def leave(self, caller: Any, all_streams: bool = True) -> None:
         """Make ``caller`` wait for everything coccl enqueued (on ``compute``, after it
