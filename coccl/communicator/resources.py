@@ -27,6 +27,8 @@ class Resources:
         if self.cpu is not None:
             self.cpu.close()
         if self.watchdog is not None:
+            if not abort:  # NCCL's destroy waits for unfinished calls: first let them end
+                self.watchdog.drain()  # or time out (the watchdog aborts NCCL then)
             self.watchdog.close()
         if self.nccl is not None:
             if abort:

@@ -53,6 +53,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._polling = False
         self.fired = False
 
     def track(self, stream: Any, label: str) -> None:
@@ -99,6 +100,7 @@ class Watchdog:
         now = time.monotonic()
         with self._lock:
             pending, self._pending = self._pending, deque()
+            self._polling = True  # ``pending`` is out of ``_pending`` until put back
         late = None
         keep: deque[tuple[Any, float, str]] = deque()
         done = []
@@ -113,6 +115,7 @@ class Watchdog:
             keep.extend(self._pending)
             self._pending = keep
             self._free.extend(done)
+            self._polling = False
         if late is not None:
             return (
                 f"{late}: not finished after {self._timeout_s:g} s (COCCL_TIMEOUT_S); a peer "
@@ -120,6 +123,16 @@ class Watchdog:
                 "was aborted"
             )
         return None
+
+    def drain(self) -> None:
+        """Wait until every watched call has finished, or until the watchdog fires (the
+        NCCL communicator is aborted then): what a communicator's close waits for before
+        it destroys NCCL, which would wait for a stuck call forever."""
+        while not self.fired and self._thread is not None and self._thread.is_alive():
+            with self._lock:
+                if not self._pending and not self._polling:
+                    return
+            time.sleep(POLL_S / 5)
 
     def close(self) -> None:
         """Stop watching (idempotent)."""
