@@ -2,13 +2,13 @@
 (one GPU, CuPy and torch): an eager coccl call (which the watchdog tracks), then at once a
 torch.cuda.graph capture in each mode, with a pause inside it so that the watchdog polls
 meanwhile; 8 captures a mode, each replayed. Prints how many captures failed and whether
-the watchdog thread is alive. With PROBE_NOFIX=1 the watchdog thread keeps the default
-capture mode, as before it switched to thread-local (the A/B of bench/NOTES.md session 31).
+the watchdog thread is alive. The A/B of bench/NOTES.md session 31: this script against
+the library at a850b84 (the watchdog thread in the default capture mode) and at 90ccfa5
+(thread-local).
 
-    python3 bench/scripts/watchdog_capture_probe.py; PROBE_NOFIX=1 python3 ...
+    python3 bench/scripts/watchdog_capture_probe.py
 """
 
-import os
 import threading
 import time
 
@@ -17,11 +17,6 @@ import torch
 from mpi4py import MPI
 
 import coccl
-import coccl.engine.watchdog
-
-if os.environ.get("PROBE_NOFIX"):
-    coccl.engine.watchdog.ignore_other_threads_captures = lambda: None
-print("nofix" if os.environ.get("PROBE_NOFIX") else "fix", flush=True)
 
 with coccl.init(MPI.COMM_SELF, backend="nccl") as c:
     x = cp.ones(1 << 20, cp.float32)
