@@ -31,7 +31,7 @@ from coccl.algorithms.schedule_args import chunk_elems
 from coccl.communicator import p2p_agreement as agreement
 from coccl.communicator.p2p_engine import Message, P2PEngine, Posting
 from coccl.communicator.p2p_nccl import DeviceMessage, launch_group
-from coccl.communicator.runner import refuse_staged_capture, refuse_streamed_p2p_capture
+from coccl.communicator.runner import refuse_p2p_capture
 from coccl.communicator.sizing import p2p_chunk_bytes
 from coccl.compressors import Compressor
 from coccl.core.arrays import (
@@ -364,7 +364,7 @@ class PointToPointCalls:
         the device's pool and compute stream, which waits for the caller's stream now;
         the caller's stream waits for it once the message is complete."""
         runner = self._runner  # type: ignore[attr-defined]
-        refuse_staged_capture(caller_stream(flat.obj), f"a point-to-point {kind}")
+        refuse_p2p_capture(caller_stream(flat.obj), f"a point-to-point {kind}", "MPI")
         ctx = runner._device(flat.device_id)
         aware = self._p2p.transport.cuda_aware  # type: ignore[union-attr]
         with ctx.device:
@@ -387,7 +387,7 @@ class PointToPointCalls:
     def _streamed(self, kind: str, peer: int, codec: Compressor, sig: dict, flat: Flat) -> Posting:
         """The posting of a message over NCCL: its chunks from (or into) the caller's
         array, its stream state recorded now (``p2p_nccl``); launched by the engine."""
-        refuse_streamed_p2p_capture(caller_stream(flat.obj), f"a point-to-point {kind}")
+        refuse_p2p_capture(caller_stream(flat.obj), f"a point-to-point {kind}", "NCCL")
         runner = self._runner  # type: ignore[attr-defined]
         ctx = runner._device(flat.device_id)
         with ctx.device:

@@ -416,16 +416,16 @@ def refuse_staged_capture(caller: Any, label: str) -> None:
         raise _staged_capture_error(label)
 
 
-def refuse_streamed_p2p_capture(caller: Any, label: str) -> None:
+def refuse_p2p_capture(caller: Any, label: str, over: str) -> None:
     """Raise ``GraphCaptureError`` when ``caller`` captures a CUDA graph and ``label`` is a
-    point-to-point message over NCCL, checked before it is posted: the engine launches a
-    message at a later wait or test, and its chunk buffers go back to coccl's pool once
-    it ends, where a replay would still write them."""
+    point-to-point message of device data (``over`` MPI or NCCL), checked before it is
+    posted: the engine moves a message at later waits or tests, and its chunk buffers go
+    back to coccl's pool once it ends, where a replay would still write them."""
     if _capturing(caller):
         raise GraphCaptureError(
-            f"{label} over NCCL: point-to-point messages are not recorded into the caller's "
-            "CUDA graph (coccl launches them at a later wait and reuses their buffers once "
-            "they end); make this call outside the capture"
+            f"{label} over {over}: point-to-point messages are not recorded into the "
+            "caller's CUDA graph (coccl moves them at later waits and reuses their buffers "
+            "once they end); make this call outside the capture"
         )
 
 
