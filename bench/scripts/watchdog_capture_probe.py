@@ -2,9 +2,8 @@
 (one GPU, CuPy and torch): an eager coccl call (which the watchdog tracks), then at once a
 torch.cuda.graph capture in each mode, with a pause inside it so that the watchdog polls
 meanwhile; 8 captures a mode, each replayed. Prints how many captures failed and whether
-the watchdog thread is alive. The A/B of bench/NOTES.md session 31: this script against
-the library at a850b84 (the watchdog thread in the default capture mode) and at 90ccfa5
-(thread-local).
+the watchdog thread is alive. Run against a library whose watchdog thread keeps the
+default capture mode and one that sets thread-local, it is the A/B in bench/NOTES.md.
 
     python3 bench/scripts/watchdog_capture_probe.py
 """
